@@ -1,0 +1,153 @@
+//! The driver seam: every SQL statement the engine runs lives in `sql/`, one
+//! file per statement, and is called only through the functions here.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+
+/// The channel `submit` notifies and workers listen on; the payload is the
+/// queue name.
+pub(crate) const NOTIFY_CHANNEL: &str = "outbox_tasks";
+
+/// One row to insert, already validated and serialised.
+#[derive(Debug)]
+pub(crate) struct NewTask {
+    pub(crate) task_type: String,
+    pub(crate) queue: String,
+    pub(crate) payload: String,
+    pub(crate) priority: i16,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_at: Option<DateTime<Utc>>,
+    pub(crate) delay_us: Option<i64>,
+}
+
+/// Inserts `tasks` in one statement on the caller's connection (and so in
+/// the caller's transaction) and returns their ids in input order.
+pub(crate) async fn insert_tasks(
+    conn: &mut PgConnection,
+    tasks: Vec<NewTask>,
+) -> sqlx::Result<Vec<i64>> {
+    let n = tasks.len();
+    let mut task_type = Vec::with_capacity(n);
+    let mut queue = Vec::with_capacity(n);
+    let mut payload = Vec::with_capacity(n);
+    let mut priority = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut run_at = Vec::with_capacity(n);
+    let mut delay_us = Vec::with_capacity(n);
+    for t in tasks {
+        task_type.push(t.task_type);
+        queue.push(t.queue);
+        payload.push(t.payload);
+        priority.push(t.priority);
+        max_attempts.push(t.max_attempts);
+        run_at.push(t.run_at);
+        delay_us.push(t.delay_us);
+    }
+    let rows = sqlx::query(include_str!("sql/insert_tasks.sql"))
+        .bind(task_type)
+        .bind(queue)
+        .bind(payload)
+        .bind(priority)
+        .bind(max_attempts)
+        .bind(run_at)
+        .bind(delay_us)
+        .fetch_all(conn)
+        .await?;
+    rows.iter().map(|r| r.try_get("id")).collect()
+}
+
+/// A task claimed by TX1, as the worker needs it to run one attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedTask {
+    pub(crate) id: i64,
+    pub(crate) task_type: String,
+    pub(crate) queue: String,
+    pub(crate) payload: String,
+    pub(crate) retry_count: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) claims: i32,
+}
+
+/// TX1: claims up to `limit` due tasks of `queue` for `worker`.
+pub(crate) async fn claim_tasks(
+    pool: &PgPool,
+    queue: &str,
+    limit: usize,
+    worker: &str,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<ClaimedTask>> {
+    let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
+        .bind(queue.to_owned())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(worker.to_owned())
+        .bind(now)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ClaimedTask {
+                id: r.try_get("id")?,
+                task_type: r.try_get("task_type")?,
+                queue: r.try_get("queue")?,
+                payload: r.try_get("payload")?,
+                retry_count: r.try_get("retry_count")?,
+                max_attempts: r.try_get("max_attempts")?,
+                claims: r.try_get("claims")?,
+            })
+        })
+        .collect()
+}
+
+/// The state an attempt's outcome moves a task to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextState {
+    /// Done for good.
+    Completed,
+    /// Failed; claimable again at its execute_at unless dead.
+    Failed,
+    /// Back to waiting without counting an attempt.
+    Pending,
+}
+
+impl NextState {
+    fn as_sql(self) -> &'static str {
+        match self {
+            NextState::Completed => "completed",
+            NextState::Failed => "failed",
+            NextState::Pending => "pending",
+        }
+    }
+}
+
+/// The outcome of one attempt, ready to be written by TX2.
+#[derive(Debug, Clone)]
+pub(crate) struct Finish {
+    pub(crate) id: i64,
+    pub(crate) claims: i32,
+    pub(crate) state: NextState,
+    pub(crate) add_retry: i32,
+    pub(crate) delay_us: i64,
+    pub(crate) dead: bool,
+    pub(crate) error: Option<String>,
+}
+
+/// TX2: writes a batch of outcomes in one statement; returns the ids that
+/// were written (a fenced-out stale outcome is missing from it).
+pub(crate) async fn finish_tasks(
+    pool: &PgPool,
+    batch: &[Finish],
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<i64>> {
+    let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))
+        .bind(batch.iter().map(|f| f.id).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.claims).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.state.as_sql()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.add_retry).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.delay_us).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.dead).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
+        .bind(now)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(|r| r.try_get("id")).collect()
+}

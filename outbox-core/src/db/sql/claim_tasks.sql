@@ -1,0 +1,25 @@
+-- TX1: claim up to $2 claimable tasks of queue $1 for worker $3, as one
+-- short autocommit statement. SKIP LOCKED lets concurrent workers pass over
+-- each other's rows instead of queueing behind them. The WHERE clause
+-- repeats the predicate of outbox_tasks_claimable_idx word for word.
+-- $4 overrides the clock (tests); null means the database's now().
+WITH next AS (
+    SELECT id
+    FROM outbox_tasks
+    WHERE queue = $1
+      AND state IN ('pending', 'failed') AND dead_at IS NULL
+      AND execute_at <= coalesce($4::timestamptz, now())
+    ORDER BY priority, execute_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_tasks AS t
+SET state = 'processing',
+    claims = t.claims + 1,
+    claimed_by = $3,
+    heartbeat_at = coalesce($4::timestamptz, now()),
+    updated_at = coalesce($4::timestamptz, now())
+FROM next
+WHERE t.id = next.id
+RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
+          t.retry_count, t.max_attempts, t.claims

@@ -1,0 +1,55 @@
+//! The one error type of the library.
+
+use std::fmt;
+
+/// Everything that can go wrong in the outbox library.
+///
+/// Each variant says what went wrong and, where there is one, what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database rejected a statement or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// A payload could not be serialised to JSON; nothing was written.
+    #[error("task payload of type {task_type:?} could not be serialised to JSON: {source}")]
+    Serialize {
+        /// The task type whose payload failed.
+        task_type: String,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A submit option is out of range; nothing was written.
+    #[error("invalid task option: {0}")]
+    InvalidOption(String),
+
+    /// A worker refused to start. Every problem found is listed.
+    #[error("the worker cannot start:\n{0}")]
+    Startup(StartupProblems),
+
+    /// The database schema is older or newer than this build expects.
+    #[error("migration error: {0}")]
+    Migration(String),
+}
+
+/// The result type of the outbox library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The list of problems that stopped a worker from starting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupProblems(pub Vec<String>);
+
+impl fmt::Display for StartupProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  - {problem}")?;
+        }
+        Ok(())
+    }
+}

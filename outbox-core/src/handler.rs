@@ -1,0 +1,181 @@
+//! Typed handlers: what a handler receives and what its result means.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::task::{Task, TaskId};
+
+/// Runs tasks of type `T`. The payload is decoded into `T` before the call.
+///
+/// The handler value itself is where application state lives (a pool, an
+/// HTTP client): it is built once and shared by every attempt.
+///
+/// Delivery is at-least-once: a worker can die after the work was done but
+/// before the outcome was written, and the task then runs again. Make side
+/// effects idempotent, keyed on [`TaskContext::id`].
+pub trait TaskHandler<T: Task>: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn handle(&self, ctx: TaskContext, task: T) -> impl Future<Output = HandlerResult> + Send;
+}
+
+/// What a handler returns. `Err` is a failure: the task is retried per its
+/// retry table, and dead when the table is used up.
+pub type HandlerResult = Result<Outcome, HandlerError>;
+
+/// What happens to a task after an attempt that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Done: the task is COMPLETED.
+    Success,
+    /// Run again after this delay without counting an attempt (for "not
+    /// yet", such as a rate limit or a resource that is not ready).
+    RetryAfter(Duration),
+    /// Stop: the task is dead now (FAILED, no further attempts), with this
+    /// reason as its last error.
+    GiveUp(String),
+}
+
+/// A failed attempt. Any error converts into it with `?`; its message and
+/// the messages of its sources are stored on the task row.
+pub struct HandlerError {
+    message: String,
+}
+
+impl HandlerError {
+    /// A failure with this message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        Self { message: message.to_string() }
+    }
+
+    /// The message stored on the task row.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        Self { message }
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HandlerError").field(&self.message).finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a handler knows about the attempt it runs.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    pub(crate) id: TaskId,
+    pub(crate) task_type: Arc<str>,
+    pub(crate) queue: Arc<str>,
+    pub(crate) attempt: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) pool: PgPool,
+}
+
+impl TaskContext {
+    /// The task id: stable across attempts, the idempotency key for side
+    /// effects.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// The task type.
+    pub fn task_type(&self) -> &str {
+        &self.task_type
+    }
+
+    /// The queue the task was claimed from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// This attempt's number, from 1.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// The most attempts the task gets (its retry table's length).
+    pub fn max_attempts(&self) -> i32 {
+        self.max_attempts
+    }
+
+    /// True when a failure of this attempt makes the task dead.
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+
+    /// Cancelled when the worker shuts down and the grace period is over:
+    /// a long handler should stop at the next safe point.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The worker's database pool, for handlers that write to the same
+    /// database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// A boxed handler future.
+pub(crate) type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
+
+/// A handler with its payload type erased, so handlers of all types sit in
+/// one map keyed by task type.
+pub(crate) trait ErasedHandler: Send + Sync {
+    /// Decodes the payload and starts the handler; a payload that does not
+    /// decode is an error message for the task row.
+    fn start(&self, ctx: TaskContext, payload: &str) -> Result<HandlerFuture, String>;
+}
+
+/// The [`ErasedHandler`] for payload type `T`.
+pub(crate) struct TypedHandler<T, H> {
+    handler: Arc<H>,
+    _task: PhantomData<fn() -> T>,
+}
+
+impl<T, H> TypedHandler<T, H> {
+    pub(crate) fn new(handler: H) -> Self {
+        Self { handler: Arc::new(handler), _task: PhantomData }
+    }
+}
+
+impl<T: Task, H: TaskHandler<T>> ErasedHandler for TypedHandler<T, H> {
+    fn start(&self, ctx: TaskContext, payload: &str) -> Result<HandlerFuture, String> {
+        let task: T = serde_json::from_str(payload).map_err(|e| {
+            format!(
+                "payload does not decode into {} (task type {:?}): {e}",
+                std::any::type_name::<T>(),
+                T::TASK_TYPE
+            )
+        })?;
+        let handler = Arc::clone(&self.handler);
+        Ok(Box::pin(async move { handler.handle(ctx, task).await }))
+    }
+}

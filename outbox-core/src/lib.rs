@@ -1,0 +1,74 @@
+//! # outbox: a transactional outbox task engine on PostgreSQL
+//!
+//! Write your business rows and the tasks that must follow from them in one
+//! transaction; workers on any number of machines claim those tasks with
+//! `FOR UPDATE SKIP LOCKED`, run typed handlers, and retry with backoff.
+//!
+//! Delivery is **at-least-once**: a task whose worker dies after doing the
+//! work but before recording it runs again. Handlers get a stable task id
+//! ([`TaskContext::id`]) to use as the idempotency key of their side effects.
+//!
+//! ```no_run
+//! use outbox::{outbox_task, HandlerResult, Outcome, TaskContext, TaskHandler, Worker};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! #[outbox_task(task_type = "report.generate", queue = "reports", retry_delays = ["10s", "1m"])]
+//! struct GenerateReport { month: u32 }
+//!
+//! struct Reports;
+//! impl TaskHandler<GenerateReport> for Reports {
+//!     async fn handle(&self, ctx: TaskContext, task: GenerateReport) -> HandlerResult {
+//!         println!("report for month {} (task {})", task.month, ctx.id());
+//!         Ok(Outcome::Success)
+//!     }
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> outbox::Result<()> {
+//! outbox::migrate(&pool).await?;
+//! let mut tx = pool.begin().await?;
+//! // ... your own inserts on &mut *tx ...
+//! outbox::submit(&mut *tx, GenerateReport { month: 5 }).await?;
+//! tx.commit().await?;
+//!
+//! let worker = Worker::builder(pool).handler::<GenerateReport>(Reports).build()?;
+//! worker.run(tokio_util::sync::CancellationToken::new()).await
+//! # }
+//! ```
+
+// Lets the macro's generated `::outbox::...` paths resolve inside this crate
+// too (its own tests and built-in task types).
+#[allow(unused_extern_crates, reason = "used by macro expansions in tests and built-in types")]
+extern crate self as outbox;
+
+mod clock;
+mod db;
+mod error;
+mod handler;
+mod migrate;
+mod options;
+pub mod retry;
+mod submit;
+mod task;
+mod worker;
+
+pub use clock::Clock;
+pub use error::{Error, Result, StartupProblems};
+pub use handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler};
+pub use migrate::{
+    MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, schema_status,
+};
+pub use options::{PRIORITY_MAX, PRIORITY_MIN, TaskOptions};
+pub use outbox_macros::outbox_task;
+pub use submit::{Batch, submit, submit_batch, submit_with};
+pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
+pub use worker::{
+    DEFAULT_CONCURRENCY, TaskEvent, TaskEventKind, Worker, WorkerBuilder, WorkerConfig,
+};
+
+/// What `#[outbox_task]` expands to refers to; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+    pub use std::time::Duration;
+}

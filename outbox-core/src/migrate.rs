@@ -1,0 +1,166 @@
+//! Schema migrations: numbered SQL files from `migrations/`, embedded in the
+//! binary, applied in order and recorded in `outbox_migrations`.
+//!
+//! Applying twice is a no-op, and two processes migrating at once are
+//! serialised by a transaction-scoped advisory lock, so a fleet of workers
+//! can all run `migrate` at start-up.
+
+use sqlx::{PgPool, Row};
+
+use crate::error::{Error, Result};
+
+/// One embedded migration.
+#[derive(Debug)]
+pub struct Migration {
+    /// Its number; migrations apply in increasing order.
+    pub version: i64,
+    /// A short name, from the file name.
+    pub name: &'static str,
+    /// The SQL that applies it.
+    pub up: &'static str,
+    /// The SQL that reverts it.
+    pub down: &'static str,
+}
+
+/// Every migration this build knows, in order. Released entries are never
+/// edited: a change is a new file.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "create_tasks",
+    up: include_str!("../../migrations/0001_create_tasks.up.sql"),
+    down: include_str!("../../migrations/0001_create_tasks.down.sql"),
+}];
+
+/// An arbitrary constant that names the "outbox migration" advisory lock.
+const MIGRATION_LOCK_KEY: i64 = 0x6f75_7462_6f78_0001;
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this call, in order (empty when up to date).
+    pub applied: Vec<i64>,
+    /// The schema version after the call.
+    pub current: i64,
+}
+
+/// The schema version in the database compared with this build's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaStatus {
+    /// The highest applied version (0 for an empty database).
+    pub current: i64,
+    /// The highest version this build knows.
+    pub latest: i64,
+}
+
+impl SchemaStatus {
+    /// True when the database has every migration this build knows.
+    pub fn is_up_to_date(&self) -> bool {
+        self.current >= self.latest
+    }
+}
+
+/// The highest migration version this build knows.
+pub fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Applies every pending migration in one transaction.
+///
+/// Fails without changing anything when the database holds a migration this
+/// build does not know (it was migrated by a newer version) or when an
+/// applied migration's text differs from this build's (it was edited).
+pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(include_str!("db/sql/create_migrations_table.sql"))
+        .execute(&mut *tx)
+        .await?;
+    let rows = sqlx::query("SELECT version, checksum FROM outbox_migrations ORDER BY version")
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut applied_before = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let version: i64 = row.try_get("version")?;
+        let checksum: String = row.try_get("checksum")?;
+        match MIGRATIONS.iter().find(|m| m.version == version) {
+            None => {
+                return Err(Error::Migration(format!(
+                    "the database has migration {version}, which this build does not know \
+                     (it knows up to {}); run a newer outbox build",
+                    latest_version()
+                )));
+            }
+            Some(m) if checksum != checksum_of(m.up) => {
+                return Err(Error::Migration(format!(
+                    "migration {version} ({}) applied to the database differs from this build's; \
+                     released migrations must never be edited",
+                    m.name
+                )));
+            }
+            Some(_) => applied_before.push(version),
+        }
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| !applied_before.contains(&m.version)) {
+        sqlx::raw_sql(m.up).execute(&mut *tx).await.map_err(|e| {
+            Error::Migration(format!("migration {} ({}) failed: {e}", m.version, m.name))
+        })?;
+        sqlx::query("INSERT INTO outbox_migrations (version, name, checksum) VALUES ($1, $2, $3)")
+            .bind(m.version)
+            .bind(m.name)
+            .bind(checksum_of(m.up))
+            .execute(&mut *tx)
+            .await?;
+        applied.push(m.version);
+    }
+    tx.commit().await?;
+    let current = applied_before.iter().chain(&applied).copied().max().unwrap_or(0);
+    Ok(MigrationReport { applied, current })
+}
+
+/// Reads the schema version without changing anything.
+pub async fn schema_status(pool: &PgPool) -> Result<SchemaStatus> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('outbox_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    let current = if exists {
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM outbox_migrations")
+            .fetch_one(pool)
+            .await?
+    } else {
+        0
+    };
+    Ok(SchemaStatus { current, latest: latest_version() })
+}
+
+/// FNV-1a over the SQL text: enough to notice an edited migration.
+fn checksum_of(sql: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in sql.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_from_one() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i64 + 1, "migration {} is out of sequence", m.name);
+            assert!(!m.up.trim().is_empty() && !m.down.trim().is_empty());
+        }
+    }
+
+    #[test]
+    fn checksum_tells_edits_apart() {
+        assert_eq!(checksum_of("a"), checksum_of("a"));
+        assert_ne!(checksum_of("a"), checksum_of("b"));
+    }
+}

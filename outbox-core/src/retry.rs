@@ -1,0 +1,67 @@
+//! Where a retry delay comes from: the per-task-type retry table.
+//!
+//! The table is a list of delays; the n-th failure waits the n-th delay. The
+//! maximum number of attempts is the table's length, so the two can never
+//! drift apart.
+
+use std::time::Duration;
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+
+/// The default retry table: 1m, 5m, 15m, 30m, 1h, 2h, 4h, 8h, 12h, 1d.
+/// Ten attempts over about two days.
+pub const DEFAULT_RETRY_DELAYS: &[Duration] = &[
+    Duration::from_secs(MINUTE),
+    Duration::from_secs(5 * MINUTE),
+    Duration::from_secs(15 * MINUTE),
+    Duration::from_secs(30 * MINUTE),
+    Duration::from_secs(HOUR),
+    Duration::from_secs(2 * HOUR),
+    Duration::from_secs(4 * HOUR),
+    Duration::from_secs(8 * HOUR),
+    Duration::from_secs(12 * HOUR),
+    Duration::from_secs(24 * HOUR),
+];
+
+/// The delay before the next attempt after the failure that brings the
+/// task's failure count to `retry_count + 1`.
+///
+/// Past the table's end (a task whose budget was raised by an operator) the
+/// last delay repeats; an empty table means "retry at once".
+pub fn delay_after_failure(table: &[Duration], retry_count: i32) -> Duration {
+    let index = usize::try_from(retry_count).unwrap_or(0);
+    table
+        .get(index)
+        .or_else(|| table.last())
+        .copied()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The maximum number of attempts a retry table allows (its length, at
+/// least one).
+pub fn max_attempts(table: &[Duration]) -> i32 {
+    i32::try_from(table.len()).unwrap_or(i32::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_table_matches_the_documented_schedule() {
+        let minutes: Vec<u64> = DEFAULT_RETRY_DELAYS.iter().map(|d| d.as_secs() / 60).collect();
+        assert_eq!(minutes, [1, 5, 15, 30, 60, 120, 240, 480, 720, 1440]);
+        assert_eq!(max_attempts(DEFAULT_RETRY_DELAYS), 10);
+    }
+
+    #[test]
+    fn delay_is_indexed_by_failures_so_far_and_clamps() {
+        let table = [Duration::from_secs(1), Duration::from_secs(2)];
+        assert_eq!(delay_after_failure(&table, 0), Duration::from_secs(1));
+        assert_eq!(delay_after_failure(&table, 1), Duration::from_secs(2));
+        assert_eq!(delay_after_failure(&table, 7), Duration::from_secs(2));
+        assert_eq!(delay_after_failure(&[], 3), Duration::ZERO);
+        assert_eq!(max_attempts(&[]), 1);
+    }
+}

@@ -1,0 +1,163 @@
+//! Submitting tasks inside the caller's own transaction.
+//!
+//! The task row is written on the caller's connection, so it commits or rolls
+//! back together with the caller's business rows: no dual write. Workers are
+//! woken by a NOTIFY that PostgreSQL delivers only at commit.
+
+use sqlx::{Acquire, Postgres};
+
+use crate::db::{self, NewTask};
+use crate::error::{Error, Result};
+use crate::options::{TaskOptions, delay_micros, validate_priority, validate_queue};
+use crate::retry::max_attempts;
+use crate::task::{RegisteredTask, Task, TaskId};
+
+/// Submits one task on `conn`: a `&mut Transaction`, a `&mut PgConnection`,
+/// or a `&PgPool` (which commits at once, outside any transaction of yours).
+///
+/// ```no_run
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize)]
+/// # #[outbox::outbox_task(task_type = "email.welcome")]
+/// # struct SendWelcome { user_id: i64 }
+/// # async fn f(pool: sqlx::PgPool) -> outbox::Result<()> {
+/// let mut tx = pool.begin().await?;
+/// // ... insert the user in the same transaction ...
+/// outbox::submit(&mut *tx, SendWelcome { user_id: 7 }).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn submit<'c, A, T>(conn: A, task: T) -> Result<TaskId>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Task,
+{
+    submit_with(conn, task, TaskOptions::new()).await
+}
+
+/// Submits one task with options (delay or run-at, priority, queue).
+pub async fn submit_with<'c, A, T>(conn: A, task: T, options: TaskOptions) -> Result<TaskId>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Task,
+{
+    let mut batch = Batch::new();
+    batch.push_with(&task, options)?;
+    let ids = batch.submit(conn).await?;
+    Ok(ids[0])
+}
+
+/// Submits many tasks of one type in one round trip.
+pub async fn submit_batch<'c, A, T, I>(conn: A, tasks: I) -> Result<Vec<TaskId>>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Task,
+    I: IntoIterator<Item = T>,
+{
+    let mut batch = Batch::new();
+    for task in tasks {
+        batch.push(&task)?;
+    }
+    batch.submit(conn).await
+}
+
+/// A batch of tasks of any types, written in one statement.
+///
+/// Each push serialises and validates at once, so a bad task is an error
+/// before anything reaches the database.
+#[derive(Debug, Default)]
+pub struct Batch {
+    rows: Vec<NewTask>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of tasks in the batch.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True when the batch holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Adds a task with its type's defaults.
+    pub fn push<T: Task>(&mut self, task: &T) -> Result<&mut Self> {
+        self.push_with(task, TaskOptions::new())
+    }
+
+    /// Adds a task with options.
+    pub fn push_with<T: Task>(&mut self, task: &T, options: TaskOptions) -> Result<&mut Self> {
+        let payload = serde_json::to_string(task).map_err(|source| Error::Serialize {
+            task_type: T::TASK_TYPE.to_owned(),
+            source,
+        })?;
+        self.push_row(T::TASK_TYPE, T::QUEUE, T::PRIORITY, T::RETRY_DELAYS, payload, options)
+    }
+
+    /// Adds a task given as JSON for a registered task type (what the CLI
+    /// does). The payload is not decoded here: a worker's handler does that.
+    pub fn push_json(
+        &mut self,
+        task: &RegisteredTask,
+        payload: &serde_json::Value,
+        options: TaskOptions,
+    ) -> Result<&mut Self> {
+        let payload = payload.to_string();
+        self.push_row(
+            task.task_type,
+            task.queue,
+            task.priority,
+            task.retry_delays,
+            payload,
+            options,
+        )
+    }
+
+    fn push_row(
+        &mut self,
+        task_type: &str,
+        default_queue: &str,
+        default_priority: i16,
+        retry_delays: &[std::time::Duration],
+        payload: String,
+        options: TaskOptions,
+    ) -> Result<&mut Self> {
+        options.validate()?;
+        let queue = options.queue.unwrap_or_else(|| default_queue.to_owned());
+        let priority = options.priority.unwrap_or(default_priority);
+        // The type's own defaults are checked too: a hand-written `impl Task`
+        // does not go through the macro's compile-time checks.
+        validate_queue(&queue)?;
+        validate_priority(priority)?;
+        self.rows.push(NewTask {
+            task_type: task_type.to_owned(),
+            queue,
+            payload,
+            priority,
+            max_attempts: max_attempts(retry_delays),
+            run_at: options.run_at,
+            delay_us: options.delay.map(delay_micros).transpose()?,
+        });
+        Ok(self)
+    }
+
+    /// Writes the batch on `conn` in one statement and returns the task ids
+    /// in the order the tasks were pushed.
+    pub async fn submit<'c, A>(self, conn: A) -> Result<Vec<TaskId>>
+    where
+        A: Acquire<'c, Database = Postgres>,
+    {
+        if self.rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = conn.acquire().await?;
+        let ids = db::insert_tasks(&mut conn, self.rows).await?;
+        Ok(ids.into_iter().map(TaskId).collect())
+    }
+}

@@ -1,0 +1,98 @@
+//! The task model: what a payload type declares, and the registry of every
+//! task type linked into the binary.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::retry::DEFAULT_RETRY_DELAYS;
+
+/// The queue a task type runs on unless it says otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// A task payload type. Implement it with `#[outbox_task(...)]`, which also
+/// registers the type so that workers find it without hand-written wiring.
+pub trait Task: Serialize + DeserializeOwned + Send + 'static {
+    /// The discriminator stored with each task; unique across the binary.
+    const TASK_TYPE: &'static str;
+    /// The queue tasks of this type go to unless the submitter overrides it.
+    const QUEUE: &'static str = DEFAULT_QUEUE;
+    /// The default priority, 0 (first) to 9 (last).
+    const PRIORITY: i16 = 0;
+    /// The retry table: the delay after the 1st, 2nd, ... failure. Its length
+    /// is the maximum number of attempts.
+    const RETRY_DELAYS: &'static [Duration] = DEFAULT_RETRY_DELAYS;
+}
+
+/// The id of a task: assigned by the database, unique within it, stable
+/// across attempts. Use it as the idempotency key of a handler's side
+/// effects: delivery is at-least-once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct TaskId(pub i64);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A task type as registered by `#[outbox_task]`: one entry per payload type
+/// linked into the binary.
+#[derive(Debug)]
+pub struct RegisteredTask {
+    /// The task type string.
+    pub task_type: &'static str,
+    /// Its default queue.
+    pub queue: &'static str,
+    /// Its default priority.
+    pub priority: i16,
+    /// Its retry table.
+    pub retry_delays: &'static [Duration],
+    /// The Rust path of the payload type, for error messages.
+    pub rust_type: &'static str,
+}
+
+inventory::collect!(RegisteredTask);
+
+/// Every task type registered with `#[outbox_task]` in this binary, sorted
+/// by task type.
+pub fn registered_tasks() -> Vec<&'static RegisteredTask> {
+    let mut all: Vec<_> = inventory::iter::<RegisteredTask>.into_iter().collect();
+    all.sort_by(|a, b| a.task_type.cmp(b.task_type).then(a.rust_type.cmp(b.rust_type)));
+    all
+}
+
+/// Looks up a registered task type by name (the first, if it is duplicated).
+pub fn find_registered(task_type: &str) -> Option<&'static RegisteredTask> {
+    inventory::iter::<RegisteredTask>
+        .into_iter()
+        .find(|r| r.task_type == task_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[crate::outbox_task(task_type = "test.core.registered", queue = "core-tests", priority = 4, retry_delays = ["1s", "2m"])]
+    struct Registered {
+        n: u32,
+    }
+
+    #[test]
+    fn the_macro_implements_task_and_registers_the_type() {
+        assert_eq!(Registered::TASK_TYPE, "test.core.registered");
+        assert_eq!(Registered::QUEUE, "core-tests");
+        assert_eq!(Registered::PRIORITY, 4);
+        assert_eq!(Registered::RETRY_DELAYS, &[Duration::from_secs(1), Duration::from_secs(120)]);
+        let found = find_registered("test.core.registered").expect("registered through inventory");
+        assert!(found.rust_type.ends_with("::Registered"), "{}", found.rust_type);
+        assert_eq!(found.queue, "core-tests");
+        assert!(registered_tasks().iter().any(|r| r.task_type == "test.core.registered"));
+    }
+}

@@ -1,0 +1,289 @@
+//! The worker: a producer per queue claims tasks (TX1), an executor runs
+//! handlers with no transaction held, and a completer writes outcomes in
+//! batches (TX2).
+//!
+//! ```no_run
+//! # use serde::{Deserialize, Serialize};
+//! # use outbox::{HandlerResult, Outcome, TaskContext, TaskHandler, Worker};
+//! # #[derive(Serialize, Deserialize)]
+//! # #[outbox::outbox_task(task_type = "email.welcome")]
+//! # struct SendWelcome { user_id: i64 }
+//! struct Mailer;
+//! impl TaskHandler<SendWelcome> for Mailer {
+//!     async fn handle(&self, _ctx: TaskContext, task: SendWelcome) -> HandlerResult {
+//!         println!("welcome, user {}", task.user_id);
+//!         Ok(Outcome::Success)
+//!     }
+//! }
+//! # async fn f(pool: sqlx::PgPool) -> outbox::Result<()> {
+//! let worker = Worker::builder(pool).handler::<SendWelcome>(Mailer).build()?;
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! worker.run(shutdown).await?;
+//! # Ok(()) }
+//! ```
+
+mod completer;
+mod events;
+mod executor;
+mod listener;
+mod outage;
+mod producer;
+pub(crate) mod registry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use events::{TaskEvent, TaskEventKind};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result, StartupProblems};
+use crate::handler::{TaskHandler, TypedHandler};
+use crate::task::{Task, registered_tasks};
+use registry::{HandlerEntry, Handlers};
+
+/// Concurrency of a queue that was not given one.
+pub const DEFAULT_CONCURRENCY: usize = 10;
+
+/// How a worker behaves; every field has a sensible default.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// How often an idle queue looks for due tasks even without a NOTIFY.
+    /// NOTIFY is an optimisation; this poll is the guarantee.
+    pub poll_interval: Duration,
+    /// The most tasks one claim takes (claims are also capped by free slots).
+    pub max_claim_batch: usize,
+    /// The most outcomes one TX2 writes.
+    pub max_finish_batch: usize,
+    /// How long in-flight tasks may run on after shutdown is requested
+    /// before they are cancelled and put back for another worker.
+    pub shutdown_grace: Duration,
+    /// Whether to LISTEN for submit notifications.
+    pub listen: bool,
+    /// The clock for time-dependent statements.
+    pub clock: Clock,
+    /// This worker's name on the rows it claims.
+    pub worker_id: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(1),
+            max_claim_batch: 100,
+            max_finish_batch: 1000,
+            shutdown_grace: Duration::from_secs(30),
+            listen: true,
+            clock: Clock::database(),
+            worker_id: default_worker_id(),
+        }
+    }
+}
+
+/// Builds a [`Worker`]: handlers, queues and settings, checked at
+/// [`WorkerBuilder::build`].
+pub struct WorkerBuilder {
+    pool: PgPool,
+    handlers: Handlers,
+    queues: Vec<(String, usize)>,
+    config: WorkerConfig,
+}
+
+impl WorkerBuilder {
+    /// Registers the handler for task type `T`.
+    pub fn handler<T: Task>(mut self, handler: impl TaskHandler<T>) -> Self {
+        self.handlers.insert(
+            T::TASK_TYPE,
+            HandlerEntry {
+                handler: Arc::new(TypedHandler::<T, _>::new(handler)),
+                retry_delays: T::RETRY_DELAYS,
+                queue: T::QUEUE,
+                rust_type: std::any::type_name::<T>(),
+            },
+        );
+        self
+    }
+
+    /// Serves `queue` with at most `concurrency` tasks at once. Without any
+    /// call, the worker serves the default queues of its handlers' types.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        let queue = queue.into();
+        self.queues.retain(|(q, _)| *q != queue);
+        self.queues.push((queue, concurrency));
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the fallback poll interval.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// Sets the clock (tests).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.config.clock = clock;
+        self
+    }
+
+    /// Checks everything and returns the worker, or every problem found.
+    pub fn build(self) -> Result<Worker> {
+        let queues = if self.queues.is_empty() {
+            self.handlers
+                .default_queues()
+                .into_iter()
+                .map(|q| (q.to_owned(), DEFAULT_CONCURRENCY))
+                .collect()
+        } else {
+            self.queues
+        };
+        let problems = self.handlers.problems(&registered_tasks(), &queues);
+        if !problems.is_empty() {
+            return Err(Error::Startup(StartupProblems(problems)));
+        }
+        let (events, _) = broadcast::channel(4096);
+        Ok(Worker {
+            pool: self.pool,
+            handlers: Arc::new(self.handlers),
+            queues,
+            config: self.config,
+            events,
+        })
+    }
+}
+
+/// A configured worker, ready to run.
+pub struct Worker {
+    pool: PgPool,
+    handlers: Arc<Handlers>,
+    queues: Vec<(String, usize)>,
+    config: WorkerConfig,
+    events: broadcast::Sender<TaskEvent>,
+}
+
+/// What the producers, executor and completer share.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) handlers: Arc<Handlers>,
+    pub(crate) config: WorkerConfig,
+    /// Cancelled when the grace period is over; handlers see it.
+    pub(crate) handler_cancel: CancellationToken,
+    pub(crate) in_flight: executor::InFlight,
+}
+
+impl Worker {
+    /// Starts building a worker on `pool`.
+    pub fn builder(pool: PgPool) -> WorkerBuilder {
+        WorkerBuilder {
+            pool,
+            handlers: Handlers::default(),
+            queues: Vec::new(),
+            config: WorkerConfig::default(),
+        }
+    }
+
+    /// The queues this worker serves, with their concurrency.
+    pub fn queues(&self) -> &[(String, usize)] {
+        &self.queues
+    }
+
+    /// Subscribes to the outcomes this worker commits (each is reported only
+    /// after its TX2 committed). Subscribe before [`Worker::run`].
+    pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
+        self.events.subscribe()
+    }
+
+    /// Runs until `shutdown` is cancelled, then stops claiming, lets
+    /// in-flight tasks finish within the grace period, cancels and releases
+    /// the rest, and writes every outcome it has.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let shared = Arc::new(Shared {
+            pool: self.pool.clone(),
+            handlers: self.handlers,
+            config: self.config,
+            handler_cancel: CancellationToken::new(),
+            in_flight: executor::InFlight::default(),
+        });
+        tracing::info!(
+            worker_id = %shared.config.worker_id,
+            queues = ?self.queues,
+            "worker starting"
+        );
+        let (done_tx, done_rx) = mpsc::channel(shared.config.max_finish_batch * 4);
+        let completer = tokio::spawn(completer::run(Arc::clone(&shared), done_rx, self.events));
+
+        let wakers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
+            self.queues
+                .iter()
+                .map(|(q, _)| (q.clone(), Arc::new(Notify::new())))
+                .collect(),
+        );
+        let stop_claiming = shutdown.child_token();
+        let listener = shared.config.listen.then(|| {
+            tokio::spawn(listener::run(
+                self.pool.clone(),
+                Arc::clone(&wakers),
+                stop_claiming.clone(),
+            ))
+        });
+        let tracker = TaskTracker::new();
+        let mut producers = Vec::new();
+        for (queue, concurrency) in &self.queues {
+            producers.push(tokio::spawn(producer::run(
+                Arc::clone(&shared),
+                queue.clone(),
+                *concurrency,
+                Arc::clone(&wakers[queue]),
+                stop_claiming.clone(),
+                tracker.clone(),
+                done_tx.clone(),
+            )));
+        }
+        drop(done_tx);
+
+        shutdown.cancelled().await;
+        tracing::info!("shutdown requested: no new claims; waiting for in-flight tasks");
+        for p in producers {
+            let _ = p.await;
+        }
+        if let Some(l) = listener {
+            let _ = l.await;
+        }
+        tracker.close();
+        if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = shared.in_flight.len(),
+                "grace period over: cancelling in-flight tasks and releasing them"
+            );
+            shared.handler_cancel.cancel();
+            executor::release_unfinished(&shared).await;
+            tracker.wait().await;
+        }
+        let _ = completer.await;
+        tracing::info!("worker stopped");
+        Ok(())
+    }
+}
+
+/// `host:pid:random`, unique enough to tell workers apart on the rows.
+fn default_worker_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let random = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
+    format!("{}:{}:{random:08x}", host.trim(), std::process::id())
+}

@@ -1,0 +1,39 @@
+//! Writes the `Task` impl and the inventory registration.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::parse::TaskDecl;
+
+pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
+    let ident = &task.ident;
+    let task_type = &task.task_type;
+    let queue = task.queue.as_ref().map(|q| quote!(const QUEUE: &'static str = #q;));
+    let priority = task.priority.map(|p| quote!(const PRIORITY: i16 = #p;));
+    let delays = task.retry_delays_ms.as_ref().map(|ms| {
+        quote! {
+            const RETRY_DELAYS: &'static [::outbox::__private::Duration] =
+                &[#(::outbox::__private::Duration::from_millis(#ms)),*];
+        }
+    });
+    quote! {
+        #item
+
+        impl ::outbox::Task for #ident {
+            const TASK_TYPE: &'static str = #task_type;
+            #queue
+            #priority
+            #delays
+        }
+
+        ::outbox::__private::inventory::submit! {
+            ::outbox::RegisteredTask {
+                task_type: <#ident as ::outbox::Task>::TASK_TYPE,
+                queue: <#ident as ::outbox::Task>::QUEUE,
+                priority: <#ident as ::outbox::Task>::PRIORITY,
+                retry_delays: <#ident as ::outbox::Task>::RETRY_DELAYS,
+                rust_type: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
+            }
+        }
+    }
+}
