@@ -1,0 +1,241 @@
+//! The command line: `run`, `migrate`, `demo`. Exit codes say what kind of
+//! problem stopped the command.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use outbox::{Worker, WorkerConfig};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+
+use crate::builtin;
+
+/// Exit code: bad configuration or usage (clap uses it for bad flags too).
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit code: the database could not be reached.
+pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
+/// Exit code: the database schema is behind; run `migrate`.
+pub const EXIT_SCHEMA_BEHIND: u8 = 4;
+/// Exit code: a failure while running.
+pub const EXIT_RUNTIME: u8 = 1;
+
+#[derive(Debug, Parser)]
+#[command(name = "outbox-worker", version, about = "Run and operate outbox task workers on PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log level filter (RUST_LOG syntax).
+    #[arg(long, env = "OUTBOX_LOG", default_value = "info", global = true)]
+    log: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run workers until SIGTERM or SIGINT.
+    Run(RunArgs),
+    /// Apply pending schema migrations and report the version.
+    Migrate(DbArgs),
+    /// Start a private PostgreSQL (unless DATABASE_URL is set), submit a mixed
+    /// workload and run it to the end.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+struct DbArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Queues to serve as NAME=CONCURRENCY (repeatable, or comma-separated);
+    /// default: every queue of the registered task types.
+    #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
+    queues: Vec<(String, usize)>,
+    /// Fallback poll interval in milliseconds (NOTIFY wakes workers sooner).
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000)]
+    poll_interval_ms: u64,
+    /// How long in-flight tasks may finish after a stop signal, in seconds.
+    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    shutdown_grace_secs: u64,
+    /// Database connections in the worker's pool.
+    #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10)]
+    max_connections: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Use this database instead of a private one.
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+    /// How many no-op tasks to submit (besides the sleeping and failing ones).
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) tasks: usize,
+}
+
+fn parse_queue(s: &str) -> Result<(String, usize), String> {
+    let (name, concurrency) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=CONCURRENCY (for example default=10)"))?;
+    let concurrency: usize = concurrency
+        .parse()
+        .map_err(|_| format!("concurrency {concurrency:?} of queue {name:?} is not a whole number"))?;
+    if concurrency == 0 {
+        return Err(format!("queue {name:?} needs a concurrency of at least 1"));
+    }
+    Ok((name.to_owned(), concurrency))
+}
+
+/// Runs the CLI with every task type linked into the binary: the built-in
+/// diagnostic types, plus the application's own when it registers handlers
+/// through [`main_with`].
+pub fn main() -> ExitCode {
+    main_with(|builder| builder)
+}
+
+/// Runs the CLI; `register` adds the application's handlers to each worker
+/// the CLI builds (the built-in handlers are always added).
+pub fn main_with(register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run(args, register).await,
+            Command::Migrate(args) => migrate(args).await,
+            Command::Demo(args) => crate::demo::run(args, register).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// A failed command: what to tell the operator and the exit code.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn runtime(message: impl std::fmt::Display) -> Self {
+        Self { code: EXIT_RUNTIME, message: message.to_string() }
+    }
+}
+
+impl From<outbox::Error> for Failure {
+    fn from(e: outbox::Error) -> Self {
+        match e {
+            outbox::Error::Startup(_) | outbox::Error::InvalidOption(_) => {
+                Self { code: EXIT_CONFIG, message: e.to_string() }
+            }
+            outbox::Error::Database(ref db) if is_unreachable(db) => Self {
+                code: EXIT_DATABASE_UNREACHABLE,
+                message: format!("cannot reach the database: {db}"),
+            },
+            other => Self::runtime(other),
+        }
+    }
+}
+
+fn is_unreachable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_))
+}
+
+/// Connects, turning a refused or timed-out connection into exit code 3.
+pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Configuration(_) => Failure {
+                code: EXIT_CONFIG,
+                message: format!("DATABASE_URL is not a valid PostgreSQL URL: {e}"),
+            },
+            e if is_unreachable(&e) => Failure {
+                code: EXIT_DATABASE_UNREACHABLE,
+                message: format!("cannot reach the database: {e}"),
+            },
+            e => Failure::runtime(format!("cannot connect to the database: {e}")),
+        })
+}
+
+async fn migrate(args: DbArgs) -> Result<(), Failure> {
+    let pool = connect(&args.database_url, 2).await?;
+    let report = outbox::migrate(&pool).await?;
+    if report.applied.is_empty() {
+        println!("schema is up to date at version {}", report.current);
+    } else {
+        println!("applied migrations {:?}; schema is at version {}", report.applied, report.current);
+    }
+    Ok(())
+}
+
+async fn run(args: RunArgs, register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -> Result<(), Failure> {
+    let pool = connect(&args.db.database_url, args.max_connections).await?;
+    let status = outbox::schema_status(&pool).await?;
+    if !status.is_up_to_date() {
+        return Err(Failure {
+            code: EXIT_SCHEMA_BEHIND,
+            message: format!(
+                "the database schema is at version {} but this worker needs {}: run `outbox-worker migrate` first",
+                status.current, status.latest
+            ),
+        });
+    }
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        ..WorkerConfig::default()
+    };
+    let mut builder = register(builtin::register(Worker::builder(pool).config(config)));
+    for (queue, concurrency) in args.queues {
+        builder = builder.queue(queue, concurrency);
+    }
+    let worker = builder.build()?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    worker.run(shutdown).await?;
+    Ok(())
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT.
+pub(crate) async fn stop_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop the worker with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    token.cancel();
+}
+
+fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
