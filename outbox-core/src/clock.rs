@@ -23,7 +23,9 @@ impl Clock {
 
     /// A clock that stands still at `at` until set or advanced.
     pub fn fixed(at: DateTime<Utc>) -> Self {
-        Self { fixed: Some(Arc::new(Mutex::new(at))) }
+        Self {
+            fixed: Some(Arc::new(Mutex::new(at))),
+        }
     }
 
     /// Moves a fixed clock to `at`; no effect on the database clock.

@@ -52,7 +52,9 @@ pub struct HandlerError {
 impl HandlerError {
     /// A failure with this message.
     pub fn msg(message: impl fmt::Display) -> Self {
-        Self { message: message.to_string() }
+        Self {
+            message: message.to_string(),
+        }
     }
 
     /// The message stored on the task row.
@@ -162,7 +164,10 @@ pub(crate) struct TypedHandler<T, H> {
 
 impl<T, H> TypedHandler<T, H> {
     pub(crate) fn new(handler: H) -> Self {
-        Self { handler: Arc::new(handler), _task: PhantomData }
+        Self {
+            handler: Arc::new(handler),
+            _task: PhantomData,
+        }
     }
 }
 

@@ -38,7 +38,10 @@
 
 // Lets the macro's generated `::outbox::...` paths resolve inside this crate
 // too (its own tests and built-in task types).
-#[allow(unused_extern_crates, reason = "used by macro expansions in tests and built-in types")]
+#[allow(
+    unused_extern_crates,
+    reason = "used by macro expansions in tests and built-in types"
+)]
 extern crate self as outbox;
 
 mod clock;

@@ -104,7 +104,10 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
         }
     }
     let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| !applied_before.contains(&m.version)) {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| !applied_before.contains(&m.version))
+    {
         sqlx::raw_sql(m.up).execute(&mut *tx).await.map_err(|e| {
             Error::Migration(format!("migration {} ({}) failed: {e}", m.version, m.name))
         })?;
@@ -117,7 +120,12 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
         applied.push(m.version);
     }
     tx.commit().await?;
-    let current = applied_before.iter().chain(&applied).copied().max().unwrap_or(0);
+    let current = applied_before
+        .iter()
+        .chain(&applied)
+        .copied()
+        .max()
+        .unwrap_or(0);
     Ok(MigrationReport { applied, current })
 }
 
@@ -133,7 +141,10 @@ pub async fn schema_status(pool: &PgPool) -> Result<SchemaStatus> {
     } else {
         0
     };
-    Ok(SchemaStatus { current, latest: latest_version() })
+    Ok(SchemaStatus {
+        current,
+        latest: latest_version(),
+    })
 }
 
 /// FNV-1a over the SQL text: enough to notice an edited migration.
@@ -153,7 +164,12 @@ mod tests {
     #[test]
     fn migrations_are_numbered_in_order_from_one() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(m.version, i as i64 + 1, "migration {} is out of sequence", m.name);
+            assert_eq!(
+                m.version,
+                i as i64 + 1,
+                "migration {} is out of sequence",
+                m.name
+            );
             assert!(!m.up.trim().is_empty() && !m.down.trim().is_empty());
         }
     }

@@ -113,12 +113,20 @@ mod tests {
         assert!(TaskOptions::new().queue("").validate().is_err());
         assert!(TaskOptions::new().queue("has space").validate().is_err());
         assert!(TaskOptions::new().delay(Duration::MAX).validate().is_err());
-        assert!(TaskOptions::new().priority(9).queue("reports.v2").validate().is_ok());
+        assert!(
+            TaskOptions::new()
+                .priority(9)
+                .queue("reports.v2")
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]
     fn run_at_and_delay_replace_each_other() {
-        let o = TaskOptions::new().delay(Duration::from_secs(1)).run_at(Utc::now());
+        let o = TaskOptions::new()
+            .delay(Duration::from_secs(1))
+            .run_at(Utc::now());
         assert!(o.delay.is_none() && o.run_at.is_some());
         let o = o.delay(Duration::from_secs(1));
         assert!(o.run_at.is_none() && o.delay.is_some());

@@ -50,7 +50,10 @@ mod tests {
 
     #[test]
     fn default_table_matches_the_documented_schedule() {
-        let minutes: Vec<u64> = DEFAULT_RETRY_DELAYS.iter().map(|d| d.as_secs() / 60).collect();
+        let minutes: Vec<u64> = DEFAULT_RETRY_DELAYS
+            .iter()
+            .map(|d| d.as_secs() / 60)
+            .collect();
         assert_eq!(minutes, [1, 5, 15, 30, 60, 120, 240, 480, 720, 1440]);
         assert_eq!(max_attempts(DEFAULT_RETRY_DELAYS), 10);
     }

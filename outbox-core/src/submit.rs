@@ -97,7 +97,14 @@ impl Batch {
             task_type: T::TASK_TYPE.to_owned(),
             source,
         })?;
-        self.push_row(T::TASK_TYPE, T::QUEUE, T::PRIORITY, T::RETRY_DELAYS, payload, options)
+        self.push_row(
+            T::TASK_TYPE,
+            T::QUEUE,
+            T::PRIORITY,
+            T::RETRY_DELAYS,
+            payload,
+            options,
+        )
     }
 
     /// Adds a task given as JSON for a registered task type (what the CLI

@@ -29,7 +29,9 @@ pub trait Task: Serialize + DeserializeOwned + Send + 'static {
 /// The id of a task: assigned by the database, unique within it, stable
 /// across attempts. Use it as the idempotency key of a handler's side
 /// effects: delivery is at-least-once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct TaskId(pub i64);
 
@@ -61,7 +63,11 @@ inventory::collect!(RegisteredTask);
 /// by task type.
 pub fn registered_tasks() -> Vec<&'static RegisteredTask> {
     let mut all: Vec<_> = inventory::iter::<RegisteredTask>.into_iter().collect();
-    all.sort_by(|a, b| a.task_type.cmp(b.task_type).then(a.rust_type.cmp(b.rust_type)));
+    all.sort_by(|a, b| {
+        a.task_type
+            .cmp(b.task_type)
+            .then(a.rust_type.cmp(b.rust_type))
+    });
     all
 }
 
@@ -89,10 +95,21 @@ mod tests {
         assert_eq!(Registered::TASK_TYPE, "test.core.registered");
         assert_eq!(Registered::QUEUE, "core-tests");
         assert_eq!(Registered::PRIORITY, 4);
-        assert_eq!(Registered::RETRY_DELAYS, &[Duration::from_secs(1), Duration::from_secs(120)]);
+        assert_eq!(
+            Registered::RETRY_DELAYS,
+            &[Duration::from_secs(1), Duration::from_secs(120)]
+        );
         let found = find_registered("test.core.registered").expect("registered through inventory");
-        assert!(found.rust_type.ends_with("::Registered"), "{}", found.rust_type);
+        assert!(
+            found.rust_type.ends_with("::Registered"),
+            "{}",
+            found.rust_type
+        );
         assert_eq!(found.queue, "core-tests");
-        assert!(registered_tasks().iter().any(|r| r.task_type == "test.core.registered"));
+        assert!(
+            registered_tasks()
+                .iter()
+                .any(|r| r.task_type == "test.core.registered")
+        );
     }
 }

@@ -25,7 +25,9 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
             "" => return Err(format!("{number:?} has no unit: use ms, s, m, h or d")),
             other => return Err(format!("unknown unit {other:?}: use ms, s, m, h or d")),
         };
-        let number: u64 = number.parse().map_err(|_| format!("{number:?} is too large"))?;
+        let number: u64 = number
+            .parse()
+            .map_err(|_| format!("{number:?} is too large"))?;
         total = number
             .checked_mul(scale)
             .and_then(|ms| total.checked_add(ms))

@@ -8,7 +8,10 @@ use crate::parse::TaskDecl;
 pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
     let ident = &task.ident;
     let task_type = &task.task_type;
-    let queue = task.queue.as_ref().map(|q| quote!(const QUEUE: &'static str = #q;));
+    let queue = task
+        .queue
+        .as_ref()
+        .map(|q| quote!(const QUEUE: &'static str = #q;));
     let priority = task.priority.map(|p| quote!(const PRIORITY: i16 = #p;));
     let delays = task.retry_delays_ms.as_ref().map(|ms| {
         quote! {

@@ -34,7 +34,11 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
                 format!("expected `name = value`; options are: {OPTIONS}"),
             ));
         };
-        let name = nv.path.get_ident().map(Ident::to_string).unwrap_or_default();
+        let name = nv
+            .path
+            .get_ident()
+            .map(Ident::to_string)
+            .unwrap_or_default();
         match name.as_str() {
             "task_type" => {
                 let lit = string(&nv.value, "task_type")?;
@@ -65,7 +69,13 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             "missing `task_type`: write #[outbox_task(task_type = \"area.action\")]",
         )
     })?;
-    Ok(TaskDecl { ident, task_type, queue, priority, retry_delays_ms })
+    Ok(TaskDecl {
+        ident,
+        task_type,
+        queue,
+        priority,
+        retry_delays_ms,
+    })
 }
 
 fn struct_ident(item: TokenStream) -> syn::Result<Ident> {
@@ -103,7 +113,9 @@ fn set_once<T>(slot: &mut Option<T>, value: T, meta: &Meta) -> syn::Result<()> {
 
 fn string(expr: &Expr, option: &str) -> syn::Result<LitStr> {
     match expr {
-        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(s.clone()),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
         other => Err(syn::Error::new(
             other.span(),
             format!("`{option}` takes a string literal, like {option} = \"reports\""),
@@ -132,7 +144,9 @@ fn check_name(lit: &LitStr, option: &str) -> syn::Result<()> {
 fn priority_value(expr: &Expr) -> syn::Result<i16> {
     let message = "`priority` takes an integer from 0 (runs first) to 9 (runs last)";
     match expr {
-        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => match i.base10_parse::<i16>() {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => match i.base10_parse::<i16>() {
             Ok(p) if (0..=9).contains(&p) => Ok(p),
             _ => Err(syn::Error::new(i.span(), message)),
         },
@@ -157,8 +171,12 @@ fn delays(expr: &Expr) -> syn::Result<Vec<u64>> {
         .iter()
         .map(|e| {
             let lit = string(e, "retry_delays")?;
-            parse_millis(&lit.value())
-                .map_err(|m| syn::Error::new(lit.span(), format!("bad retry delay: {m}")))
+            parse_millis(&lit.value()).map_err(|m| {
+                syn::Error::new(
+                    lit.span(),
+                    format!("bad retry delay {:?}: {m}", lit.value()),
+                )
+            })
         })
         .collect()
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use outbox::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler, WorkerBuilder, outbox_task};
+use outbox::{
+    HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler, WorkerBuilder, outbox_task,
+};
 use serde::{Deserialize, Serialize};
 
 /// `outbox.noop`: does nothing and succeeds.

@@ -22,7 +22,11 @@ pub const EXIT_SCHEMA_BEHIND: u8 = 4;
 pub const EXIT_RUNTIME: u8 = 1;
 
 #[derive(Debug, Parser)]
-#[command(name = "outbox-worker", version, about = "Run and operate outbox task workers on PostgreSQL")]
+#[command(
+    name = "outbox-worker",
+    version,
+    about = "Run and operate outbox task workers on PostgreSQL"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -82,9 +86,9 @@ fn parse_queue(s: &str) -> Result<(String, usize), String> {
     let (name, concurrency) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=CONCURRENCY (for example default=10)"))?;
-    let concurrency: usize = concurrency
-        .parse()
-        .map_err(|_| format!("concurrency {concurrency:?} of queue {name:?} is not a whole number"))?;
+    let concurrency: usize = concurrency.parse().map_err(|_| {
+        format!("concurrency {concurrency:?} of queue {name:?} is not a whole number")
+    })?;
     if concurrency == 0 {
         return Err(format!("queue {name:?} needs a concurrency of at least 1"));
     }
@@ -103,7 +107,10 @@ pub fn main() -> ExitCode {
 pub fn main_with(register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -135,16 +142,20 @@ pub(crate) struct Failure {
 
 impl Failure {
     pub(crate) fn runtime(message: impl std::fmt::Display) -> Self {
-        Self { code: EXIT_RUNTIME, message: message.to_string() }
+        Self {
+            code: EXIT_RUNTIME,
+            message: message.to_string(),
+        }
     }
 }
 
 impl From<outbox::Error> for Failure {
     fn from(e: outbox::Error) -> Self {
         match e {
-            outbox::Error::Startup(_) | outbox::Error::InvalidOption(_) => {
-                Self { code: EXIT_CONFIG, message: e.to_string() }
-            }
+            outbox::Error::Startup(_) | outbox::Error::InvalidOption(_) => Self {
+                code: EXIT_CONFIG,
+                message: e.to_string(),
+            },
             outbox::Error::Database(ref db) if is_unreachable(db) => Self {
                 code: EXIT_DATABASE_UNREACHABLE,
                 message: format!("cannot reach the database: {db}"),
@@ -155,7 +166,10 @@ impl From<outbox::Error> for Failure {
 }
 
 fn is_unreachable(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_))
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_)
+    )
 }
 
 /// Connects, turning a refused or timed-out connection into exit code 3.
@@ -184,12 +198,18 @@ async fn migrate(args: DbArgs) -> Result<(), Failure> {
     if report.applied.is_empty() {
         println!("schema is up to date at version {}", report.current);
     } else {
-        println!("applied migrations {:?}; schema is at version {}", report.applied, report.current);
+        println!(
+            "applied migrations {:?}; schema is at version {}",
+            report.applied, report.current
+        );
     }
     Ok(())
 }
 
-async fn run(args: RunArgs, register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -> Result<(), Failure> {
+async fn run(
+    args: RunArgs,
+    register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder,
+) -> Result<(), Failure> {
     let pool = connect(&args.db.database_url, args.max_connections).await?;
     let status = outbox::schema_status(&pool).await?;
     if !status.is_up_to_date() {
@@ -220,7 +240,10 @@ async fn run(args: RunArgs, register: fn(outbox::WorkerBuilder) -> outbox::Worke
 /// Cancels `token` on the first SIGTERM or SIGINT.
 pub(crate) async fn stop_on_signal(token: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop the worker with SIGKILL");
         return;
     };

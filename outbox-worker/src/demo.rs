@@ -26,10 +26,12 @@ pub(crate) async fn run(
         Some(url) => (url, None),
         None => {
             println!("starting a private PostgreSQL (set DATABASE_URL to use your own)...");
-            let cluster = tokio::task::spawn_blocking(|| LocalPostgres::start(&LocalPostgresOptions::default()))
-                .await
-                .map_err(Failure::runtime)?
-                .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))?;
+            let cluster = tokio::task::spawn_blocking(|| {
+                LocalPostgres::start(&LocalPostgresOptions::default())
+            })
+            .await
+            .map_err(Failure::runtime)?
+            .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))?;
             (cluster.url("postgres"), Some(cluster))
         }
     };
@@ -45,10 +47,16 @@ pub(crate) async fn run(
         batch.push(&Sleep { ms: 200 })?;
     }
     for _ in 0..RECOVERING {
-        batch.push(&Fail { times: 1, message: "flaky downstream (fails once)".into() })?;
+        batch.push(&Fail {
+            times: 1,
+            message: "flaky downstream (fails once)".into(),
+        })?;
     }
     for _ in 0..DOOMED {
-        batch.push(&Fail { times: 99, message: "poison task (always fails)".into() })?;
+        batch.push(&Fail {
+            times: 99,
+            message: "poison task (always fails)".into(),
+        })?;
     }
     let total = batch.len();
     let started = Instant::now();
@@ -101,16 +109,26 @@ pub(crate) async fn run(
     shutdown.cancel();
     running.await.map_err(Failure::runtime)??;
 
-    println!("\n{finished}/{total} tasks finished in {:.2} s", elapsed.as_secs_f64());
+    println!(
+        "\n{finished}/{total} tasks finished in {:.2} s",
+        elapsed.as_secs_f64()
+    );
     println!("{:<16} {:<22} {:>8}", "task type", "outcome", "count");
     for ((task_type, label), n) in &counts {
         println!("{task_type:<16} {label:<22} {n:>8}");
     }
     let dead: Vec<String> = dead_ids.iter().map(ToString::to_string).collect();
-    println!("\ndead tasks (ids {}) are kept for inspection:", dead.join(", "));
-    println!("  psql \"{url}\" -c \"SELECT id, task_type, retry_count, last_error FROM outbox_tasks WHERE dead_at IS NOT NULL\"");
+    println!(
+        "\ndead tasks (ids {}) are kept for inspection:",
+        dead.join(", ")
+    );
+    println!(
+        "  psql \"{url}\" -c \"SELECT id, task_type, retry_count, last_error FROM outbox_tasks WHERE dead_at IS NOT NULL\""
+    );
     if finished < total || ids.len() != total {
-        return Err(Failure::runtime(format!("only {finished} of {total} tasks finished")));
+        return Err(Failure::runtime(format!(
+            "only {finished} of {total} tasks finished"
+        )));
     }
     Ok(())
 }

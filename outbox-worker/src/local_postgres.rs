@@ -7,8 +7,8 @@
 //! (through `runuser`); an ordinary user runs it as themself.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -54,7 +54,10 @@ pub struct LocalPostgresOptions {
 
 impl Default for LocalPostgresOptions {
     fn default() -> Self {
-        Self { durable: false, max_connections: 200 }
+        Self {
+            durable: false,
+            max_connections: 200,
+        }
     }
 }
 
@@ -81,21 +84,38 @@ impl LocalPostgres {
         } else {
             None
         };
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
         let root = std::env::temp_dir().join(format!("outbox-pg-{}-{nanos:x}", std::process::id()));
         std::fs::create_dir_all(&root)?;
-        let mut cluster = Self { root, bin, run_as, port: 0, stopped: true };
+        let mut cluster = Self {
+            root,
+            bin,
+            run_as,
+            port: 0,
+            stopped: true,
+        };
         if let Some(user) = &cluster.run_as {
-            run("chown", Command::new("chown").arg(format!("{user}:")).arg(&cluster.root))?;
+            run(
+                "chown",
+                Command::new("chown")
+                    .arg(format!("{user}:"))
+                    .arg(&cluster.root),
+            )?;
         }
         let data = cluster.data_dir();
         run(
             "initdb",
-            cluster
-                .pg_command("initdb")
-                .arg("-D")
-                .arg(&data)
-                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
+            cluster.pg_command("initdb").arg("-D").arg(&data).args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]),
         )?;
         let mut conf = format!(
             "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nmax_connections = {}\n",
@@ -236,7 +256,13 @@ impl LocalPostgres {
     fn pg_command_line(&self, program: &str) -> Vec<String> {
         let path = self.bin.join(program).display().to_string();
         match &self.run_as {
-            Some(user) => vec!["runuser".to_owned(), "-u".to_owned(), user.clone(), "--".to_owned(), path],
+            Some(user) => vec![
+                "runuser".to_owned(),
+                "-u".to_owned(),
+                user.clone(),
+                "--".to_owned(),
+                path,
+            ],
             None => vec![path],
         }
     }
@@ -281,7 +307,10 @@ fn run(what: &str, cmd: &mut Command) -> Result<(), LocalPostgresError> {
 
 fn append(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    std::fs::OpenOptions::new().append(true).open(path)?.write_all(text.as_bytes())
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)?
+        .write_all(text.as_bytes())
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -322,7 +351,10 @@ fn find_bin_dir() -> Option<PathBuf> {
                 // Resolve a symlinked initdb to its real directory, where
                 // the matching postgres binary lives.
                 let real = std::fs::canonicalize(dir.join("initdb")).ok();
-                return Some(real.and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or(dir));
+                return Some(
+                    real.and_then(|p| p.parent().map(Path::to_path_buf))
+                        .unwrap_or(dir),
+                );
             }
         }
     }

@@ -1,1 +1,207 @@
-//! h
+//! The test harness: one PostgreSQL server per test process, one fresh
+//! database per test, so tests run in parallel without seeing each other.
+//!
+//! With DATABASE_URL set, databases are created on that server (the role
+//! needs CREATEDB). Without it, a private cluster is started from the
+//! installed PostgreSQL binaries and stopped when the test process exits.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use outbox::{TaskEvent, TaskEventKind, Worker};
+use outbox_worker::local_postgres::{LocalPostgres, LocalPostgresOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The server every test database lives on.
+fn server_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            let cluster = LocalPostgres::start(&LocalPostgresOptions {
+                durable: false,
+                max_connections: 500,
+            })
+            .unwrap_or_else(|e| panic!("cannot start a private PostgreSQL for the tests: {e}"));
+            let url = cluster.url("postgres");
+            cluster.stop_when_process_exits();
+            url
+        }
+    })
+}
+
+fn options_for(database: &str) -> PgConnectOptions {
+    server_url()
+        .parse::<PgConnectOptions>()
+        .expect("DATABASE_URL is a valid PostgreSQL URL")
+        .database(database)
+}
+
+/// A migrated template database; test databases are copies of it.
+async fn template() -> &'static str {
+    static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    TEMPLATE
+        .get_or_init(|| async {
+            let name = format!("outbox_template_{}", std::process::id());
+            create_database(&name, None).await;
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options_for(&name))
+                .await
+                .unwrap();
+            outbox::migrate(&pool)
+                .await
+                .expect("migrate the template database");
+            pool.close().await;
+            name
+        })
+        .await
+}
+
+async fn create_database(name: &str, template: Option<&str>) {
+    let admin = server_url()
+        .parse::<PgConnectOptions>()
+        .expect("valid DATABASE_URL");
+    let mut conn = PgConnection::connect_with(&admin)
+        .await
+        .expect("connect to the test server");
+    let sql = match template {
+        Some(t) => format!("CREATE DATABASE \"{name}\" TEMPLATE \"{t}\""),
+        None => format!("CREATE DATABASE \"{name}\""),
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
+    let _ = conn.close().await;
+}
+
+/// A database of one's own for one test.
+pub struct TestDb {
+    /// A pool on it.
+    pub pool: PgPool,
+    /// Its URL, for a second pool or a child process.
+    pub url: String,
+}
+
+impl TestDb {
+    /// A fresh database with the outbox schema applied.
+    pub async fn migrated() -> Self {
+        let template = template().await;
+        Self::create(Some(template)).await
+    }
+
+    /// A fresh, empty database.
+    pub async fn empty() -> Self {
+        Self::create(None).await
+    }
+
+    async fn create(template: Option<&str>) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "outbox_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        create_database(&name, template).await;
+        let options = options_for(&name);
+        let url = options.to_url_lossy().to_string();
+        Self {
+            pool: Self::pool_on(&url, 10).await,
+            url,
+        }
+    }
+
+    /// Another, separate pool on this database (a second "machine").
+    pub async fn pool_on(url: &str, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(url)
+            .await
+            .expect("connect to the test database")
+    }
+
+    /// Number of tasks in each state, as `(state, count)` sorted by state.
+    pub async fn count_by_state(&self) -> Vec<(String, i64)> {
+        sqlx::query_as("SELECT state::text, count(*) FROM outbox_tasks GROUP BY 1 ORDER BY 1")
+            .fetch_all(&self.pool)
+            .await
+            .expect("count tasks by state")
+    }
+}
+
+/// A worker running in the background of a test.
+pub struct RunningWorker {
+    /// Committed outcomes, subscribed before the worker started.
+    pub events: broadcast::Receiver<TaskEvent>,
+    shutdown: CancellationToken,
+    handle: JoinHandle<outbox::Result<()>>,
+}
+
+impl RunningWorker {
+    /// Starts `worker`.
+    pub fn start(worker: Worker) -> Self {
+        let events = worker.subscribe();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(worker.run(shutdown.clone()));
+        Self {
+            events,
+            shutdown,
+            handle,
+        }
+    }
+
+    /// Waits (at most `within`) until `n` outcomes of `kind` were committed,
+    /// and returns the events seen on the way.
+    pub async fn wait_for(
+        &mut self,
+        kind: TaskEventKind,
+        n: usize,
+        within: Duration,
+    ) -> Vec<TaskEvent> {
+        wait_for(&mut self.events, kind, n, within).await
+    }
+
+    /// Stops the worker gracefully and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.handle.await.expect("worker task").expect("worker run");
+    }
+}
+
+/// Waits (at most `within`) until `n` outcomes of `kind` arrive on
+/// `events`, and returns every event seen on the way.
+pub async fn wait_for(
+    events: &mut broadcast::Receiver<TaskEvent>,
+    kind: TaskEventKind,
+    n: usize,
+    within: Duration,
+) -> Vec<TaskEvent> {
+    let mut seen = Vec::new();
+    let mut matched = 0;
+    let deadline = tokio::time::Instant::now() + within;
+    while matched < n {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                if event.kind == kind {
+                    matched += 1;
+                }
+                seen.push(event);
+            }
+            Ok(Err(broadcast::error::RecvError::Lagged(missed))) => {
+                panic!("test fell behind the worker's events by {missed}")
+            }
+            Ok(Err(broadcast::error::RecvError::Closed)) => panic!("worker stopped early"),
+            Err(_) => {
+                panic!("timed out after {within:?}: {matched} of {n} {kind:?} events; saw {seen:?}")
+            }
+        }
+    }
+    seen
+}

@@ -66,7 +66,11 @@ fn publish(events: &broadcast::Sender<TaskEvent>, batch: &[Done], written: &[i64
         return;
     }
     for d in batch {
-        let kind = if written.contains(&d.finish.id) { d.kind } else { TaskEventKind::Stale };
+        let kind = if written.contains(&d.finish.id) {
+            d.kind
+        } else {
+            TaskEventKind::Stale
+        };
         let _ = events.send(TaskEvent {
             id: TaskId(d.finish.id),
             task_type: d.task_type.to_string(),

@@ -27,10 +27,13 @@ pub(crate) struct Done {
 /// The attempts whose handlers are running, by task id, with their claim
 /// (for fencing) and a handle to abort them at the end of a shutdown.
 #[derive(Clone, Default)]
-pub(crate) struct InFlight(Arc<Mutex<HashMap<i64, (i32, Option<AbortHandle>)>>>);
+pub(crate) struct InFlight(Arc<Mutex<RunningAttempts>>);
+
+/// Task id -> (claims at the claim, abort handle of the running handler).
+type RunningAttempts = HashMap<i64, (i32, Option<AbortHandle>)>;
 
 impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, (i32, Option<AbortHandle>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunningAttempts> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -54,7 +57,10 @@ impl InFlight {
 
     /// Takes every running attempt out of the map.
     fn drain(&self) -> Vec<(i64, i32, Option<AbortHandle>)> {
-        self.lock().drain().map(|(id, (claims, abort))| (id, claims, abort)).collect()
+        self.lock()
+            .drain()
+            .map(|(id, (claims, abort))| (id, claims, abort))
+            .collect()
     }
 }
 
@@ -134,11 +140,14 @@ async fn run_handler(
         Ok(Ok(outcome)) => Some(Ok(outcome)),
         Ok(Err(error)) => Some(Err(error.message().to_owned())),
         Err(e) if e.is_cancelled() => None,
-        Err(e) => Some(Err(format!("handler panicked: {}", panic_message(e.into_panic())))),
+        Err(e) => Some(Err(format!(
+            "handler panicked: {}",
+            panic_message(&*e.into_panic())
+        ))),
     }
 }
 
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -187,12 +196,23 @@ fn outcome_to_finish(
             let finish = Finish {
                 state: NextState::Failed,
                 add_retry: 1,
-                delay_us: if dead { 0 } else { delay_micros(delay).unwrap_or(i64::MAX) },
+                delay_us: if dead {
+                    0
+                } else {
+                    delay_micros(delay).unwrap_or(i64::MAX)
+                },
                 dead,
                 error: Some(error),
                 ..base
             };
-            (finish, if dead { TaskEventKind::Dead } else { TaskEventKind::Failed })
+            (
+                finish,
+                if dead {
+                    TaskEventKind::Dead
+                } else {
+                    TaskEventKind::Failed
+                },
+            )
         }
     }
 }

@@ -13,7 +13,11 @@ pub(crate) struct Outage {
 
 impl Outage {
     pub(crate) fn new(what: &'static str) -> Self {
-        Self { what, since: None, failures: 0 }
+        Self {
+            what,
+            since: None,
+            failures: 0,
+        }
     }
 
     /// Records a failure and returns how long to wait before trying again

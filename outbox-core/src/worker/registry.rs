@@ -29,7 +29,8 @@ pub(crate) struct Handlers {
 impl Handlers {
     pub(crate) fn insert(&mut self, task_type: &'static str, entry: HandlerEntry) {
         if self.by_type.contains_key(task_type) {
-            self.duplicates.push((task_type.to_owned(), entry.rust_type));
+            self.duplicates
+                .push((task_type.to_owned(), entry.rust_type));
         } else {
             self.by_type.insert(task_type.to_owned(), entry);
         }
@@ -47,7 +48,11 @@ impl Handlers {
     /// Task types this worker handles, for error messages.
     pub(crate) fn known_types(&self) -> String {
         let names: Vec<&str> = self.by_type.keys().map(String::as_str).collect();
-        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
     }
 
     /// The retry table for a task type, even one this worker cannot run.
@@ -77,7 +82,9 @@ impl Handlers {
                 problems.push(e.to_string());
             }
             if *concurrency == 0 {
-                problems.push(format!("queue {queue:?} has concurrency 0: give it at least 1"));
+                problems.push(format!(
+                    "queue {queue:?} has concurrency 0: give it at least 1"
+                ));
             }
         }
         let mut by_type: BTreeMap<&str, Vec<&RegisteredTask>> = BTreeMap::new();

@@ -1,0 +1,20 @@
+use outbox::outbox_task;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.b", priority = 12)]
+struct OutOfRange {}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.c", retry_delays = ["5 minutes"])]
+struct BadDelay {}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.d", retry_delays = [])]
+struct NoAttempts {}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "has spaces")]
+struct BadName {}
+
+fn main() {}

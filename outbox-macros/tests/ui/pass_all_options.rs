@@ -1,0 +1,14 @@
+use outbox::{Task, outbox_task};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "report.generate", queue = "reports", priority = 3, retry_delays = ["250ms", "1h30m"])]
+struct GenerateReport {
+    month: u32,
+}
+
+fn main() {
+    assert_eq!(GenerateReport::TASK_TYPE, "report.generate");
+    assert_eq!(GenerateReport::RETRY_DELAYS.len(), 2);
+    let _ = GenerateReport { month: 1 }.month;
+}

@@ -1,0 +1,287 @@
+//! What a failed attempt writes: retries per the table, dead when it is used
+//! up, and the handler's other outcomes. The clock is pinned, not slept on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::{
+    Clock, HandlerError, HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, TaskId,
+    Worker, outbox_task,
+};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Fails with "boom <n>" unless told to give up or to snooze.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.failures.flaky", queue = "failure-tests")]
+struct Flaky {
+    give_up: bool,
+    snooze_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.failures.doomed", queue = "failure-tests-doomed", retry_delays = ["1m", "10m"])]
+struct Doomed {}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.failures.marker", queue = "failure-tests-doomed")]
+struct Marker {}
+
+#[derive(Clone, Default)]
+struct Calls(Arc<AtomicUsize>);
+
+impl TaskHandler<Flaky> for Calls {
+    async fn handle(&self, ctx: TaskContext, task: Flaky) -> HandlerResult {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        if task.give_up {
+            return Ok(Outcome::GiveUp(format!(
+                "gave up on attempt {}",
+                ctx.attempt()
+            )));
+        }
+        if let Some(ms) = task.snooze_ms {
+            return Ok(Outcome::RetryAfter(Duration::from_millis(ms)));
+        }
+        Err(HandlerError::msg(format!("boom {n}")))
+    }
+}
+
+impl TaskHandler<Doomed> for Calls {
+    async fn handle(&self, ctx: TaskContext, _task: Doomed) -> HandlerResult {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(std::io::Error::other(format!(
+            "attempt {} of {} failed",
+            ctx.attempt(),
+            ctx.max_attempts()
+        ))
+        .into())
+    }
+}
+
+impl TaskHandler<Marker> for Calls {
+    async fn handle(&self, _ctx: TaskContext, _task: Marker) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+#[derive(Debug)]
+struct Row {
+    state: String,
+    retry_count: i32,
+    claims: i32,
+    last_error: Option<String>,
+    execute_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    dead_at: Option<DateTime<Utc>>,
+}
+
+type RowTuple = (
+    String,
+    i32,
+    i32,
+    Option<String>,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+async fn row(db: &TestDb, id: TaskId) -> Row {
+    let (state, retry_count, claims, last_error, execute_at, finished_at, dead_at): RowTuple = sqlx::query_as(
+        "SELECT state::text AS state, retry_count, claims, last_error, execute_at, finished_at, dead_at \
+         FROM outbox_tasks WHERE id = $1",
+    )
+    .bind(id.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    Row {
+        state,
+        retry_count,
+        claims,
+        last_error,
+        execute_at,
+        finished_at,
+        dead_at,
+    }
+}
+
+/// A pinned clock an hour ahead of the database, so that every task
+/// submitted now is already due.
+fn pinned_clock() -> (Clock, DateTime<Utc>) {
+    // Whole microseconds: what PostgreSQL stores.
+    let at = DateTime::from_timestamp_micros(
+        (Utc::now() + chrono::Duration::hours(1)).timestamp_micros(),
+    )
+    .unwrap();
+    (Clock::fixed(at), at)
+}
+
+#[tokio::test]
+async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(
+        &db.pool,
+        Flaky {
+            give_up: false,
+            snooze_ms: None,
+        },
+    )
+    .await
+    .unwrap();
+    let (clock, now) = pinned_clock();
+    let calls = Calls::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Flaky>(calls.clone())
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Failed, 1, WAIT).await;
+    worker.stop().await;
+
+    let r = row(&db, id).await;
+    assert_eq!(r.state, "failed", "{r:?}");
+    assert_eq!(r.retry_count, 1, "{r:?}");
+    assert_eq!(r.last_error.as_deref(), Some("boom 1"));
+    assert_eq!(r.finished_at, Some(now));
+    assert_eq!(
+        r.execute_at,
+        now + chrono::Duration::minutes(1),
+        "first delay of the default table"
+    );
+    assert!(r.dead_at.is_none());
+    assert_eq!(
+        calls.0.load(Ordering::SeqCst),
+        1,
+        "not retried before its execute_at"
+    );
+}
+
+#[tokio::test]
+async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&db.pool, Doomed {}).await.unwrap();
+    let (clock, now) = pinned_clock();
+    let calls = Calls::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Doomed>(calls.clone())
+            .handler::<Marker>(calls.clone())
+            .clock(clock.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Failed, 1, WAIT).await;
+    let r = row(&db, id).await;
+    assert_eq!(
+        (r.retry_count, r.execute_at),
+        (1, now + chrono::Duration::minutes(1)),
+        "{r:?}"
+    );
+
+    clock.advance(Duration::from_secs(60));
+    worker.wait_for(TaskEventKind::Dead, 1, WAIT).await;
+    let r = row(&db, id).await;
+    assert_eq!(r.state, "failed", "{r:?}");
+    assert_eq!(r.retry_count, 2, "the table has two entries: two attempts");
+    assert_eq!(r.dead_at, Some(now + chrono::Duration::minutes(1)));
+    assert_eq!(r.last_error.as_deref(), Some("attempt 2 of 2 failed"));
+
+    // A day later the dead task is still not claimed: a marker submitted
+    // behind it on the same queue runs, the dead task does not.
+    clock.advance(Duration::from_secs(86_400));
+    outbox::submit(&db.pool, Marker {}).await.unwrap();
+    worker.wait_for(TaskEventKind::Completed, 1, WAIT).await;
+    worker.stop().await;
+    assert_eq!(
+        calls.0.load(Ordering::SeqCst),
+        2,
+        "the doomed handler ran exactly twice"
+    );
+    let r = row(&db, id).await;
+    assert_eq!(
+        (r.state.as_str(), r.claims),
+        ("failed", 2),
+        "still in the table, never claimed again"
+    );
+    let in_hot_index: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_tasks WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND id = $1",
+    )
+    .bind(id.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        in_hot_index, 0,
+        "dead rows fall outside the claimable index's predicate"
+    );
+}
+
+#[tokio::test]
+async fn give_up_makes_the_task_dead_at_once() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(
+        &db.pool,
+        Flaky {
+            give_up: true,
+            snooze_ms: None,
+        },
+    )
+    .await
+    .unwrap();
+    let (clock, now) = pinned_clock();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Flaky>(Calls::default())
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Dead, 1, WAIT).await;
+    worker.stop().await;
+    let r = row(&db, id).await;
+    assert_eq!(
+        (r.state.as_str(), r.retry_count, r.dead_at),
+        ("failed", 1, Some(now)),
+        "{r:?}"
+    );
+    assert_eq!(r.last_error.as_deref(), Some("gave up on attempt 1"));
+}
+
+#[tokio::test]
+async fn retry_after_snoozes_without_counting_an_attempt() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(
+        &db.pool,
+        Flaky {
+            give_up: false,
+            snooze_ms: Some(90_000),
+        },
+    )
+    .await
+    .unwrap();
+    let (clock, now) = pinned_clock();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Flaky>(Calls::default())
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Snoozed, 1, WAIT).await;
+    worker.stop().await;
+    let r = row(&db, id).await;
+    assert_eq!(r.state, "pending", "{r:?}");
+    assert_eq!((r.retry_count, r.claims), (0, 1), "{r:?}");
+    assert_eq!(r.execute_at, now + chrono::Duration::seconds(90));
+    assert!(
+        r.finished_at.is_none() && r.dead_at.is_none() && r.last_error.is_none(),
+        "{r:?}"
+    );
+}

@@ -1,0 +1,100 @@
+//! Poison rows (a payload that does not decode, a task type nobody handles)
+//! fail with a clear message and never block the tasks behind them.
+
+use std::time::Duration;
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, TaskOptions, Worker,
+    outbox_task,
+};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.poison.strict", queue = "poison-tests")]
+struct Strict {
+    amount_cents: u64,
+}
+
+struct Accept;
+
+impl TaskHandler<Strict> for Accept {
+    async fn handle(&self, _ctx: TaskContext, _task: Strict) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test]
+async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
+    let db = TestDb::migrated().await;
+    // First in line: a payload of the right type name but the wrong shape
+    // (as an old or foreign producer might write), then a task type this
+    // worker does not know, then ten good tasks.
+    let registered = outbox::find_registered("test.poison.strict").unwrap();
+    let mut batch = outbox::Batch::new();
+    batch
+        .push_json(
+            registered,
+            &serde_json::json!({"amount_cents": "twelve"}),
+            TaskOptions::new(),
+        )
+        .unwrap();
+    batch.submit(&db.pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         VALUES ('test.poison.nobody', 'poison-tests', '{}', 10)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    outbox::submit_batch(&db.pool, (0..10).map(|i| Strict { amount_cents: i }))
+        .await
+        .unwrap();
+
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Strict>(Accept)
+            .queue("poison-tests", 1)
+            .build()
+            .unwrap(),
+    );
+    let events = worker
+        .wait_for(TaskEventKind::Completed, 10, Duration::from_secs(20))
+        .await;
+    worker.stop().await;
+    let failed = events
+        .iter()
+        .filter(|e| e.kind == TaskEventKind::Failed)
+        .count();
+    assert_eq!(failed, 2, "{events:?}");
+
+    let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
+        "SELECT task_type, state::text, retry_count, last_error FROM outbox_tasks \
+         WHERE last_error IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let (ty, state, retries, error) = &rows[0];
+    assert_eq!(
+        (ty.as_str(), state.as_str(), *retries),
+        ("test.poison.strict", "failed", 1)
+    );
+    assert!(
+        error.contains("payload does not decode into")
+            && error.contains("Strict")
+            && error.contains("expected u64"),
+        "{error}"
+    );
+    let (ty, state, retries, error) = &rows[1];
+    assert_eq!(
+        (ty.as_str(), state.as_str(), *retries),
+        ("test.poison.nobody", "failed", 1)
+    );
+    assert!(
+        error.contains("no handler for task type \"test.poison.nobody\"")
+            && error.contains("test.poison.strict"),
+        "{error}"
+    );
+}

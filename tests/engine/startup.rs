@@ -1,0 +1,89 @@
+//! A worker refuses to start, listing every problem.
+
+use outbox::{HandlerResult, Outcome, TaskContext, TaskHandler, Worker, outbox_task};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.startup.handled", queue = "startup-tests")]
+struct Handled {}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.startup.forgotten", queue = "startup-tests")]
+struct Forgotten {}
+
+struct H;
+
+impl TaskHandler<Handled> for H {
+    async fn handle(&self, _ctx: TaskContext, _task: Handled) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+/// A pool that never connects: validation needs no database.
+fn lazy_pool() -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap()
+}
+
+fn problems(builder: outbox::WorkerBuilder) -> Vec<String> {
+    match builder.build() {
+        Ok(_) => panic!("the worker started despite its problems"),
+        Err(outbox::Error::Startup(p)) => p.0,
+        Err(other) => panic!("expected a start-up error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_problem_is_listed_at_once() {
+    let builder = Worker::builder(lazy_pool())
+        .handler::<Handled>(H)
+        .handler::<Handled>(H)
+        .queue("startup-tests", 4)
+        .queue("other", 0);
+    let problems = problems(builder);
+    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("queue \"other\" has concurrency 0")),
+        "{problems:#?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("\"test.startup.handled\" has two handlers")),
+        "{problems:#?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("\"test.startup.forgotten\"")
+                && p.contains("has no handler")
+                && p.contains(".handler::<Forgotten>")),
+        "{problems:#?}"
+    );
+    let shown = outbox::Error::Startup(outbox::StartupProblems(problems)).to_string();
+    assert!(
+        shown.starts_with("the worker cannot start:\n  - "),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_with_nothing_to_do_refuses_to_start() {
+    let problems = problems(Worker::builder(lazy_pool()));
+    assert_eq!(problems.len(), 1);
+    assert!(problems[0].contains("no queue to serve"), "{problems:?}");
+}
+
+#[tokio::test]
+async fn types_on_queues_the_worker_does_not_serve_are_not_its_business() {
+    // Forgotten is on startup-tests; a worker for another queue starts.
+    let worker = Worker::builder(lazy_pool())
+        .queue("somewhere-else", 2)
+        .build()
+        .unwrap();
+    assert_eq!(worker.queues(), [("somewhere-else".to_owned(), 2)]);
+}
