@@ -48,6 +48,7 @@ mod clock;
 mod db;
 mod error;
 mod handler;
+pub mod maintenance;
 mod migrate;
 mod options;
 pub mod retry;
@@ -66,7 +67,8 @@ pub use outbox_macros::outbox_task;
 pub use submit::{Batch, submit, submit_batch, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
 pub use worker::{
-    DEFAULT_CONCURRENCY, TaskEvent, TaskEventKind, Worker, WorkerBuilder, WorkerConfig,
+    DEFAULT_CONCURRENCY, MAINTENANCE_APPLICATION_NAME, TaskEvent, TaskEventKind, Worker,
+    WorkerBuilder, WorkerConfig,
 };
 
 /// What `#[outbox_task]` expands to refers to; not a public API.

@@ -71,14 +71,14 @@ pub fn latest_version() -> i64 {
 /// applied migration's text differs from this build's (it was edited).
 pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+    sqlx::query(include_str!("db/sql/lock_migrations.sql"))
         .bind(MIGRATION_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
     sqlx::query(include_str!("db/sql/create_migrations_table.sql"))
         .execute(&mut *tx)
         .await?;
-    let rows = sqlx::query("SELECT version, checksum FROM outbox_migrations ORDER BY version")
+    let rows = sqlx::query(include_str!("db/sql/select_migrations.sql"))
         .fetch_all(&mut *tx)
         .await?;
     let mut applied_before = Vec::with_capacity(rows.len());
@@ -111,7 +111,7 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
         sqlx::raw_sql(m.up).execute(&mut *tx).await.map_err(|e| {
             Error::Migration(format!("migration {} ({}) failed: {e}", m.version, m.name))
         })?;
-        sqlx::query("INSERT INTO outbox_migrations (version, name, checksum) VALUES ($1, $2, $3)")
+        sqlx::query(include_str!("db/sql/insert_migration.sql"))
             .bind(m.version)
             .bind(m.name)
             .bind(checksum_of(m.up))
@@ -131,11 +131,11 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
 
 /// Reads the schema version without changing anything.
 pub async fn schema_status(pool: &PgPool) -> Result<SchemaStatus> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('outbox_migrations') IS NOT NULL")
+    let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
         .fetch_one(pool)
         .await?;
     let current = if exists {
-        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM outbox_migrations")
+        sqlx::query_scalar(include_str!("db/sql/schema_version.sql"))
             .fetch_one(pool)
             .await?
     } else {

@@ -49,7 +49,7 @@ enum Command {
 #[derive(Debug, Args)]
 struct DbArgs {
     /// PostgreSQL connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
 }
 
@@ -61,12 +61,29 @@ struct RunArgs {
     /// default: every queue of the registered task types.
     #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
     queues: Vec<(String, usize)>,
-    /// Fallback poll interval in milliseconds (NOTIFY wakes workers sooner).
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000)]
-    poll_interval_ms: u64,
-    /// How long in-flight tasks may finish after a stop signal, in seconds.
-    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
-    shutdown_grace_secs: u64,
+    /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    poll_interval: Duration,
+    /// How long in-flight tasks may finish after SIGTERM/SIGINT before they
+    /// are cancelled and put back for another worker.
+    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+    /// How often in-flight tasks' heartbeats are written (one statement).
+    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// A task whose heartbeat is older than this is recovered (counts as an
+    /// attempt); keep it several heartbeat intervals long.
+    #[arg(long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    heartbeat_timeout: Duration,
+    /// How often the maintenance leader runs recovery (and others campaign).
+    #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    maintenance_interval: Duration,
+    /// How long COMPLETED tasks are kept before cleanup deletes them.
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
+    retention: Duration,
+    /// Take no part in maintenance (recovery and cleanup run on other workers).
+    #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
+    no_maintenance: bool,
     /// Database connections in the worker's pool.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10)]
     max_connections: u32,
@@ -75,7 +92,7 @@ struct RunArgs {
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
     /// Use this database instead of a private one.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// How many no-op tasks to submit (besides the sleeping and failing ones).
     #[arg(long, default_value_t = 2000)]
@@ -221,9 +238,25 @@ async fn run(
             ),
         });
     }
+    if args.heartbeat_timeout <= args.heartbeat_interval {
+        return Err(Failure {
+            code: EXIT_CONFIG,
+            message: format!(
+                "--heartbeat-timeout ({}) must be longer than --heartbeat-interval ({}), \
+                 or live tasks would be recovered while they run",
+                humantime::format_duration(args.heartbeat_timeout),
+                humantime::format_duration(args.heartbeat_interval)
+            ),
+        });
+    }
     let config = WorkerConfig {
-        poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        poll_interval: args.poll_interval.max(Duration::from_millis(1)),
+        shutdown_grace: args.shutdown_grace,
+        heartbeat_interval: args.heartbeat_interval,
+        heartbeat_timeout: args.heartbeat_timeout,
+        maintenance: !args.no_maintenance,
+        maintenance_interval: args.maintenance_interval.max(Duration::from_millis(10)),
+        retention: args.retention,
         ..WorkerConfig::default()
     };
     let mut builder = register(builtin::register(Worker::builder(pool).config(config)));

@@ -7,4 +7,4 @@ pub mod cli;
 pub mod demo;
 pub mod local_postgres;
 
-pub use cli::main;
+pub use cli::{main, main_with};

@@ -5,6 +5,9 @@
 //! needs CREATEDB). Without it, a private cluster is started from the
 //! installed PostgreSQL binaries and stopped when the test process exits.
 
+pub mod process;
+pub mod tasks;
+
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

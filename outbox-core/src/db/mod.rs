@@ -151,3 +151,58 @@ pub(crate) async fn finish_tasks(
         .await?;
     rows.iter().map(|r| r.try_get("id")).collect()
 }
+
+/// Bumps heartbeat_at of `ids` still held by `worker`; returns the count.
+pub(crate) async fn heartbeat(
+    pool: &PgPool,
+    ids: Vec<i64>,
+    worker: &str,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(include_str!("sql/heartbeat.sql"))
+        .bind(ids)
+        .bind(worker.to_owned())
+        .bind(now)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Recovers up to `limit` stuck tasks; returns (id, now dead) pairs.
+pub(crate) async fn recover_stuck(
+    conn: &mut PgConnection,
+    timeout_us: i64,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<(i64, bool)>> {
+    sqlx::query_as(include_str!("sql/recover_stuck.sql"))
+        .bind(timeout_us)
+        .bind(limit)
+        .bind(now)
+        .fetch_all(conn)
+        .await
+}
+
+/// Deletes one batch of expired COMPLETED tasks; returns how many.
+pub(crate) async fn cleanup_completed(
+    conn: &mut PgConnection,
+    retention_us: i64,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(include_str!("sql/cleanup_completed.sql"))
+        .bind(retention_us)
+        .bind(limit)
+        .bind(now)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Tries to take the cluster-wide maintenance lock on this session.
+pub(crate) async fn try_lock_maintenance(conn: &mut PgConnection, key: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar(include_str!("sql/try_lock_maintenance.sql"))
+        .bind(key)
+        .fetch_one(conn)
+        .await
+}

@@ -51,6 +51,11 @@ impl InFlight {
         }
     }
 
+    /// The ids of every running attempt.
+    pub(crate) fn ids(&self) -> Vec<i64> {
+        self.lock().keys().copied().collect()
+    }
+
     fn remove(&self, id: i64) {
         self.lock().remove(&id);
     }
@@ -169,6 +174,15 @@ fn outcome_to_finish(
         dead: false,
         error: None,
     };
+    if shared.handler_cancel.is_cancelled() && !matches!(result, Ok(Outcome::Success)) {
+        // The handler stopped because shutdown cancelled it, not because
+        // the task failed: put it back without counting an attempt.
+        let finish = Finish {
+            state: NextState::Pending,
+            ..base
+        };
+        return (finish, TaskEventKind::Released);
+    }
     match result {
         Ok(Outcome::Success) => (base, TaskEventKind::Completed),
         Ok(Outcome::RetryAfter(delay)) => (

@@ -25,7 +25,9 @@
 mod completer;
 mod events;
 mod executor;
+mod heartbeat;
 mod listener;
+mod maintainer;
 mod outage;
 mod producer;
 pub(crate) mod registry;
@@ -40,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use events::{TaskEvent, TaskEventKind};
+pub use maintainer::MAINTENANCE_APPLICATION_NAME;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result, StartupProblems};
@@ -63,6 +66,25 @@ pub struct WorkerConfig {
     /// How long in-flight tasks may run on after shutdown is requested
     /// before they are cancelled and put back for another worker.
     pub shutdown_grace: Duration,
+    /// After the grace period the handlers' cancellation token fires; this
+    /// is how long they get to return before they are aborted and released.
+    pub cancel_grace: Duration,
+    /// How often the worker bumps heartbeat_at of its in-flight tasks.
+    pub heartbeat_interval: Duration,
+    /// A PROCESSING task whose heartbeat is older than this is presumed
+    /// lost and made claimable again (counting an attempt). Keep it several
+    /// heartbeat intervals long.
+    pub heartbeat_timeout: Duration,
+    /// Whether this worker takes part in maintenance (recovery, cleanup).
+    /// One worker of the cluster leads at a time.
+    pub maintenance: bool,
+    /// How often the maintenance leader runs recovery, and how often the
+    /// other workers try to take over the role.
+    pub maintenance_interval: Duration,
+    /// How long COMPLETED tasks are kept before cleanup deletes them.
+    pub retention: Duration,
+    /// How often the leader runs cleanup.
+    pub cleanup_interval: Duration,
     /// Whether to LISTEN for submit notifications.
     pub listen: bool,
     /// The clock for time-dependent statements.
@@ -78,6 +100,13 @@ impl Default for WorkerConfig {
             max_claim_batch: 100,
             max_finish_batch: 1000,
             shutdown_grace: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_secs(10),
+            heartbeat_timeout: Duration::from_secs(5 * 60),
+            maintenance: true,
+            maintenance_interval: Duration::from_secs(5),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            cleanup_interval: Duration::from_secs(60),
             listen: true,
             clock: Clock::database(),
             worker_id: default_worker_id(),
@@ -236,6 +265,12 @@ impl Worker {
                 stop_claiming.clone(),
             ))
         });
+        let stop_background = CancellationToken::new();
+        let heartbeat = tokio::spawn(heartbeat::run(Arc::clone(&shared), stop_background.clone()));
+        let maintainer = shared
+            .config
+            .maintenance
+            .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
         for (queue, concurrency) in &self.queues {
@@ -252,12 +287,12 @@ impl Worker {
         drop(done_tx);
 
         shutdown.cancelled().await;
-        tracing::info!("shutdown requested: no new claims; waiting for in-flight tasks");
-        for p in producers {
-            let _ = p.await;
-        }
-        if let Some(l) = listener {
-            let _ = l.await;
+        tracing::info!(
+            in_flight = shared.in_flight.len(),
+            "shutdown requested: no new claims; waiting for in-flight tasks"
+        );
+        for task in producers.into_iter().chain(listener).chain(maintainer) {
+            let _ = task.await;
         }
         tracker.close();
         if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
@@ -266,12 +301,19 @@ impl Worker {
         {
             tracing::warn!(
                 in_flight = shared.in_flight.len(),
-                "grace period over: cancelling in-flight tasks and releasing them"
+                "grace period over: cancelling in-flight tasks"
             );
             shared.handler_cancel.cancel();
-            executor::release_unfinished(&shared).await;
-            tracker.wait().await;
+            if tokio::time::timeout(shared.config.cancel_grace, tracker.wait())
+                .await
+                .is_err()
+            {
+                executor::release_unfinished(&shared).await;
+                tracker.wait().await;
+            }
         }
+        stop_background.cancel();
+        let _ = heartbeat.await;
         let _ = completer.await;
         tracing::info!("worker stopped");
         Ok(())

@@ -1,0 +1,2 @@
+-- Serialises concurrent migrate calls; released at the transaction's end.
+SELECT pg_advisory_xact_lock($1)

@@ -1,0 +1,1 @@
+SELECT to_regclass('outbox_migrations') IS NOT NULL

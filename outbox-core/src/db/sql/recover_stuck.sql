@@ -1,0 +1,27 @@
+-- Stuck-task recovery: PROCESSING tasks whose worker stopped heartbeating
+-- become claimable again at once. It counts as a failed attempt, so a task
+-- that kills its worker every time ends dead instead of looping forever.
+-- $1 heartbeat timeout in microseconds, $2 batch size, $3 clock override.
+WITH stuck AS (
+    SELECT id
+    FROM outbox_tasks
+    WHERE state = 'processing'
+      AND heartbeat_at < coalesce($3::timestamptz, now()) - $1 * interval '1 microsecond'
+    ORDER BY heartbeat_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_tasks AS t
+SET state = 'failed',
+    retry_count = t.retry_count + 1,
+    dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts THEN coalesce($3::timestamptz, now()) END,
+    execute_at = coalesce($3::timestamptz, now()),
+    last_error = 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
+                 || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never'),
+    finished_at = coalesce($3::timestamptz, now()),
+    claimed_by = NULL,
+    heartbeat_at = NULL,
+    updated_at = coalesce($3::timestamptz, now())
+FROM stuck
+WHERE t.id = stuck.id
+RETURNING t.id, t.dead_at IS NOT NULL AS dead

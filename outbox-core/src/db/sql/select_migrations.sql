@@ -1,0 +1,1 @@
+SELECT version, checksum FROM outbox_migrations ORDER BY version

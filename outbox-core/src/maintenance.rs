@@ -1,0 +1,84 @@
+//! Maintenance: stuck-task recovery and cleanup of completed history.
+//!
+//! Workers run these on one leader per cluster (see the worker's
+//! maintainer); operators and tests can also call them directly. Both are
+//! safe to run concurrently: they lock rows with SKIP LOCKED and touch each
+//! row once.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+use crate::clock::Clock;
+use crate::db;
+use crate::error::Result;
+use crate::options::delay_micros;
+use crate::task::TaskId;
+
+/// Rows one recovery or cleanup statement touches at most.
+pub const DEFAULT_BATCH: i64 = 1000;
+
+/// What a recovery pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Tasks made claimable again.
+    pub recovered: Vec<TaskId>,
+    /// Tasks that had no attempts left and are now dead.
+    pub dead: Vec<TaskId>,
+}
+
+/// Returns every PROCESSING task whose heartbeat is older than `timeout` to
+/// the claimable state (or to dead, when it has no attempts left), counting
+/// the lost attempt.
+pub async fn recover_stuck(
+    conn: &mut PgConnection,
+    timeout: Duration,
+    clock: &Clock,
+) -> Result<RecoveryReport> {
+    let timeout_us = delay_micros(timeout)?;
+    let mut report = RecoveryReport::default();
+    loop {
+        let rows = db::recover_stuck(conn, timeout_us, DEFAULT_BATCH, clock.now()).await?;
+        let full = rows.len() as i64 == DEFAULT_BATCH;
+        for (id, dead) in rows {
+            if dead {
+                report.dead.push(TaskId(id))
+            } else {
+                report.recovered.push(TaskId(id))
+            }
+        }
+        if !full {
+            return Ok(report);
+        }
+    }
+}
+
+/// What a cleanup pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Rows deleted.
+    pub deleted: u64,
+    /// DELETE statements run (each touches at most the batch size).
+    pub batches: u64,
+}
+
+/// Deletes COMPLETED tasks that finished more than `retention` ago, at most
+/// `batch` rows per statement, until none are left. FAILED rows are kept.
+pub async fn cleanup_completed(
+    conn: &mut PgConnection,
+    retention: Duration,
+    batch: i64,
+    clock: &Clock,
+) -> Result<CleanupReport> {
+    let retention_us = delay_micros(retention)?;
+    let batch = batch.max(1);
+    let mut report = CleanupReport::default();
+    loop {
+        let deleted = db::cleanup_completed(conn, retention_us, batch, clock.now()).await?;
+        report.batches += 1;
+        report.deleted += deleted;
+        if deleted < batch as u64 {
+            return Ok(report);
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! One maintenance leader at a time; killing it hands the role over.
+
+use std::time::Duration;
+
+use outbox_tests::TestDb;
+use outbox_tests::process::WorkerProcess;
+
+use crate::WORKER;
+
+const ARGS: &[&str] = &[
+    "--queue",
+    "record=1",
+    "--maintenance-interval",
+    "100ms",
+    "--poll-interval",
+    "1s",
+];
+
+/// The OS pids of the workers holding the maintenance lock in this database.
+async fn leaders(db: &TestDb) -> Vec<u32> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND a.application_name LIKE $1",
+    )
+    .bind(format!("{}%", outbox::MAINTENANCE_APPLICATION_NAME))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    // application_name is "outbox-maintenance host:pid:random".
+    names
+        .iter()
+        .map(|n| {
+            n.split(':')
+                .nth(1)
+                .and_then(|pid| pid.parse().ok())
+                .expect("pid in application_name")
+        })
+        .collect()
+}
+
+async fn wait_for_one_leader(db: &TestDb, not: Option<u32>) -> u32 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = leaders(db).await;
+        if let [one] = now[..]
+            && Some(one) != not
+        {
+            return one;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no single new leader: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn exactly_one_leader_among_three_and_the_role_moves_when_it_dies() {
+    let db = TestDb::migrated().await;
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, ARGS))
+        .collect();
+    let leader = wait_for_one_leader(&db, None).await;
+    // While all three campaign every 100 ms, the role stays with one.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(leaders(&db).await, vec![leader], "one leader at a time");
+    }
+    let index = workers
+        .iter()
+        .position(|w| w.pid() == leader)
+        .expect("the leader is one of ours");
+    let mut dead = workers.remove(index);
+    dead.signal("KILL");
+    dead.wait(Duration::from_secs(10)).await;
+
+    let successor = wait_for_one_leader(&db, Some(leader)).await;
+    assert!(
+        workers.iter().any(|w| w.pid() == successor),
+        "a surviving worker took over"
+    );
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(leaders(&db).await, vec![successor]);
+    }
+    for w in &mut workers {
+        assert!(w.is_running(), "{}", w.log());
+    }
+    eprintln!(
+        "leader: 3 workers, 1 leader (pid {leader}); killed it; pid {successor} took over; still 1 leader"
+    );
+}

@@ -1,0 +1,109 @@
+//! Worker processes for fault tests: real processes, really killed.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+/// A running `outbox-test-worker run` process.
+pub struct WorkerProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl WorkerProcess {
+    /// Starts `binary run --database-url url <args>`; its log goes to a file.
+    pub fn spawn(binary: &str, url: &str, args: &[&str]) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("outbox-test-worker-{}-{n}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("create the worker log");
+        let child = Command::new(binary)
+            .arg("run")
+            .arg("--database-url")
+            .arg(url)
+            .args(args)
+            .env("OUTBOX_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("start the worker process");
+        Self { child, log }
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (`KILL`, `TERM`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Waits for the process to exit (at most `within`).
+    pub async fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the worker process") {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "worker did not exit:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .expect("poll the worker process")
+            .is_none()
+    }
+
+    /// What the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Polls `sql` (a query returning one boolean) until it is true, at most
+/// `within`. For waiting on another process's effect on the database, where
+/// no in-process signal exists.
+pub async fn wait_until(pool: &PgPool, sql: &'static str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let done: bool = sqlx::query_scalar(sql)
+            .fetch_one(pool)
+            .await
+            .expect("poll query");
+        if done {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {sql}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
