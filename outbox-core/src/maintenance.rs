@@ -42,9 +42,9 @@ pub async fn recover_stuck(
         let full = rows.len() as i64 == DEFAULT_BATCH;
         for (id, dead) in rows {
             if dead {
-                report.dead.push(TaskId(id))
+                report.dead.push(TaskId(id));
             } else {
-                report.recovered.push(TaskId(id))
+                report.recovered.push(TaskId(id));
             }
         }
         if !full {
