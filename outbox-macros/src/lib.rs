@@ -15,11 +15,17 @@ use proc_macro::TokenStream;
 
 /// Declares a payload struct as an outbox task type and registers it.
 ///
-/// ```ignore
+/// ```
+/// use outbox::{Task, outbox_task};
+/// use serde::{Deserialize, Serialize};
+///
 /// #[derive(Serialize, Deserialize)]
 /// #[outbox_task(task_type = "report.generate", queue = "reports", priority = 3,
 ///               retry_delays = ["30s", "5m", "1h"])]
 /// struct GenerateReport { month: u32 }
+///
+/// assert_eq!(GenerateReport::QUEUE, "reports");
+/// assert_eq!(GenerateReport::RETRY_DELAYS.len(), 3); // three attempts
 /// ```
 ///
 /// Options: `task_type` (required, unique in the binary), `queue` (default
