@@ -44,6 +44,7 @@
 )]
 extern crate self as outbox;
 
+pub mod admin;
 mod clock;
 mod db;
 mod error;
@@ -74,6 +75,7 @@ pub use worker::{
 /// What `#[outbox_task]` expands to refers to; not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::task::check_payload;
     pub use inventory;
     pub use std::time::Duration;
 }

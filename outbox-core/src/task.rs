@@ -55,6 +55,17 @@ pub struct RegisteredTask {
     pub retry_delays: &'static [Duration],
     /// The Rust path of the payload type, for error messages.
     pub rust_type: &'static str,
+    /// Checks that a JSON payload decodes into the payload type, so that a
+    /// submission by name (the CLI) is refused before it is written.
+    pub check_payload: fn(&str) -> Result<(), String>,
+}
+
+/// The `check_payload` of task type `T`.
+#[doc(hidden)]
+pub fn check_payload<T: Task>(json: &str) -> Result<(), String> {
+    serde_json::from_str::<T>(json)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 inventory::collect!(RegisteredTask);

@@ -36,6 +36,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 priority: <#ident as ::outbox::Task>::PRIORITY,
                 retry_delays: <#ident as ::outbox::Task>::RETRY_DELAYS,
                 rust_type: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
+                check_payload: ::outbox::__private::check_payload::<#ident>,
             }
         }
     }

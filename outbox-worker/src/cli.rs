@@ -1,38 +1,58 @@
-//! The command line: `run`, `migrate`, `demo`. Exit codes say what kind of
-//! problem stopped the command.
+//! The command line: argument parsing, exit codes, and `run` / `migrate`.
+//! Operator commands (`tasks`, `stats`) are in `admin_cmd`, `demo` in
+//! `demo`.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use outbox::{Worker, WorkerConfig};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox::{Worker, WorkerBuilder, WorkerConfig};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
 
-/// Exit code: bad configuration or usage (clap uses it for bad flags too).
+/// Exit code: a runtime failure.
+pub const EXIT_RUNTIME: u8 = 1;
+/// Exit code: bad configuration, flags or input (clap uses it for bad flags).
 pub const EXIT_CONFIG: u8 = 2;
 /// Exit code: the database could not be reached.
 pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
-/// Exit code: the database schema is behind; run `migrate`.
+/// Exit code: the database schema is behind this build; run `migrate`.
 pub const EXIT_SCHEMA_BEHIND: u8 = 4;
-/// Exit code: a failure while running.
-pub const EXIT_RUNTIME: u8 = 1;
+
+/// Registers an application's handlers on a worker the CLI builds.
+pub type Register = fn(WorkerBuilder) -> WorkerBuilder;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "outbox-worker",
     version,
-    about = "Run and operate outbox task workers on PostgreSQL"
+    about = "Run and operate outbox task workers on PostgreSQL",
+    after_help = "Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or input, \
+                  3 database unreachable, 4 schema behind (run `migrate`)."
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log level filter (RUST_LOG syntax).
-    #[arg(long, env = "OUTBOX_LOG", default_value = "info", global = true)]
-    log: String,
+    /// Log filter, RUST_LOG syntax (e.g. info, outbox=debug); default info
+    /// (error for `demo`, whose failures are on purpose).
+    #[arg(long, env = "OUTBOX_LOG", global = true)]
+    log: Option<String>,
+    /// Log line format.
+    #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,16 +61,22 @@ enum Command {
     Run(RunArgs),
     /// Apply pending schema migrations and report the version.
     Migrate(DbArgs),
+    /// Submit, list, show, retry and cancel tasks.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
+    /// Counts by state and task type, dead tasks, backlog age, in-flight.
+    Stats(StatsArgs),
     /// Start a private PostgreSQL (unless DATABASE_URL is set), submit a mixed
     /// workload and run it to the end.
     Demo(DemoArgs),
 }
 
+/// Where the database is.
 #[derive(Debug, Args)]
-struct DbArgs {
+pub(crate) struct DbArgs {
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: String,
+    pub(crate) database_url: String,
 }
 
 #[derive(Debug, Args)]
@@ -58,7 +84,7 @@ struct RunArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Queues to serve as NAME=CONCURRENCY (repeatable, or comma-separated);
-    /// default: every queue of the registered task types.
+    /// default: every queue of the registered task types, 10 each.
     #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
     queues: Vec<(String, usize)>,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms.
@@ -87,16 +113,26 @@ struct RunArgs {
     /// Database connections in the worker's pool.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10)]
     max_connections: u32,
+    /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
+    #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
+/// `demo`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Use this database instead of a private one.
+    /// Use this database instead of a private one (it is then kept).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// How many no-op tasks to submit (besides the sleeping and failing ones).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 5000)]
     pub(crate) tasks: usize,
+    /// Worker concurrency.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) concurrency: usize,
+    /// No progress bar (for logs and CI).
+    #[arg(long)]
+    pub(crate) no_progress: bool,
 }
 
 fn parse_queue(s: &str) -> Result<(String, usize), String> {
@@ -112,18 +148,33 @@ fn parse_queue(s: &str) -> Result<(String, usize), String> {
     Ok((name.to_owned(), concurrency))
 }
 
-/// Runs the CLI with every task type linked into the binary: the built-in
-/// diagnostic types, plus the application's own when it registers handlers
-/// through [`main_with`].
+/// Runs the stock CLI: the built-in diagnostic task types and every task
+/// type linked into the binary.
 pub fn main() -> ExitCode {
     main_with(|builder| builder)
 }
 
-/// Runs the CLI; `register` adds the application's handlers to each worker
-/// the CLI builds (the built-in handlers are always added).
-pub fn main_with(register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -> ExitCode {
+/// Runs the CLI for an application's own worker binary: `register` adds the
+/// application's handlers to every worker the CLI builds (the built-in
+/// handlers are always added).
+///
+/// ```no_run
+/// # use outbox::WorkerBuilder;
+/// fn register(w: WorkerBuilder) -> WorkerBuilder {
+///     w // .handler::<MyTask>(MyHandler)
+/// }
+/// fn main() -> std::process::ExitCode {
+///     outbox_worker::main_with(register)
+/// }
+/// ```
+pub fn main_with(register: Register) -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.log);
+    let default_log = if matches!(cli.command, Command::Demo(_)) {
+        "error"
+    } else {
+        "info"
+    };
+    init_tracing(cli.log.as_deref().unwrap_or(default_log), cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -138,6 +189,8 @@ pub fn main_with(register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -
         match cli.command {
             Command::Run(args) => run(args, register).await,
             Command::Migrate(args) => migrate(args).await,
+            Command::Tasks(command) => crate::admin_cmd::tasks(command).await,
+            Command::Stats(args) => crate::admin_cmd::stats(args).await,
             Command::Demo(args) => crate::demo::run(args, register).await,
         }
     });
@@ -150,7 +203,7 @@ pub fn main_with(register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder) -
     }
 }
 
-/// A failed command: what to tell the operator and the exit code.
+/// A failed command: what to tell the operator, and the exit code.
 #[derive(Debug)]
 pub(crate) struct Failure {
     pub(crate) code: u8,
@@ -164,15 +217,21 @@ impl Failure {
             message: message.to_string(),
         }
     }
+
+    pub(crate) fn config(message: impl std::fmt::Display) -> Self {
+        Self {
+            code: EXIT_CONFIG,
+            message: message.to_string(),
+        }
+    }
 }
 
 impl From<outbox::Error> for Failure {
     fn from(e: outbox::Error) -> Self {
         match e {
-            outbox::Error::Startup(_) | outbox::Error::InvalidOption(_) => Self {
-                code: EXIT_CONFIG,
-                message: e.to_string(),
-            },
+            outbox::Error::Startup(_)
+            | outbox::Error::InvalidOption(_)
+            | outbox::Error::Serialize { .. } => Self::config(e),
             outbox::Error::Database(ref db) if is_unreachable(db) => Self {
                 code: EXIT_DATABASE_UNREACHABLE,
                 message: format!("cannot reach the database: {db}"),
@@ -189,7 +248,8 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
     )
 }
 
-/// Connects, turning a refused or timed-out connection into exit code 3.
+/// Connects, turning a refused or timed-out connection into exit code 3 and
+/// a malformed URL into exit code 2.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
     PgPoolOptions::new()
         .max_connections(max_connections)
@@ -197,16 +257,32 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
         .connect(url)
         .await
         .map_err(|e| match e {
-            sqlx::Error::Configuration(_) => Failure {
-                code: EXIT_CONFIG,
-                message: format!("DATABASE_URL is not a valid PostgreSQL URL: {e}"),
-            },
+            sqlx::Error::Configuration(_) => {
+                Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}"))
+            }
             e if is_unreachable(&e) => Failure {
                 code: EXIT_DATABASE_UNREACHABLE,
                 message: format!("cannot reach the database: {e}"),
             },
             e => Failure::runtime(format!("cannot connect to the database: {e}")),
         })
+}
+
+/// Connects and refuses to go on when the schema is behind this build.
+pub(crate) async fn connect_migrated(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    let pool = connect(url, max_connections).await?;
+    let status = outbox::schema_status(&pool).await?;
+    if !status.is_up_to_date() {
+        return Err(Failure {
+            code: EXIT_SCHEMA_BEHIND,
+            message: format!(
+                "the database schema is at version {} but this build needs {}: \
+                 run `outbox-worker migrate` first",
+                status.current, status.latest
+            ),
+        });
+    }
+    Ok(pool)
 }
 
 async fn migrate(args: DbArgs) -> Result<(), Failure> {
@@ -223,32 +299,20 @@ async fn migrate(args: DbArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn run(
-    args: RunArgs,
-    register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder,
-) -> Result<(), Failure> {
-    let pool = connect(&args.db.database_url, args.max_connections).await?;
-    let status = outbox::schema_status(&pool).await?;
-    if !status.is_up_to_date() {
-        return Err(Failure {
-            code: EXIT_SCHEMA_BEHIND,
-            message: format!(
-                "the database schema is at version {} but this worker needs {}: run `outbox-worker migrate` first",
-                status.current, status.latest
-            ),
-        });
-    }
+async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
     if args.heartbeat_timeout <= args.heartbeat_interval {
-        return Err(Failure {
-            code: EXIT_CONFIG,
-            message: format!(
-                "--heartbeat-timeout ({}) must be longer than --heartbeat-interval ({}), \
-                 or live tasks would be recovered while they run",
-                humantime::format_duration(args.heartbeat_timeout),
-                humantime::format_duration(args.heartbeat_interval)
-            ),
-        });
+        return Err(Failure::config(format!(
+            "--heartbeat-timeout ({}) must be longer than --heartbeat-interval ({}), \
+             or live tasks would be recovered while they run",
+            humantime::format_duration(args.heartbeat_timeout),
+            humantime::format_duration(args.heartbeat_interval)
+        )));
     }
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some((addr, crate::metrics::install().map_err(Failure::runtime)?)),
+        None => None,
+    };
+    let pool = connect_migrated(&args.db.database_url, args.max_connections).await?;
     let config = WorkerConfig {
         poll_interval: args.poll_interval.max(Duration::from_millis(1)),
         shutdown_grace: args.shutdown_grace,
@@ -259,14 +323,30 @@ async fn run(
         retention: args.retention,
         ..WorkerConfig::default()
     };
-    let mut builder = register(builtin::register(Worker::builder(pool).config(config)));
+    let mut builder = register(builtin::register(
+        Worker::builder(pool.clone()).config(config),
+    ));
     for (queue, concurrency) in args.queues {
         builder = builder.queue(queue, concurrency);
     }
     let worker = builder.build()?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    worker.run(shutdown).await?;
+    let server = match metrics {
+        Some((addr, handle)) => {
+            let listener = crate::metrics::serve(addr, handle, pool, shutdown.clone());
+            Some(tokio::spawn(listener))
+        }
+        None => None,
+    };
+    worker.run(shutdown.clone()).await?;
+    if let Some(server) = server {
+        match server.await {
+            Ok(Err(e)) => return Err(Failure::runtime(format!("metrics server: {e}"))),
+            Err(e) => return Err(Failure::runtime(e)),
+            Ok(Ok(())) => {}
+        }
+    }
     Ok(())
 }
 
@@ -287,11 +367,14 @@ pub(crate) async fn stop_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
-fn init_tracing(filter: &str) {
+fn init_tracing(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }

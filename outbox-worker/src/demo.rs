@@ -1,31 +1,31 @@
 //! `outbox-worker demo`: the README's first command. Starts a private
 //! PostgreSQL unless DATABASE_URL is set, submits a mixed workload in one
-//! transaction, runs a worker until every task has finished or died, and
-//! prints a summary.
+//! transaction, runs a worker with a live progress bar until every task has
+//! finished or died, and ends with a summary and the commands to inspect and
+//! retry the dead tasks.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox::{Batch, TaskEventKind, Worker};
+use indicatif::{ProgressBar, ProgressStyle};
+use outbox::{Batch, TaskEventKind, TaskOptions, Worker};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::builtin::{self, Fail, Noop, Sleep};
-use crate::cli::{DemoArgs, Failure, connect};
+use crate::cli::{DemoArgs, Failure, Register, connect};
 use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
 
-const SLEEPERS: usize = 20;
-const RECOVERING: usize = 10;
+const SLEEPERS: usize = 50;
+const FLAKY: usize = 20;
 const DOOMED: usize = 3;
 
-pub(crate) async fn run(
-    args: DemoArgs,
-    register: fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder,
-) -> Result<(), Failure> {
-    let (url, _cluster) = match args.database_url {
+pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failure> {
+    let (url, cluster) = match args.database_url {
         Some(url) => (url, None),
         None => {
-            println!("starting a private PostgreSQL (set DATABASE_URL to use your own)...");
+            println!(
+                "Starting a private PostgreSQL (removed at exit; set DATABASE_URL to use your own)..."
+            );
             let cluster = tokio::task::spawn_blocking(|| {
                 LocalPostgres::start(&LocalPostgresOptions::default())
             })
@@ -37,98 +37,143 @@ pub(crate) async fn run(
     };
     let pool = connect(&url, 20).await?;
     let report = outbox::migrate(&pool).await?;
-    println!("schema at version {}", report.current);
+    println!("Schema at version {}.", report.current);
 
+    // The workload: many no-ops, some slow tasks, some that fail once or
+    // twice and then succeed, and a few that never succeed and die.
     let mut batch = Batch::new();
     for _ in 0..args.tasks {
         batch.push(&Noop {})?;
     }
-    for _ in 0..SLEEPERS {
-        batch.push(&Sleep { ms: 200 })?;
+    for i in 0..SLEEPERS {
+        batch.push_with(
+            &Sleep {
+                ms: 100 + 10 * i as u64,
+            },
+            TaskOptions::new().priority(5),
+        )?;
     }
-    for _ in 0..RECOVERING {
+    for i in 0..FLAKY {
+        let times = 1 + (i % 2) as i32;
         batch.push(&Fail {
-            times: 1,
-            message: "flaky downstream (fails once)".into(),
+            times,
+            message: format!("flaky downstream (fails {times}x, then works)"),
         })?;
     }
     for _ in 0..DOOMED {
         batch.push(&Fail {
             times: 99,
-            message: "poison task (always fails)".into(),
+            message: "poison task: always fails".into(),
         })?;
     }
-    let total = batch.len();
+    let total = batch.len() as u64;
     let started = Instant::now();
     let mut tx = pool.begin().await.map_err(outbox::Error::from)?;
-    let ids = batch.submit(&mut *tx).await?;
+    batch.submit(&mut *tx).await?;
     tx.commit().await.map_err(outbox::Error::from)?;
     println!(
-        "submitted {total} tasks in one transaction in {:.0} ms",
-        started.elapsed().as_secs_f64() * 1000.0
+        "Submitted {total} tasks in one transaction in {:.0} ms: {} outbox.noop, {SLEEPERS} outbox.sleep, \
+         {} outbox.fail ({DOOMED} of which always fail).",
+        started.elapsed().as_secs_f64() * 1000.0,
+        args.tasks,
+        FLAKY + DOOMED
     );
 
     let worker = register(builtin::register(Worker::builder(pool.clone())))
-        .queue(outbox::DEFAULT_QUEUE, 32)
+        .queue(outbox::DEFAULT_QUEUE, args.concurrency.max(1))
         .build()?;
     let mut events = worker.subscribe();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     tokio::spawn(crate::cli::stop_on_signal(shutdown.clone()));
 
+    let bar = if args.no_progress {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} finished  {msg}",
+        )
+        .map_err(Failure::runtime)?,
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
     let started = Instant::now();
-    let mut counts: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
-    let mut finished = 0;
-    let mut dead_ids = Vec::new();
-    let mut last_print = Instant::now();
+    let (mut finished, mut retries, mut dead) = (0u64, 0u64, 0u64);
     while finished < total && !shutdown.is_cancelled() {
         let event = match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
             Ok(Ok(e)) => e,
             Ok(Err(RecvError::Lagged(_))) => continue,
             Ok(Err(RecvError::Closed)) | Err(_) => break,
         };
-        let label = match event.kind {
-            TaskEventKind::Completed => "completed",
-            TaskEventKind::Failed => "failed (will retry)",
-            TaskEventKind::Dead => "dead",
-            _ => "other",
-        };
-        *counts.entry((event.task_type.clone(), label)).or_default() += 1;
-        if matches!(event.kind, TaskEventKind::Completed | TaskEventKind::Dead) {
-            finished += 1;
+        match event.kind {
+            TaskEventKind::Completed => finished += 1,
+            TaskEventKind::Dead => {
+                finished += 1;
+                dead += 1;
+            }
+            TaskEventKind::Failed => retries += 1,
+            _ => {}
         }
-        if event.kind == TaskEventKind::Dead {
-            dead_ids.push(event.id);
-        }
-        if last_print.elapsed() > Duration::from_millis(500) {
-            println!("  {finished}/{total} finished");
-            last_print = Instant::now();
-        }
+        bar.set_position(finished);
+        bar.set_message(format!("{retries} failures retried, {dead} dead"));
     }
+    bar.finish();
     let elapsed = started.elapsed();
     shutdown.cancel();
     running.await.map_err(Failure::runtime)??;
 
     println!(
-        "\n{finished}/{total} tasks finished in {:.2} s",
-        elapsed.as_secs_f64()
+        "\n{finished} of {total} tasks finished in {:.2} s ({:.0} tasks/s, including retry back-off).\n",
+        elapsed.as_secs_f64(),
+        finished as f64 / elapsed.as_secs_f64().max(1e-9)
     );
-    println!("{:<16} {:<22} {:>8}", "task type", "outcome", "count");
-    for ((task_type, label), n) in &counts {
-        println!("{task_type:<16} {label:<22} {n:>8}");
+    print_summary(&pool).await?;
+    let shown_url = if cluster.is_some() {
+        "postgres://..."
+    } else {
+        "\"$DATABASE_URL\""
+    };
+    println!("\nDead tasks wait for an operator. To inspect and retry them:");
+    println!("  outbox-worker tasks list --dead --database-url {shown_url}");
+    println!("  outbox-worker tasks show <ID> --database-url {shown_url}");
+    println!("  outbox-worker tasks retry --dead --type outbox.fail --database-url {shown_url}");
+    if cluster.is_some() {
+        println!(
+            "(This run's private database is removed now; run the demo with DATABASE_URL=postgres://... \
+             to keep its tasks and try these commands.)"
+        );
     }
-    let dead: Vec<String> = dead_ids.iter().map(ToString::to_string).collect();
-    println!(
-        "\ndead tasks (ids {}) are kept for inspection:",
-        dead.join(", ")
-    );
-    println!(
-        "  psql \"{url}\" -c \"SELECT id, task_type, retry_count, last_error FROM outbox_tasks WHERE dead_at IS NOT NULL\""
-    );
-    if finished < total || ids.len() != total {
+    pool.close().await;
+    drop(cluster);
+    if finished < total {
         return Err(Failure::runtime(format!(
             "only {finished} of {total} tasks finished"
         )));
+    }
+    Ok(())
+}
+
+async fn print_summary(pool: &sqlx::PgPool) -> Result<(), Failure> {
+    let counts = outbox::admin::count_by_type_and_state(pool).await?;
+    println!("{:<14} {:<10} {:>7}", "task type", "state", "tasks");
+    for c in &counts {
+        println!("{:<14} {:<10} {:>7}", c.task_type, c.state, c.count);
+    }
+    let dead = outbox::admin::list_tasks(pool, Some("dead"), None, 10).await?;
+    if !dead.is_empty() {
+        println!("\nDead tasks:");
+        for t in dead {
+            println!(
+                "  id {:<8} {:<12} attempts {}/{}  last error: {}",
+                t.id,
+                t.task_type,
+                t.retry_count,
+                t.max_attempts,
+                t.last_error.unwrap_or_default()
+            );
+        }
     }
     Ok(())
 }

@@ -1,10 +1,14 @@
 //! The outbox worker: the stock `outbox-worker` binary's commands as a
-//! library, the built-in diagnostic task types, and a private PostgreSQL
-//! for demos, benchmarks and tests.
+//! library (an application builds its own worker binary, with its task types
+//! linked in, from one call to [`main_with`]), the built-in diagnostic task
+//! types, Prometheus metrics, and a private PostgreSQL for demos, benchmarks
+//! and tests.
 
+mod admin_cmd;
 pub mod builtin;
 pub mod cli;
-pub mod demo;
+mod demo;
 pub mod local_postgres;
+pub mod metrics;
 
 pub use cli::{main, main_with};

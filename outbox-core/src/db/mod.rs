@@ -1,6 +1,8 @@
 //! The driver seam: every SQL statement the engine runs lives in `sql/`, one
 //! file per statement, and is called only through the functions here.
 
+pub(crate) mod admin;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Row};
 

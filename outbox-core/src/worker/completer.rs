@@ -61,20 +61,28 @@ pub(crate) async fn run(
     }
 }
 
+/// Counter of committed outcomes, by task type and outcome.
+pub(crate) const TASKS_PROCESSED: &str = "outbox_tasks_processed_total";
+
+/// Counts committed outcomes and tells subscribers, only now that TX2 has
+/// committed.
 fn publish(events: &broadcast::Sender<TaskEvent>, batch: &[Done], written: &[i64]) {
-    if events.receiver_count() == 0 {
-        return;
-    }
+    let written: std::collections::HashSet<i64> = written.iter().copied().collect();
+    let subscribed = events.receiver_count() > 0;
     for d in batch {
         let kind = if written.contains(&d.finish.id) {
             d.kind
         } else {
             TaskEventKind::Stale
         };
-        let _ = events.send(TaskEvent {
-            id: TaskId(d.finish.id),
-            task_type: d.task_type.to_string(),
-            kind,
-        });
+        metrics::counter!(TASKS_PROCESSED, "task_type" => d.task_type.to_string(), "outcome" => kind.as_str())
+            .increment(1);
+        if subscribed {
+            let _ = events.send(TaskEvent {
+                id: TaskId(d.finish.id),
+                task_type: d.task_type.to_string(),
+                kind,
+            });
+        }
     }
 }

@@ -33,3 +33,17 @@ pub enum TaskEventKind {
     /// attempt started, so its outcome belongs to the newer attempt.
     Stale,
 }
+
+impl TaskEventKind {
+    /// The outcome's name in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskEventKind::Completed => "completed",
+            TaskEventKind::Failed => "failed",
+            TaskEventKind::Dead => "dead",
+            TaskEventKind::Snoozed => "snoozed",
+            TaskEventKind::Released => "released",
+            TaskEventKind::Stale => "stale",
+        }
+    }
+}

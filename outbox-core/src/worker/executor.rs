@@ -16,6 +16,9 @@ use crate::options::delay_micros;
 use crate::retry::delay_after_failure;
 use crate::task::TaskId;
 
+/// Histogram of handler run time in seconds, by task type.
+pub(crate) const HANDLER_DURATION: &str = "outbox_handler_duration_seconds";
+
 /// An outcome on its way to the completer.
 #[derive(Debug)]
 pub(crate) struct Done {
@@ -79,7 +82,9 @@ pub(crate) async fn execute(
     permit: OwnedSemaphorePermit,
 ) {
     let attempt = task.retry_count + 1;
-    let span = tracing::info_span!(
+    // ERROR level so the span (and its fields) is enabled under any filter
+    // that lets a line through: every line about a task names it.
+    let span = tracing::error_span!(
         "task",
         task_id = task.id,
         task_type = %task.task_type,
@@ -88,7 +93,10 @@ pub(crate) async fn execute(
     async move {
         shared.in_flight.insert(task.id, task.claims);
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
+        let started = std::time::Instant::now();
         let result = run_handler(&shared, &task, Arc::clone(&task_type), attempt).await;
+        metrics::histogram!(HANDLER_DURATION, "task_type" => task.task_type.clone())
+            .record(started.elapsed().as_secs_f64());
         shared.in_flight.remove(task.id);
         let Some(result) = result else {
             // Aborted at the end of a shutdown; the task was released.

@@ -1,0 +1,106 @@
+//! Operator queries: listing, inspecting, retrying and cancelling tasks,
+//! and the counts behind `stats` and the gauges.
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::admin::{QueueHealth, TaskRecord, TypeStateCount};
+
+fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
+    let payload: String = r.try_get("payload")?;
+    Ok(TaskRecord {
+        id: r.try_get("id")?,
+        task_type: r.try_get("task_type")?,
+        queue: r.try_get("queue")?,
+        state: r.try_get("state")?,
+        priority: r.try_get("priority")?,
+        retry_count: r.try_get("retry_count")?,
+        max_attempts: r.try_get("max_attempts")?,
+        claims: r.try_get("claims")?,
+        execute_at: r.try_get("execute_at")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        finished_at: r.try_get("finished_at")?,
+        dead_at: r.try_get("dead_at")?,
+        claimed_by: r.try_get("claimed_by")?,
+        heartbeat_at: r.try_get("heartbeat_at")?,
+        last_error: r.try_get("last_error")?,
+        payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
+    })
+}
+
+pub(crate) async fn list_tasks(
+    pool: &PgPool,
+    state: Option<&str>,
+    task_type: Option<&str>,
+    limit: i64,
+) -> sqlx::Result<Vec<TaskRecord>> {
+    let rows = sqlx::query(include_str!("sql/list_tasks.sql"))
+        .bind(state.map(str::to_owned))
+        .bind(task_type.map(str::to_owned))
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(record).collect()
+}
+
+pub(crate) async fn get_task(pool: &PgPool, id: i64) -> sqlx::Result<Option<TaskRecord>> {
+    let row = sqlx::query(include_str!("sql/get_task.sql"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    row.as_ref().map(record).transpose()
+}
+
+pub(crate) async fn retry_tasks(
+    pool: &PgPool,
+    ids: Option<Vec<i64>>,
+    dead_of_type: Option<&str>,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(include_str!("sql/retry_tasks.sql"))
+        .bind(ids)
+        .bind(dead_of_type.map(str::to_owned))
+        .fetch_all(pool)
+        .await
+}
+
+pub(crate) async fn cancel_tasks(pool: &PgPool, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(include_str!("sql/cancel_tasks.sql"))
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
+
+pub(crate) async fn count_by_type_and_state(pool: &PgPool) -> sqlx::Result<Vec<TypeStateCount>> {
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as(include_str!("sql/count_by_type_and_state.sql"))
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(task_type, state, count)| TypeStateCount {
+            task_type,
+            state,
+            count,
+        })
+        .collect())
+}
+
+pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
+    let (claimable, scheduled, processing, dead, oldest_claimable_age_s): (
+        i64,
+        i64,
+        i64,
+        i64,
+        f64,
+    ) = sqlx::query_as(include_str!("sql/queue_health.sql"))
+        .fetch_one(pool)
+        .await?;
+    Ok(QueueHealth {
+        claimable,
+        scheduled,
+        processing,
+        dead,
+        oldest_claimable_age_s,
+    })
+}

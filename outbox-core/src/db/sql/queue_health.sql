@@ -1,0 +1,11 @@
+-- The cheap figures for gauges: each sub-query is answered from a partial
+-- index, so the cost does not grow with completed history.
+SELECT
+    (SELECT count(*) FROM outbox_tasks
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at <= now()) AS claimable,
+    (SELECT count(*) FROM outbox_tasks
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at > now()) AS scheduled,
+    (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') AS processing,
+    (SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL) AS dead,
+    (SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0)::float8 FROM outbox_tasks
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at <= now()) AS oldest_claimable_age_s

@@ -1,0 +1,379 @@
+//! `tasks ...` and `stats`: what an operator runs from the shell.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use outbox::admin::{self, STATES, TaskRecord};
+use outbox::{Batch, TaskId, TaskOptions};
+use serde::Serialize;
+
+use crate::cli::{DbArgs, Failure, connect_migrated};
+
+/// `tasks` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum TasksCommand {
+    /// Submit a task by type name with a JSON payload.
+    Submit(SubmitArgs),
+    /// List tasks, newest first.
+    List(ListArgs),
+    /// Show everything about one task.
+    Show(ShowArgs),
+    /// Make FAILED tasks claimable now with a fresh attempt budget.
+    Retry(RetryArgs),
+    /// Cancel tasks that are not running (they become dead).
+    Cancel(CancelArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// A registered task type (the error lists the known ones).
+    task_type: String,
+    /// The payload, as JSON.
+    payload: String,
+    /// Run no earlier than this from now (e.g. 30s, 5m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+    /// Priority, 0 (first) to 9 (last).
+    #[arg(long)]
+    priority: Option<i16>,
+    /// Queue, instead of the task type's own.
+    #[arg(long)]
+    queue: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Only tasks in this state.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(STATES))]
+    state: Option<String>,
+    /// Only dead tasks (same as --state dead).
+    #[arg(long, conflicts_with = "state")]
+    dead: bool,
+    /// Only tasks of this type.
+    #[arg(long = "type")]
+    task_type: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    limit: i64,
+    /// One JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The task id.
+    id: i64,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RetryArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Task ids to retry.
+    #[arg(required_unless_present = "dead", conflicts_with = "dead")]
+    ids: Vec<i64>,
+    /// Retry every dead task (of --type, if given).
+    #[arg(long)]
+    dead: bool,
+    /// With --dead: only dead tasks of this type.
+    #[arg(long = "type", requires = "dead")]
+    task_type: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Task ids to cancel.
+    #[arg(required = true)]
+    ids: Vec<i64>,
+}
+
+/// `stats`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn tasks(command: TasksCommand) -> Result<(), Failure> {
+    match command {
+        TasksCommand::Submit(args) => submit(args).await,
+        TasksCommand::List(args) => list(args).await,
+        TasksCommand::Show(args) => show(args).await,
+        TasksCommand::Retry(args) => retry(args).await,
+        TasksCommand::Cancel(args) => cancel(args).await,
+    }
+}
+
+async fn submit(args: SubmitArgs) -> Result<(), Failure> {
+    let Some(registered) = outbox::find_registered(&args.task_type) else {
+        let known: Vec<&str> = outbox::registered_tasks()
+            .iter()
+            .map(|r| r.task_type)
+            .collect();
+        return Err(Failure::config(format!(
+            "unknown task type {:?}; this binary knows: {}",
+            args.task_type,
+            known.join(", ")
+        )));
+    };
+    let payload: serde_json::Value = serde_json::from_str(&args.payload)
+        .map_err(|e| Failure::config(format!("the payload is not valid JSON: {e}")))?;
+    (registered.check_payload)(&args.payload).map_err(|e| {
+        Failure::config(format!(
+            "the payload does not fit task type {:?}: {e}",
+            registered.task_type
+        ))
+    })?;
+    let mut options = TaskOptions::new();
+    if let Some(d) = args.delay {
+        options = options.delay(d);
+    }
+    if let Some(p) = args.priority {
+        options = options.priority(p);
+    }
+    if let Some(q) = args.queue {
+        options = options.queue(q);
+    }
+    let mut batch = Batch::new();
+    batch.push_json(registered, &payload, options)?;
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let ids = batch.submit(&pool).await?;
+    println!("{}", ids[0]);
+    Ok(())
+}
+
+async fn list(args: ListArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let state = if args.dead {
+        Some("dead")
+    } else {
+        args.state.as_deref()
+    };
+    let tasks = admin::list_tasks(&pool, state, args.task_type.as_deref(), args.limit).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&tasks).map_err(Failure::runtime)?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:>10}  {:<24} {:<12} {:<10} {:>8}  {:<20}  last error",
+        "id", "type", "queue", "state", "attempts", "execute at (UTC)"
+    );
+    for t in &tasks {
+        println!(
+            "{:>10}  {:<24} {:<12} {:<10} {:>8}  {:<20}  {}",
+            t.id,
+            t.task_type,
+            t.queue,
+            t.state,
+            format!("{}/{}", t.retry_count, t.max_attempts),
+            t.execute_at.format("%Y-%m-%d %H:%M:%S"),
+            one_line(t.last_error.as_deref().unwrap_or(""), 60)
+        );
+    }
+    if tasks.is_empty() {
+        println!("(no tasks)");
+    }
+    Ok(())
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() > max {
+        format!("{}...", flat.chars().take(max).collect::<String>())
+    } else {
+        flat
+    }
+}
+
+async fn show(args: ShowArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let Some(t) = admin::get_task(&pool, TaskId(args.id)).await? else {
+        return Err(Failure::runtime(format!("no task with id {}", args.id)));
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&t).map_err(Failure::runtime)?
+        );
+    } else {
+        print_task(&t);
+    }
+    Ok(())
+}
+
+fn print_task(t: &TaskRecord) {
+    let time =
+        |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
+    println!("id            {}", t.id);
+    println!("type          {}", t.task_type);
+    println!("queue         {}", t.queue);
+    println!("state         {}", t.state);
+    println!("priority      {}", t.priority);
+    println!(
+        "attempts      {} failed of {} allowed ({} claims)",
+        t.retry_count, t.max_attempts, t.claims
+    );
+    println!("created at    {}", t.created_at.to_rfc3339());
+    println!("execute at    {}", t.execute_at.to_rfc3339());
+    println!("updated at    {}", t.updated_at.to_rfc3339());
+    println!("finished at   {}", time(t.finished_at));
+    println!("dead at       {}", time(t.dead_at));
+    println!("claimed by    {}", t.claimed_by.as_deref().unwrap_or("-"));
+    println!("heartbeat at  {}", time(t.heartbeat_at));
+    println!("last error    {}", t.last_error.as_deref().unwrap_or("-"));
+    println!(
+        "payload       {}",
+        serde_json::to_string_pretty(&t.payload).unwrap_or_default()
+    );
+}
+
+async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    if args.dead {
+        let ids = admin::retry_dead(&pool, args.task_type.as_deref()).await?;
+        println!("retried {} dead task(s){}", ids.len(), id_list(&ids));
+        return Ok(());
+    }
+    let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
+    let done = admin::retry_tasks(&pool, &wanted).await?;
+    report(
+        "retried",
+        &wanted,
+        &done,
+        "not FAILED (pending, running or completed) or no such task",
+    )
+}
+
+async fn cancel(args: CancelArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
+    let done = admin::cancel_tasks(&pool, &wanted).await?;
+    report(
+        "cancelled",
+        &wanted,
+        &done,
+        "running, finished, already dead, or no such task",
+    )
+}
+
+/// Prints what was done; fails (exit 1) if any requested id was not.
+fn report(verb: &str, wanted: &[TaskId], done: &[TaskId], why_not: &str) -> Result<(), Failure> {
+    println!("{verb} {} task(s){}", done.len(), id_list(done));
+    let missed: Vec<TaskId> = wanted
+        .iter()
+        .filter(|id| !done.contains(id))
+        .copied()
+        .collect();
+    if missed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!(
+            "not {verb}{} ({why_not})",
+            id_list(&missed)
+        )))
+    }
+}
+
+fn id_list(ids: &[TaskId]) -> String {
+    if ids.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<String> = ids.iter().take(20).map(ToString::to_string).collect();
+    let more = if ids.len() > 20 {
+        format!(" and {} more", ids.len() - 20)
+    } else {
+        String::new()
+    };
+    format!(": {}{more}", shown.join(" "))
+}
+
+/// What `stats --json` prints; the fields are documented in the README.
+#[derive(Debug, Serialize)]
+struct Stats {
+    totals: BTreeMap<String, i64>,
+    by_type: BTreeMap<String, BTreeMap<String, i64>>,
+    dead: i64,
+    in_flight: i64,
+    claimable: i64,
+    scheduled: i64,
+    oldest_claimable_age_seconds: f64,
+}
+
+pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let counts = admin::count_by_type_and_state(&pool).await?;
+    let health = admin::queue_health(&pool).await?;
+    let mut totals: BTreeMap<String, i64> = STATES.iter().map(|s| ((*s).to_owned(), 0)).collect();
+    let mut by_type: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    for c in counts {
+        *totals.entry(c.state.clone()).or_default() += c.count;
+        by_type
+            .entry(c.task_type)
+            .or_default()
+            .insert(c.state, c.count);
+    }
+    let stats = Stats {
+        dead: totals.get("dead").copied().unwrap_or(0),
+        in_flight: health.processing,
+        claimable: health.claimable,
+        scheduled: health.scheduled,
+        oldest_claimable_age_seconds: health.oldest_claimable_age_s,
+        totals,
+        by_type,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&stats).map_err(Failure::runtime)?
+        );
+        return Ok(());
+    }
+    print!("{:<28}", "task type");
+    for s in STATES {
+        print!("{s:>12}");
+    }
+    println!();
+    for (task_type, states) in &stats.by_type {
+        print!("{task_type:<28}");
+        for s in STATES {
+            print!("{:>12}", states.get(*s).copied().unwrap_or(0));
+        }
+        println!();
+    }
+    print!("{:<28}", "all");
+    for s in STATES {
+        print!("{:>12}", stats.totals.get(*s).copied().unwrap_or(0));
+    }
+    println!();
+    println!(
+        "\nclaimable now: {}   scheduled: {}   in flight: {}   dead: {}   oldest claimable: {:.1}s",
+        stats.claimable,
+        stats.scheduled,
+        stats.in_flight,
+        stats.dead,
+        stats.oldest_claimable_age_seconds
+    );
+    Ok(())
+}

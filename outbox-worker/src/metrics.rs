@@ -1,0 +1,100 @@
+//! Prometheus metrics at `/metrics` and liveness at `/health`.
+//!
+//! Counters and the handler-duration histogram are recorded by the engine
+//! through the `metrics` facade; the queue gauges (claimable, scheduled,
+//! processing, dead, oldest claimable age) are read from the database on
+//! each scrape, from partial indexes, so they are fresh and cheap.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Installs the Prometheus recorder for this process and describes the
+/// series. Call once, before the worker starts.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("outbox_handler_duration_seconds".to_owned()),
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0,
+            ],
+        )
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    metrics::describe_counter!(
+        "outbox_tasks_processed_total",
+        "Attempt outcomes committed by this worker, by task_type and outcome \
+         (completed, failed, dead, snoozed, released, stale)"
+    );
+    metrics::describe_histogram!(
+        "outbox_handler_duration_seconds",
+        metrics::Unit::Seconds,
+        "Handler run time by task_type"
+    );
+    metrics::describe_gauge!(
+        "outbox_tasks",
+        "Tasks in the database by state (claimable, scheduled, processing, dead)"
+    );
+    metrics::describe_gauge!(
+        "outbox_oldest_claimable_age_seconds",
+        metrics::Unit::Seconds,
+        "How long the oldest claimable task has been due"
+    );
+    metrics::describe_gauge!(
+        "outbox_database_up",
+        "1 when the last gauge refresh reached the database"
+    );
+    Ok(handle)
+}
+
+#[derive(Clone)]
+struct AppState {
+    handle: PrometheusHandle,
+    pool: PgPool,
+}
+
+/// Serves `/metrics` and `/health` on `addr` until `stop` is cancelled.
+pub async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    pool: PgPool,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(render))
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(AppState { handle, pool });
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics and /health");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+}
+
+async fn render(State(state): State<AppState>) -> (StatusCode, String) {
+    let health = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        outbox::admin::queue_health(&state.pool),
+    )
+    .await;
+    match health {
+        Ok(Ok(h)) => {
+            metrics::gauge!("outbox_tasks", "state" => "claimable").set(h.claimable as f64);
+            metrics::gauge!("outbox_tasks", "state" => "scheduled").set(h.scheduled as f64);
+            metrics::gauge!("outbox_tasks", "state" => "processing").set(h.processing as f64);
+            metrics::gauge!("outbox_tasks", "state" => "dead").set(h.dead as f64);
+            metrics::gauge!("outbox_oldest_claimable_age_seconds").set(h.oldest_claimable_age_s);
+            metrics::gauge!("outbox_database_up").set(1.0);
+        }
+        _ => metrics::gauge!("outbox_database_up").set(0.0),
+    }
+    (StatusCode::OK, state.handle.render())
+}

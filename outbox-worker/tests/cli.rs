@@ -1,0 +1,479 @@
+//! The real `outbox-worker` binary against a real PostgreSQL: migrate,
+//! the task round trip, refusals with their exit codes, stats, demo and
+//! metrics.
+
+use std::process::Output;
+use std::time::Duration;
+
+use outbox::{Clock, TaskEventKind, Worker};
+use outbox_tests::{RunningWorker, TestDb};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-worker");
+
+async fn cli(args: &[&str]) -> Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .await
+        .expect("run outbox-worker")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+    stdout(o)
+}
+
+async fn task_count(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time() {
+    let db = TestDb::empty().await;
+    let first = ok(&cli(&["migrate", "--database-url", &db.url]).await);
+    assert!(
+        first.contains("applied migrations [1]; schema is at version 1"),
+        "{first}"
+    );
+    let second = ok(&cli(&["migrate", "--database-url", &db.url]).await);
+    assert!(
+        second.contains("schema is up to date at version 1"),
+        "{second}"
+    );
+}
+
+#[tokio::test]
+async fn submit_list_show_retry_cancel_round_trip() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let doomed = ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.fail",
+        r#"{"times": 99, "message": "nope"}"#,
+        "--database-url",
+        url,
+    ])
+    .await);
+    let doomed = doomed.trim().to_owned();
+    let later = ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--delay",
+        "1h",
+        "--priority",
+        "3",
+        "--database-url",
+        url,
+    ])
+    .await);
+    let later = later.trim().to_owned();
+
+    let shown = ok(&cli(&["tasks", "show", &doomed, "--database-url", url]).await);
+    assert!(
+        shown.contains("state         pending") && shown.contains("\"message\": \"nope\""),
+        "{shown}"
+    );
+
+    // Run the doomed task to death on a pinned clock moved past each delay.
+    let clock = Clock::fixed(chrono::Utc::now() + chrono::Duration::minutes(1));
+    let mut worker = RunningWorker::start(
+        outbox_worker::builtin::register(Worker::builder(db.pool.clone()))
+            .clock(clock.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap(),
+    );
+    for _ in 0..2 {
+        worker
+            .wait_for(TaskEventKind::Failed, 1, Duration::from_secs(20))
+            .await;
+        clock.advance(Duration::from_secs(10));
+    }
+    worker
+        .wait_for(TaskEventKind::Dead, 1, Duration::from_secs(20))
+        .await;
+    worker.stop().await;
+
+    let listed: Value = serde_json::from_str(&ok(&cli(&[
+        "tasks",
+        "list",
+        "--dead",
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"].to_string(), doomed);
+    assert_eq!(listed[0]["state"], "dead");
+    assert_eq!(listed[0]["last_error"], "nope");
+    assert_eq!(listed[0]["retry_count"], 3);
+    let table = ok(&cli(&[
+        "tasks",
+        "list",
+        "--type",
+        "outbox.noop",
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert!(
+        table.contains(&later) && table.contains("pending") && !table.contains("outbox.fail"),
+        "{table}"
+    );
+
+    let retried = ok(&cli(&["tasks", "retry", &doomed, "--database-url", url]).await);
+    assert!(
+        retried.contains(&format!("retried 1 task(s): {doomed}")),
+        "{retried}"
+    );
+    let after: Value = serde_json::from_str(&ok(&cli(&[
+        "tasks",
+        "show",
+        &doomed,
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    assert_eq!(
+        (after["state"].as_str(), after["retry_count"].as_i64()),
+        (Some("pending"), Some(0))
+    );
+
+    let cancelled = ok(&cli(&["tasks", "cancel", &doomed, &later, "--database-url", url]).await);
+    assert!(cancelled.contains("cancelled 2 task(s)"), "{cancelled}");
+    let gone: Value = serde_json::from_str(&ok(&cli(&[
+        "tasks",
+        "show",
+        &later,
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    assert_eq!(
+        (gone["state"].as_str(), gone["last_error"].as_str()),
+        (Some("dead"), Some("cancelled by an operator"))
+    );
+
+    let missing = cli(&["tasks", "retry", "999999", "--database-url", url]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("not retried: 999999"),
+        "{}",
+        stderr(&missing)
+    );
+
+    let all_dead = ok(&cli(&[
+        "tasks",
+        "retry",
+        "--dead",
+        "--type",
+        "outbox.fail",
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert!(
+        all_dead.contains(&format!("retried 1 dead task(s): {doomed}")),
+        "{all_dead}"
+    );
+}
+
+#[tokio::test]
+async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+
+    let unknown = cli(&[
+        "tasks",
+        "submit",
+        "nope.nothing",
+        "{}",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert_eq!(unknown.status.code(), Some(2));
+    let message = stderr(&unknown);
+    assert!(
+        message.contains("unknown task type \"nope.nothing\"")
+            && message.contains("outbox.fail, outbox.noop, outbox.sleep"),
+        "{message}"
+    );
+
+    let bad_json = cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{not json",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert_eq!(bad_json.status.code(), Some(2));
+    assert!(
+        stderr(&bad_json).contains("the payload is not valid JSON"),
+        "{}",
+        stderr(&bad_json)
+    );
+
+    let misfit = cli(&[
+        "tasks",
+        "submit",
+        "outbox.sleep",
+        r#"{"ms": "soon"}"#,
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert_eq!(misfit.status.code(), Some(2));
+    assert!(
+        stderr(&misfit).contains("does not fit task type \"outbox.sleep\""),
+        "{}",
+        stderr(&misfit)
+    );
+
+    let bad_priority = cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--priority",
+        "42",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert_eq!(bad_priority.status.code(), Some(2));
+    assert!(
+        stderr(&bad_priority).contains("priority 42 is out of range"),
+        "{}",
+        stderr(&bad_priority)
+    );
+
+    let bad_flag = cli(&["run", "--queue", "default=0", "--database-url", url]).await;
+    assert_eq!(bad_flag.status.code(), Some(2));
+    assert!(
+        stderr(&bad_flag).contains("needs a concurrency of at least 1"),
+        "{}",
+        stderr(&bad_flag)
+    );
+
+    assert_eq!(task_count(&db).await, 0, "no refusal wrote anything");
+
+    let unreachable = cli(&[
+        "stats",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/nothing",
+    ])
+    .await;
+    assert_eq!(unreachable.status.code(), Some(3));
+    assert!(
+        stderr(&unreachable).contains("cannot reach the database"),
+        "{}",
+        stderr(&unreachable)
+    );
+
+    let empty = TestDb::empty().await;
+    for args in [vec!["run"], vec!["tasks", "list"], vec!["stats"]] {
+        let mut args = args;
+        args.extend(["--database-url", empty.url.as_str()]);
+        let behind = cli(&args).await;
+        assert_eq!(behind.status.code(), Some(4), "{args:?}");
+        assert!(
+            stderr(&behind).contains("run `outbox-worker migrate` first"),
+            "{}",
+            stderr(&behind)
+        );
+    }
+}
+
+#[tokio::test]
+async fn stats_json_has_the_documented_fields() {
+    let db = TestDb::migrated().await;
+    ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.sleep",
+        r#"{"ms": 5}"#,
+        "--delay",
+        "1h",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    let stats: Value =
+        serde_json::from_str(&ok(
+            &cli(&["stats", "--json", "--database-url", &db.url]).await
+        ))
+        .unwrap();
+    for field in [
+        "totals",
+        "by_type",
+        "dead",
+        "in_flight",
+        "claimable",
+        "scheduled",
+        "oldest_claimable_age_seconds",
+    ] {
+        assert!(stats.get(field).is_some(), "missing {field}: {stats}");
+    }
+    assert_eq!(stats["totals"]["pending"], 2);
+    assert_eq!(stats["by_type"]["outbox.noop"]["pending"], 1);
+    assert_eq!(
+        (stats["claimable"].as_i64(), stats["scheduled"].as_i64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (stats["dead"].as_i64(), stats["in_flight"].as_i64()),
+        (Some(0), Some(0))
+    );
+    let text = ok(&cli(&["stats", "--database-url", &db.url]).await);
+    assert!(
+        text.contains("outbox.sleep") && text.contains("claimable now: 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn demo_completes_against_a_given_database() {
+    let db = TestDb::empty().await;
+    let out = tokio::process::Command::new(BIN)
+        .args(["demo", "--tasks", "200", "--no-progress"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    let text = ok(&out);
+    assert!(text.contains("273 of 273 tasks finished"), "{text}");
+    assert!(
+        text.contains("outbox-worker tasks retry --dead --type outbox.fail"),
+        "{text}"
+    );
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(dead, 3, "the demo's poison tasks are kept, dead");
+}
+
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    Some(response)
+}
+
+#[tokio::test]
+async fn metrics_serve_the_documented_series_while_tasks_run() {
+    let db = TestDb::migrated().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut batch = outbox::Batch::new();
+    for _ in 0..20 {
+        batch.push(&outbox_worker::builtin::Noop {}).unwrap();
+    }
+    for _ in 0..4 {
+        batch
+            .push(&outbox_worker::builtin::Sleep { ms: 60_000 })
+            .unwrap();
+    }
+    batch.submit(&db.pool).await.unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &[
+            "--metrics-addr",
+            &addr,
+            "--queue",
+            "default=8",
+            "--shutdown-grace",
+            "1s",
+        ],
+    );
+    let wanted = [
+        "outbox_tasks_processed_total{task_type=\"outbox.noop\",outcome=\"completed\"} 20",
+        "outbox_handler_duration_seconds_bucket{task_type=\"outbox.noop\"",
+        "outbox_tasks{state=\"claimable\"}",
+        "outbox_tasks{state=\"processing\"} 4",
+        "outbox_tasks{state=\"dead\"} 0",
+        "outbox_oldest_claimable_age_seconds",
+        "# HELP outbox_tasks_processed_total",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        if let Some(body) = http_get(port, "/metrics").await
+            && wanted.iter().all(|w| body.contains(w))
+        {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed {wanted:?}:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let health = http_get(port, "/health").await.unwrap();
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+    worker.signal("TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(20)).await.code(),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+}
