@@ -63,7 +63,7 @@ pub use handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler
 pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, schema_status,
 };
-pub use options::{PRIORITY_MAX, PRIORITY_MIN, TaskOptions};
+pub use options::{MAX_DELAY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions};
 pub use outbox_macros::outbox_task;
 pub use submit::{Batch, submit, submit_batch, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};

@@ -95,10 +95,26 @@ pub(crate) fn validate_queue(queue: &str) -> Result<()> {
     Ok(())
 }
 
-/// A delay in whole microseconds, as the database stores intervals.
+/// The longest delay (and retention) the engine accepts: 100 years. Far
+/// beyond any real schedule, and far from PostgreSQL's timestamp limits, so
+/// `now() + delay` can never overflow inside a statement.
+pub const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A delay in whole microseconds, as the database stores intervals; longer
+/// than [`MAX_DELAY`] is an error.
 pub(crate) fn delay_micros(delay: Duration) -> Result<i64> {
-    i64::try_from(delay.as_micros())
-        .map_err(|_| Error::InvalidOption(format!("delay {delay:?} is too long")))
+    if delay > MAX_DELAY {
+        return Err(Error::InvalidOption(format!(
+            "delay {delay:?} is too long: the most is 100 years"
+        )));
+    }
+    Ok(clamped_delay_micros(delay))
+}
+
+/// A delay in whole microseconds, clamped to [`MAX_DELAY`]: for delays that
+/// come from handlers and retry tables, which must not fail a write.
+pub(crate) fn clamped_delay_micros(delay: Duration) -> i64 {
+    i64::try_from(delay.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -98,3 +98,59 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
         "{error}"
     );
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.poison.binary_error", queue = "poison-binary")]
+struct BinaryError {
+    fail: bool,
+}
+
+struct Garbled;
+
+impl TaskHandler<BinaryError> for Garbled {
+    async fn handle(&self, _ctx: TaskContext, task: BinaryError) -> HandlerResult {
+        if task.fail {
+            // PostgreSQL text cannot hold NUL: written as is, this outcome
+            // would be rejected and could hold back the batch around it.
+            Err(outbox::HandlerError::msg("bytes \0\u{1} from a device"))
+        } else {
+            Ok(Outcome::Success)
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unstorable_error_message_is_cleaned_and_blocks_nothing() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    batch.push(&BinaryError { fail: true }).unwrap();
+    for _ in 0..5 {
+        batch.push(&BinaryError { fail: false }).unwrap();
+    }
+    let ids = batch.submit(&db.pool).await.unwrap();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<BinaryError>(Garbled)
+            .build()
+            .unwrap(),
+    );
+    let seen = worker
+        .wait_for(TaskEventKind::Completed, 5, Duration::from_secs(20))
+        .await;
+    if !seen.iter().any(|e| e.kind == TaskEventKind::Failed) {
+        worker
+            .wait_for(TaskEventKind::Failed, 1, Duration::from_secs(20))
+            .await;
+    }
+    worker.stop().await;
+    let (state, error): (String, String) =
+        sqlx::query_as("SELECT state::text, last_error FROM outbox_tasks WHERE id = $1")
+            .bind(ids[0].0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), error.as_str()),
+        ("failed", "bytes \u{FFFD}\u{1} from a device")
+    );
+}

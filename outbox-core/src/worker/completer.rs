@@ -25,32 +25,16 @@ pub(crate) async fn run(
 ) {
     let cap = shared.config.max_finish_batch.max(1);
     let mut buffer: Vec<Done> = Vec::with_capacity(cap);
-    let mut outage = Outage::new("completer");
+    let mut writer = Writer {
+        shared: &shared,
+        outage: Outage::new("completer"),
+    };
     loop {
         if done.recv_many(&mut buffer, cap).await == 0 {
             return; // every sender is gone and the queue is empty
         }
         let batch: Vec<Finish> = buffer.iter().map(|d| d.finish.clone()).collect();
-        let mut tries_after_close = 0;
-        let written = loop {
-            match db::finish_tasks(&shared.pool, &batch, shared.config.clock.now()).await {
-                Ok(written) => {
-                    outage.ok();
-                    break Some(written);
-                }
-                Err(error) => {
-                    let backoff = outage.failed(&error);
-                    if done.is_closed() {
-                        tries_after_close += 1;
-                        if tries_after_close >= SHUTDOWN_WRITE_ATTEMPTS {
-                            break None;
-                        }
-                    }
-                    tokio::time::sleep(backoff).await;
-                }
-            }
-        };
-        match written {
+        match writer.write(&batch, &done).await {
             Some(written) => publish(&events, &buffer, &written),
             None => tracing::error!(
                 outcomes = buffer.len(),
@@ -58,6 +42,58 @@ pub(crate) async fn run(
             ),
         }
         buffer.clear();
+    }
+}
+
+/// Writes batches, retrying through outages.
+struct Writer<'a> {
+    shared: &'a Shared,
+    outage: Outage,
+}
+
+impl Writer<'_> {
+    /// Writes `batch`; the ids written, or `None` when the worker is
+    /// stopping and the database stayed away.
+    async fn write(&mut self, batch: &[Finish], done: &mpsc::Receiver<Done>) -> Option<Vec<i64>> {
+        let mut tries_after_close = 0;
+        loop {
+            match db::finish_tasks(&self.shared.pool, batch, self.shared.config.clock.now()).await {
+                Ok(written) => {
+                    self.outage.ok();
+                    return Some(written);
+                }
+                // The server rejected the statement itself (not the
+                // connection): one outcome must be unwritable. Write them
+                // one by one so that it cannot hold back the others.
+                Err(sqlx::Error::Database(error)) if batch.len() > 1 => {
+                    tracing::error!(%error, outcomes = batch.len(), "a batch of outcomes was rejected; writing them one by one");
+                    let mut written = Vec::with_capacity(batch.len());
+                    for one in batch {
+                        written
+                            .extend(Box::pin(self.write(std::slice::from_ref(one), done)).await?);
+                    }
+                    return Some(written);
+                }
+                Err(sqlx::Error::Database(error)) => {
+                    tracing::error!(
+                        task_id = batch.first().map(|f| f.id),
+                        %error,
+                        "the database rejected this outcome; the task is left to stuck-task recovery"
+                    );
+                    return Some(Vec::new());
+                }
+                Err(error) => {
+                    let backoff = self.outage.failed(&error);
+                    if done.is_closed() {
+                        tries_after_close += 1;
+                        if tries_after_close >= SHUTDOWN_WRITE_ATTEMPTS {
+                            return None;
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
     }
 }
 

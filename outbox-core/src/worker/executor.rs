@@ -12,7 +12,7 @@ use super::Shared;
 use super::events::TaskEventKind;
 use crate::db::{self, ClaimedTask, Finish, NextState};
 use crate::handler::{Outcome, TaskContext};
-use crate::options::delay_micros;
+use crate::options::clamped_delay_micros;
 use crate::retry::delay_after_failure;
 use crate::task::TaskId;
 
@@ -196,7 +196,7 @@ fn outcome_to_finish(
         Ok(Outcome::RetryAfter(delay)) => (
             Finish {
                 state: NextState::Pending,
-                delay_us: delay_micros(delay).unwrap_or(i64::MAX),
+                delay_us: clamped_delay_micros(delay),
                 ..base
             },
             TaskEventKind::Snoozed,
@@ -206,7 +206,7 @@ fn outcome_to_finish(
                 state: NextState::Failed,
                 add_retry: 1,
                 dead: true,
-                error: Some(reason),
+                error: Some(storable(reason)),
                 ..base
             },
             TaskEventKind::Dead,
@@ -218,13 +218,9 @@ fn outcome_to_finish(
             let finish = Finish {
                 state: NextState::Failed,
                 add_retry: 1,
-                delay_us: if dead {
-                    0
-                } else {
-                    delay_micros(delay).unwrap_or(i64::MAX)
-                },
+                delay_us: if dead { 0 } else { clamped_delay_micros(delay) },
                 dead,
-                error: Some(error),
+                error: Some(storable(error)),
                 ..base
             };
             (
@@ -237,6 +233,26 @@ fn outcome_to_finish(
             )
         }
     }
+}
+
+/// Longest error message kept on a row.
+const MAX_ERROR_BYTES: usize = 16 * 1024;
+
+/// An error message PostgreSQL will store: no NUL bytes (text cannot hold
+/// them, and one would make the whole outcome unwritable), and bounded.
+fn storable(mut message: String) -> String {
+    if message.contains('\0') {
+        message = message.replace('\0', "\u{FFFD}");
+    }
+    if message.len() > MAX_ERROR_BYTES {
+        let mut end = MAX_ERROR_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("... (truncated)");
+    }
+    message
 }
 
 /// At the end of the grace period: aborts every running handler and puts
@@ -275,4 +291,18 @@ pub(crate) async fn release_unfinished(shared: &Shared) {
         }
     }
     tracing::error!("unfinished tasks stay PROCESSING; stuck-task recovery will return them");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_messages_are_made_storable() {
+        assert_eq!(storable("plain".into()), "plain");
+        assert_eq!(storable("nul\0here".into()), "nul\u{FFFD}here");
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let kept = storable(long);
+        assert!(kept.len() <= MAX_ERROR_BYTES + 20 && kept.ends_with("... (truncated)"));
+    }
 }

@@ -309,7 +309,16 @@ impl Worker {
                 .is_err()
             {
                 executor::release_unfinished(&shared).await;
-                tracker.wait().await;
+                // An aborted handler stops at its next await; one that never
+                // yields cannot be stopped, and must not keep us from exiting.
+                if tokio::time::timeout(shared.config.cancel_grace, tracker.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::error!(
+                        "a handler ignores cancellation and never yields; exiting without it"
+                    );
+                }
             }
         }
         stop_background.cancel();
