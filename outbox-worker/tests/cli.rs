@@ -42,13 +42,6 @@ fn ok(o: &Output) -> String {
     stdout(o)
 }
 
-async fn task_count(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time() {
     let db = TestDb::empty().await;
@@ -210,112 +203,71 @@ async fn submit_list_show_retry_cancel_round_trip() {
     );
 }
 
+/// Runs a command that must be refused with `code`, saying `needle`.
+async fn refused(args: &[&str], code: i32, needle: &str) {
+    let out = cli(args).await;
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+    assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+}
+
 #[tokio::test]
 async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
     let db = TestDb::migrated().await;
-    let url = db.url.as_str();
+    let at = ["--database-url", db.url.as_str()];
+    let submit = |task_type: &'static str, payload: &'static str| {
+        let mut args = vec!["tasks", "submit", task_type, payload];
+        args.extend(at);
+        args
+    };
 
-    let unknown = cli(&[
-        "tasks",
-        "submit",
-        "nope.nothing",
-        "{}",
-        "--database-url",
-        url,
-    ])
+    refused(
+        &submit("nope.nothing", "{}"),
+        2,
+        "unknown task type \"nope.nothing\"",
+    )
     .await;
-    assert_eq!(unknown.status.code(), Some(2));
-    let message = stderr(&unknown);
-    assert!(
-        message.contains("unknown task type \"nope.nothing\"")
-            && message.contains("outbox.fail, outbox.noop, outbox.sleep"),
-        "{message}"
-    );
-
-    let bad_json = cli(&[
-        "tasks",
-        "submit",
-        "outbox.noop",
-        "{not json",
-        "--database-url",
-        url,
-    ])
+    refused(
+        &submit("nope.nothing", "{}"),
+        2,
+        "outbox.fail, outbox.noop, outbox.sleep",
+    )
     .await;
-    assert_eq!(bad_json.status.code(), Some(2));
-    assert!(
-        stderr(&bad_json).contains("the payload is not valid JSON"),
-        "{}",
-        stderr(&bad_json)
-    );
-
-    let misfit = cli(&[
-        "tasks",
-        "submit",
-        "outbox.sleep",
-        r#"{"ms": "soon"}"#,
-        "--database-url",
-        url,
-    ])
+    refused(
+        &submit("outbox.noop", "{not json"),
+        2,
+        "the payload is not valid JSON",
+    )
     .await;
-    assert_eq!(misfit.status.code(), Some(2));
-    assert!(
-        stderr(&misfit).contains("does not fit task type \"outbox.sleep\""),
-        "{}",
-        stderr(&misfit)
-    );
-
-    let bad_priority = cli(&[
-        "tasks",
-        "submit",
-        "outbox.noop",
-        "{}",
-        "--priority",
-        "42",
-        "--database-url",
-        url,
-    ])
+    refused(
+        &submit("outbox.sleep", r#"{"ms": "soon"}"#),
+        2,
+        "does not fit task type \"outbox.sleep\"",
+    )
     .await;
-    assert_eq!(bad_priority.status.code(), Some(2));
-    assert!(
-        stderr(&bad_priority).contains("priority 42 is out of range"),
-        "{}",
-        stderr(&bad_priority)
-    );
-
-    let bad_flag = cli(&["run", "--queue", "default=0", "--database-url", url]).await;
-    assert_eq!(bad_flag.status.code(), Some(2));
-    assert!(
-        stderr(&bad_flag).contains("needs a concurrency of at least 1"),
-        "{}",
-        stderr(&bad_flag)
-    );
-
-    assert_eq!(task_count(&db).await, 0, "no refusal wrote anything");
-
-    let unreachable = cli(&[
-        "stats",
-        "--database-url",
-        "postgres://postgres@127.0.0.1:1/nothing",
-    ])
+    let mut bad_priority = submit("outbox.noop", "{}");
+    bad_priority.extend(["--priority", "42"]);
+    refused(&bad_priority, 2, "priority 42 is out of range").await;
+    refused(
+        &["run", "--queue", "default=0", at[0], at[1]],
+        2,
+        "needs a concurrency of at least 1",
+    )
     .await;
-    assert_eq!(unreachable.status.code(), Some(3));
-    assert!(
-        stderr(&unreachable).contains("cannot reach the database"),
-        "{}",
-        stderr(&unreachable)
-    );
+    assert_eq!(db.task_count().await, 0, "no refusal wrote anything");
+
+    let nowhere = "postgres://postgres@127.0.0.1:1/nothing";
+    refused(
+        &["stats", "--database-url", nowhere],
+        3,
+        "cannot reach the database",
+    )
+    .await;
 
     let empty = TestDb::empty().await;
-    for args in [vec!["run"], vec!["tasks", "list"], vec!["stats"]] {
-        let mut args = args;
+    for command in [&["run"][..], &["tasks", "list"], &["stats"]] {
+        let mut args = command.to_vec();
         args.extend(["--database-url", empty.url.as_str()]);
-        let behind = cli(&args).await;
-        assert_eq!(behind.status.code(), Some(4), "{args:?}");
-        assert!(
-            stderr(&behind).contains("run `outbox-worker migrate` first"),
-            "{}",
-            stderr(&behind)
-        );
+        refused(&args, 4, "run `outbox-worker migrate` first").await;
     }
 }
 

@@ -120,18 +120,12 @@ fn pinned_clock() -> (Clock, DateTime<Utc>) {
     (Clock::fixed(at), at)
 }
 
-#[tokio::test]
-async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
+/// Submits one `Flaky` task, runs it once on a pinned clock until an
+/// outcome of `kind` is committed, and returns its row, the pinned time and
+/// the number of handler calls.
+async fn run_flaky_once(task: Flaky, kind: TaskEventKind) -> (Row, DateTime<Utc>, usize) {
     let db = TestDb::migrated().await;
-    let id = outbox::submit(
-        &db.pool,
-        Flaky {
-            give_up: false,
-            snooze_ms: None,
-        },
-    )
-    .await
-    .unwrap();
+    let id = outbox::submit(&db.pool, task).await.unwrap();
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
     let mut worker = RunningWorker::start(
@@ -141,10 +135,21 @@ async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
             .build()
             .unwrap(),
     );
-    worker.wait_for(TaskEventKind::Failed, 1, WAIT).await;
+    worker.wait_for(kind, 1, WAIT).await;
     worker.stop().await;
+    (row(&db, id).await, now, calls.0.load(Ordering::SeqCst))
+}
 
-    let r = row(&db, id).await;
+#[tokio::test]
+async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
+    let (r, now, calls) = run_flaky_once(
+        Flaky {
+            give_up: false,
+            snooze_ms: None,
+        },
+        TaskEventKind::Failed,
+    )
+    .await;
     assert_eq!(r.state, "failed", "{r:?}");
     assert_eq!(r.retry_count, 1, "{r:?}");
     assert_eq!(r.last_error.as_deref(), Some("boom 1"));
@@ -155,11 +160,7 @@ async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
         "first delay of the default table"
     );
     assert!(r.dead_at.is_none());
-    assert_eq!(
-        calls.0.load(Ordering::SeqCst),
-        1,
-        "not retried before its execute_at"
-    );
+    assert_eq!(calls, 1, "not retried before its execute_at");
 }
 
 #[tokio::test]
@@ -225,27 +226,14 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
 
 #[tokio::test]
 async fn give_up_makes_the_task_dead_at_once() {
-    let db = TestDb::migrated().await;
-    let id = outbox::submit(
-        &db.pool,
+    let (r, now, _) = run_flaky_once(
         Flaky {
             give_up: true,
             snooze_ms: None,
         },
+        TaskEventKind::Dead,
     )
-    .await
-    .unwrap();
-    let (clock, now) = pinned_clock();
-    let mut worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .handler::<Flaky>(Calls::default())
-            .clock(clock)
-            .build()
-            .unwrap(),
-    );
-    worker.wait_for(TaskEventKind::Dead, 1, WAIT).await;
-    worker.stop().await;
-    let r = row(&db, id).await;
+    .await;
     assert_eq!(
         (r.state.as_str(), r.retry_count, r.dead_at),
         ("failed", 1, Some(now)),
@@ -256,27 +244,14 @@ async fn give_up_makes_the_task_dead_at_once() {
 
 #[tokio::test]
 async fn retry_after_snoozes_without_counting_an_attempt() {
-    let db = TestDb::migrated().await;
-    let id = outbox::submit(
-        &db.pool,
+    let (r, now, _) = run_flaky_once(
         Flaky {
             give_up: false,
             snooze_ms: Some(90_000),
         },
+        TaskEventKind::Snoozed,
     )
-    .await
-    .unwrap();
-    let (clock, now) = pinned_clock();
-    let mut worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .handler::<Flaky>(Calls::default())
-            .clock(clock)
-            .build()
-            .unwrap(),
-    );
-    worker.wait_for(TaskEventKind::Snoozed, 1, WAIT).await;
-    worker.stop().await;
-    let r = row(&db, id).await;
+    .await;
     assert_eq!(r.state, "pending", "{r:?}");
     assert_eq!((r.retry_count, r.claims), (0, 1), "{r:?}");
     assert_eq!(r.execute_at, now + chrono::Duration::seconds(90));

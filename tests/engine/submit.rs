@@ -35,13 +35,6 @@ impl TaskHandler<Greet> for Recorder {
     }
 }
 
-async fn task_count(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn rollback_leaves_no_task() {
     let db = TestDb::migrated().await;
@@ -56,7 +49,7 @@ async fn rollback_leaves_no_task() {
     .await
     .unwrap();
     tx.rollback().await.unwrap();
-    assert_eq!(task_count(&db).await, 0);
+    assert_eq!(db.task_count().await, 0);
 }
 
 #[tokio::test]
@@ -117,9 +110,9 @@ async fn a_batch_of_1000_goes_in_one_transaction() {
         "ids come back in submission order"
     );
     // Not visible outside the transaction before commit.
-    assert_eq!(task_count(&db).await, 0);
+    assert_eq!(db.task_count().await, 0);
     tx.commit().await.unwrap();
-    assert_eq!(task_count(&db).await, 1000);
+    assert_eq!(db.task_count().await, 1000);
     let (first, last): (String, String) = sqlx::query_as(
         "SELECT (SELECT payload->>'name' FROM outbox_tasks WHERE id = $1), \
                 (SELECT payload->>'name' FROM outbox_tasks WHERE id = $2)",
@@ -187,7 +180,7 @@ async fn a_bad_option_is_an_error_before_anything_is_written() {
         .await
         .expect("transaction still healthy");
     tx.commit().await.unwrap();
-    assert_eq!(task_count(&db).await, 0);
+    assert_eq!(db.task_count().await, 0);
 }
 
 #[derive(Serialize, Deserialize)]
@@ -208,7 +201,7 @@ async fn an_unserialisable_payload_is_a_clear_error_and_writes_nothing() {
         err.to_string().contains("test.submit.unserialisable"),
         "{err}"
     );
-    assert_eq!(task_count(&db).await, 0);
+    assert_eq!(db.task_count().await, 0);
 }
 
 #[tokio::test]

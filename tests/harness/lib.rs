@@ -130,6 +130,14 @@ impl TestDb {
             .expect("connect to the test database")
     }
 
+    /// Number of task rows.
+    pub async fn task_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count tasks")
+    }
+
     /// Number of tasks in each state, as `(state, count)` sorted by state.
     pub async fn count_by_state(&self) -> Vec<(String, i64)> {
         sqlx::query_as("SELECT state::text, count(*) FROM outbox_tasks GROUP BY 1 ORDER BY 1")
