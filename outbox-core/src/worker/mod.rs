@@ -248,7 +248,7 @@ impl Worker {
             queues = ?self.queues,
             "worker starting"
         );
-        let (done_tx, done_rx) = mpsc::channel(shared.config.max_finish_batch * 4);
+        let (done_tx, done_rx) = mpsc::channel(shared.config.max_finish_batch.max(1) * 4);
         let completer = tokio::spawn(completer::run(Arc::clone(&shared), done_rx, self.events));
 
         let wakers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
