@@ -28,7 +28,7 @@
 //! outbox::migrate(&pool).await?;
 //! let mut tx = pool.begin().await?;
 //! // ... your own inserts on &mut *tx ...
-//! outbox::submit(&mut *tx, GenerateReport { month: 5 }).await?;
+//! outbox::submit(&mut tx, GenerateReport { month: 5 }).await?;
 //! tx.commit().await?;
 //!
 //! let worker = Worker::builder(pool).handler::<GenerateReport>(Reports).build()?;
@@ -68,8 +68,8 @@ pub use outbox_macros::outbox_task;
 pub use submit::{Batch, submit, submit_batch, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
 pub use worker::{
-    DEFAULT_CONCURRENCY, MAINTENANCE_APPLICATION_NAME, TaskEvent, TaskEventKind, Worker,
-    WorkerBuilder, WorkerConfig,
+    CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_APPLICATION_NAME, TaskEvent, TaskEventKind,
+    Worker, WorkerBuilder, WorkerConfig, WorkerCounters,
 };
 
 /// What `#[outbox_task]` expands to refers to; not a public API.

@@ -4,7 +4,7 @@
 //! back together with the caller's business rows: no dual write. Workers are
 //! woken by a NOTIFY that PostgreSQL delivers only at commit.
 
-use sqlx::{Acquire, Postgres};
+use sqlx::PgConnection;
 
 use crate::db::{self, NewTask};
 use crate::error::{Error, Result};
@@ -12,8 +12,13 @@ use crate::options::{TaskOptions, delay_micros, validate_priority, validate_queu
 use crate::retry::max_attempts;
 use crate::task::{RegisteredTask, Task, TaskId};
 
-/// Submits one task on `conn`: a `&mut Transaction`, a `&mut PgConnection`,
-/// or a `&PgPool` (which commits at once, outside any transaction of yours).
+/// Submits one task on `conn`, inside whatever transaction is open on it:
+/// pass `&mut tx` for a `Transaction`, or any `&mut PgConnection` (a pooled
+/// connection outside a transaction commits the task at once).
+///
+/// Taking a plain `&mut PgConnection` (rather than a generic executor) keeps
+/// the returned future `Send` for every caller, so it works inside
+/// `tokio::spawn` and web framework handlers.
 ///
 /// ```no_run
 /// # use serde::{Deserialize, Serialize};
@@ -23,24 +28,20 @@ use crate::task::{RegisteredTask, Task, TaskId};
 /// # async fn f(pool: sqlx::PgPool) -> outbox::Result<()> {
 /// let mut tx = pool.begin().await?;
 /// // ... insert the user in the same transaction ...
-/// outbox::submit(&mut *tx, SendWelcome { user_id: 7 }).await?;
+/// outbox::submit(&mut tx, SendWelcome { user_id: 7 }).await?;
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub async fn submit<'c, A, T>(conn: A, task: T) -> Result<TaskId>
-where
-    A: Acquire<'c, Database = Postgres>,
-    T: Task,
-{
+pub async fn submit<T: Task>(conn: &mut PgConnection, task: T) -> Result<TaskId> {
     submit_with(conn, task, TaskOptions::new()).await
 }
 
 /// Submits one task with options (delay or run-at, priority, queue).
-pub async fn submit_with<'c, A, T>(conn: A, task: T, options: TaskOptions) -> Result<TaskId>
-where
-    A: Acquire<'c, Database = Postgres>,
-    T: Task,
-{
+pub async fn submit_with<T: Task>(
+    conn: &mut PgConnection,
+    task: T,
+    options: TaskOptions,
+) -> Result<TaskId> {
     let mut batch = Batch::new();
     batch.push_with(&task, options)?;
     let ids = batch.submit(conn).await?;
@@ -48,9 +49,8 @@ where
 }
 
 /// Submits many tasks of one type in one round trip.
-pub async fn submit_batch<'c, A, T, I>(conn: A, tasks: I) -> Result<Vec<TaskId>>
+pub async fn submit_batch<T, I>(conn: &mut PgConnection, tasks: I) -> Result<Vec<TaskId>>
 where
-    A: Acquire<'c, Database = Postgres>,
     T: Task,
     I: IntoIterator<Item = T>,
 {
@@ -156,15 +156,11 @@ impl Batch {
 
     /// Writes the batch on `conn` in one statement and returns the task ids
     /// in the order the tasks were pushed.
-    pub async fn submit<'c, A>(self, conn: A) -> Result<Vec<TaskId>>
-    where
-        A: Acquire<'c, Database = Postgres>,
-    {
+    pub async fn submit(self, conn: &mut PgConnection) -> Result<Vec<TaskId>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = conn.acquire().await?;
-        let ids = db::insert_tasks(&mut conn, self.rows).await?;
+        let ids = db::insert_tasks(conn, self.rows).await?;
         Ok(ids.into_iter().map(TaskId).collect())
     }
 }

@@ -153,7 +153,8 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;
     let pool = connect_migrated(&args.db.database_url, 1).await?;
-    let ids = batch.submit(&pool).await?;
+    let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
+    let ids = batch.submit(&mut conn).await?;
     println!("{}", ids[0]);
     Ok(())
 }

@@ -69,6 +69,8 @@ enum Command {
     /// Start a private PostgreSQL (unless DATABASE_URL is set), submit a mixed
     /// workload and run it to the end.
     Demo(DemoArgs),
+    /// Burn-down benchmark: insert, submit, drain and pickup-latency figures.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Where the database is.
@@ -192,6 +194,7 @@ pub fn main_with(register: Register) -> ExitCode {
             Command::Tasks(command) => crate::admin_cmd::tasks(command).await,
             Command::Stats(args) => crate::admin_cmd::stats(args).await,
             Command::Demo(args) => crate::demo::run(args, register).await,
+            Command::Bench(args) => crate::bench::run(args, register).await,
         }
     });
     match result {

@@ -69,7 +69,7 @@ pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failur
     let total = batch.len() as u64;
     let started = Instant::now();
     let mut tx = pool.begin().await.map_err(outbox::Error::from)?;
-    batch.submit(&mut *tx).await?;
+    batch.submit(&mut tx).await?;
     tx.commit().await.map_err(outbox::Error::from)?;
     println!(
         "Submitted {total} tasks in one transaction in {:.0} ms: {} outbox.noop, {SLEEPERS} outbox.sleep, \

@@ -5,6 +5,7 @@
 //! and tests.
 
 mod admin_cmd;
+mod bench;
 pub mod builtin;
 pub mod cli;
 mod demo;

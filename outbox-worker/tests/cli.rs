@@ -378,7 +378,7 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
             .push(&outbox_worker::builtin::Sleep { ms: 60_000 })
             .unwrap();
     }
-    batch.submit(&db.pool).await.unwrap();
+    batch.submit(&mut *db.conn().await).await.unwrap();
     let addr = format!("127.0.0.1:{port}");
     let mut worker = outbox_tests::process::WorkerProcess::spawn(
         BIN,

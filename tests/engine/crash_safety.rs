@@ -57,7 +57,9 @@ fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
 #[tokio::test]
 async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
     let db = TestDb::migrated().await;
-    let id = outbox::submit(&db.pool, Gated {}).await.unwrap();
+    let id = outbox::submit(&mut *db.conn().await, Gated {})
+        .await
+        .unwrap();
     let t0 = micros(Utc::now() + chrono::Duration::hours(1));
     let quiet = WorkerConfig {
         heartbeat_interval: Duration::from_secs(3600),
@@ -133,7 +135,7 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
 #[tokio::test]
 async fn heartbeats_move_for_every_in_flight_task_and_leave_updated_at_alone() {
     let db = TestDb::migrated().await;
-    outbox::submit_batch(&db.pool, (0..3).map(|_| Gated {}))
+    outbox::submit_batch(&mut *db.conn().await, (0..3).map(|_| Gated {}))
         .await
         .unwrap();
     let (gate, mut started) = Gate::new();
@@ -263,7 +265,9 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listen_connection_comes_back() {
     );
     wait_until(&db.pool, LISTENING, WAIT).await;
     let quick = Duration::from_secs(5);
-    let id = outbox::submit(&db.pool, Wake {}).await.unwrap();
+    let id = outbox::submit(&mut *db.conn().await, Wake {})
+        .await
+        .unwrap();
     let seen = worker.wait_for(TaskEventKind::Completed, 1, quick).await;
     assert_eq!(seen.last().unwrap().id, id);
 
@@ -281,7 +285,9 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listen_connection_comes_back() {
         .execute(&db.pool)
         .await
         .unwrap();
-    outbox::submit(&db.pool, Wake {}).await.unwrap();
+    outbox::submit(&mut *db.conn().await, Wake {})
+        .await
+        .unwrap();
     worker.wait_for(TaskEventKind::Completed, 1, WAIT).await;
     wait_until(&db.pool, LISTENING, WAIT).await;
     let new_pid: i32 = sqlx::query_scalar(
@@ -291,7 +297,9 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listen_connection_comes_back() {
     .await
     .unwrap();
     assert_ne!(new_pid, old_pid, "a new LISTEN session");
-    outbox::submit(&db.pool, Wake {}).await.unwrap();
+    outbox::submit(&mut *db.conn().await, Wake {})
+        .await
+        .unwrap();
     worker.wait_for(TaskEventKind::Completed, 1, quick).await;
     worker.stop().await;
 }

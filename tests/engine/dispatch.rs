@@ -31,7 +31,7 @@ impl TaskHandler<Count> for Tally {
 #[tokio::test]
 async fn two_dispatchers_with_separate_pools_handle_2000_tasks_exactly_once() {
     let db = TestDb::migrated().await;
-    let ids = outbox::submit_batch(&db.pool, (0..2000).map(|n| Count { n }))
+    let ids = outbox::submit_batch(&mut *db.conn().await, (0..2000).map(|n| Count { n }))
         .await
         .unwrap();
 
@@ -118,7 +118,7 @@ async fn priority_first_then_submission_order() {
             )
             .unwrap();
     }
-    batch.submit(&db.pool).await.unwrap();
+    batch.submit(&mut *db.conn().await).await.unwrap();
     let order = Order::default();
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())

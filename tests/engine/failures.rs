@@ -125,7 +125,7 @@ fn pinned_clock() -> (Clock, DateTime<Utc>) {
 /// the number of handler calls.
 async fn run_flaky_once(task: Flaky, kind: TaskEventKind) -> (Row, DateTime<Utc>, usize) {
     let db = TestDb::migrated().await;
-    let id = outbox::submit(&db.pool, task).await.unwrap();
+    let id = outbox::submit(&mut *db.conn().await, task).await.unwrap();
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
     let mut worker = RunningWorker::start(
@@ -166,7 +166,9 @@ async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
 #[tokio::test]
 async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
     let db = TestDb::migrated().await;
-    let id = outbox::submit(&db.pool, Doomed {}).await.unwrap();
+    let id = outbox::submit(&mut *db.conn().await, Doomed {})
+        .await
+        .unwrap();
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
     let mut worker = RunningWorker::start(
@@ -197,7 +199,9 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
     // A day later the dead task is still not claimed: a marker submitted
     // behind it on the same queue runs, the dead task does not.
     clock.advance(Duration::from_secs(86_400));
-    outbox::submit(&db.pool, Marker {}).await.unwrap();
+    outbox::submit(&mut *db.conn().await, Marker {})
+        .await
+        .unwrap();
     worker.wait_for(TaskEventKind::Completed, 1, WAIT).await;
     worker.stop().await;
     assert_eq!(

@@ -39,7 +39,7 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
             TaskOptions::new(),
         )
         .unwrap();
-    batch.submit(&db.pool).await.unwrap();
+    batch.submit(&mut *db.conn().await).await.unwrap();
     sqlx::query(
         "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
          VALUES ('test.poison.nobody', 'poison-tests', '{}', 10)",
@@ -47,9 +47,12 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
     .execute(&db.pool)
     .await
     .unwrap();
-    outbox::submit_batch(&db.pool, (0..10).map(|i| Strict { amount_cents: i }))
-        .await
-        .unwrap();
+    outbox::submit_batch(
+        &mut *db.conn().await,
+        (0..10).map(|i| Strict { amount_cents: i }),
+    )
+    .await
+    .unwrap();
 
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())
@@ -127,7 +130,7 @@ async fn an_unstorable_error_message_is_cleaned_and_blocks_nothing() {
     for _ in 0..5 {
         batch.push(&BinaryError { fail: false }).unwrap();
     }
-    let ids = batch.submit(&db.pool).await.unwrap();
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())
             .handler::<BinaryError>(Garbled)

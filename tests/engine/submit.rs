@@ -40,7 +40,7 @@ async fn rollback_leaves_no_task() {
     let db = TestDb::migrated().await;
     let mut tx = db.pool.begin().await.unwrap();
     outbox::submit(
-        &mut *tx,
+        &mut tx,
         Greet {
             name: "ghost".into(),
             times: 1,
@@ -64,7 +64,7 @@ async fn commit_runs_the_handler_once_with_the_decoded_payload() {
         name: "Ada".into(),
         times: 3,
     };
-    let id = outbox::submit(&mut *tx, sent.clone()).await.unwrap();
+    let id = outbox::submit(&mut tx, sent.clone()).await.unwrap();
     tx.commit().await.unwrap();
 
     let recorder = Recorder::default();
@@ -103,7 +103,7 @@ async fn a_batch_of_1000_goes_in_one_transaction() {
         name: format!("n{i}"),
         times: i,
     });
-    let ids = outbox::submit_batch(&mut *tx, tasks).await.unwrap();
+    let ids = outbox::submit_batch(&mut tx, tasks).await.unwrap();
     assert_eq!(ids.len(), 1000);
     assert!(
         ids.windows(2).all(|w| w[0] < w[1]),
@@ -129,7 +129,7 @@ async fn a_batch_of_1000_goes_in_one_transaction() {
 async fn options_set_queue_priority_and_delay() {
     let db = TestDb::migrated().await;
     let id = outbox::submit_with(
-        &db.pool,
+        &mut *db.conn().await,
         Greet {
             name: "later".into(),
             times: 1,
@@ -160,7 +160,7 @@ async fn a_bad_option_is_an_error_before_anything_is_written() {
     let db = TestDb::migrated().await;
     let mut tx = db.pool.begin().await.unwrap();
     let err = outbox::submit_with(
-        &mut *tx,
+        &mut tx,
         Greet {
             name: "x".into(),
             times: 1,
@@ -195,7 +195,9 @@ async fn an_unserialisable_payload_is_a_clear_error_and_writes_nothing() {
     let task = Unserialisable {
         by_pair: HashMap::from([((1, 2), "x".into())]),
     };
-    let err = outbox::submit(&db.pool, task).await.unwrap_err();
+    let err = outbox::submit(&mut *db.conn().await, task)
+        .await
+        .unwrap_err();
     assert!(matches!(err, outbox::Error::Serialize { .. }), "{err:?}");
     assert!(
         err.to_string().contains("test.submit.unserialisable"),
@@ -212,7 +214,7 @@ async fn notify_is_delivered_only_at_commit() {
 
     let mut tx = db.pool.begin().await.unwrap();
     outbox::submit(
-        &mut *tx,
+        &mut tx,
         Greet {
             name: "a".into(),
             times: 1,
@@ -221,7 +223,7 @@ async fn notify_is_delivered_only_at_commit() {
     .await
     .unwrap();
     outbox::submit(
-        &mut *tx,
+        &mut tx,
         Greet {
             name: "b".into(),
             times: 1,

@@ -26,9 +26,12 @@ const FAST_RECOVERY: &[&str] = &[
 async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
-    outbox::submit_batch(&db.pool, (0..TASKS).map(|_| Record { ms: 400 }))
-        .await
-        .unwrap();
+    outbox::submit_batch(
+        &mut *db.conn().await,
+        (0..TASKS).map(|_| Record { ms: 400 }),
+    )
+    .await
+    .unwrap();
 
     let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
     wait_until(

@@ -44,9 +44,12 @@ async fn a_database_restart_mid_drain_loses_nothing_and_the_worker_carries_on() 
     let url = cluster.url("postgres");
     let pool = outbox_tests::TestDb::pool_on(&url, 10).await;
     outbox::migrate(&pool).await.unwrap();
-    outbox::submit_batch(&pool, (0..TASKS).map(|_| Count {}))
-        .await
-        .unwrap();
+    outbox::submit_batch(
+        &mut pool.acquire().await.unwrap(),
+        (0..TASKS).map(|_| Count {}),
+    )
+    .await
+    .unwrap();
 
     let counter = Counter::default();
     let config = WorkerConfig {

@@ -17,7 +17,7 @@ async fn sigterm_finishes_what_it_can_releases_the_rest_and_exits_0() {
     for ms in [300, 300, 300, 600_000, 600_000, 600_000] {
         batch.push(&Record { ms }).unwrap();
     }
-    let ids = batch.submit(&db.pool).await.unwrap();
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
     let (quick, slow): (Vec<TaskId>, Vec<TaskId>) = (ids[..3].to_vec(), ids[3..].to_vec());
 
     let mut worker = WorkerProcess::spawn(

@@ -130,6 +130,14 @@ impl TestDb {
             .expect("connect to the test database")
     }
 
+    /// A connection from the pool, for `outbox::submit(&mut *db.conn().await, ..)`.
+    pub async fn conn(&self) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+        self.pool
+            .acquire()
+            .await
+            .expect("a connection from the test pool")
+    }
+
     /// Number of task rows.
     pub async fn task_count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")

@@ -65,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .execute(&mut *tx)
         .await?;
     outbox::submit(
-        &mut *tx,
+        &mut tx,
         ConfirmOrder {
             order_id: 42,
             email: "ada@example.com".into(),

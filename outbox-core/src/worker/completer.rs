@@ -57,6 +57,7 @@ impl Writer<'_> {
     async fn write(&mut self, batch: &[Finish], done: &mpsc::Receiver<Done>) -> Option<Vec<i64>> {
         let mut tries_after_close = 0;
         loop {
+            self.shared.counters.finished(batch.len());
             match db::finish_tasks(&self.shared.pool, batch, self.shared.config.clock.now()).await {
                 Ok(written) => {
                     self.outage.ok();

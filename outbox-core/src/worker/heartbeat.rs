@@ -20,6 +20,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         if ids.is_empty() {
             continue;
         }
+        shared.counters.heartbeat();
         match db::heartbeat(
             &shared.pool,
             ids,

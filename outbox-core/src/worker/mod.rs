@@ -23,6 +23,7 @@
 //! ```
 
 mod completer;
+mod counters;
 mod events;
 mod executor;
 mod heartbeat;
@@ -41,6 +42,7 @@ use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use counters::{CountersSnapshot, WorkerCounters};
 pub use events::{TaskEvent, TaskEventKind};
 pub use maintainer::MAINTENANCE_APPLICATION_NAME;
 
@@ -187,6 +189,7 @@ impl WorkerBuilder {
             queues,
             config: self.config,
             events,
+            counters: Arc::default(),
         })
     }
 }
@@ -198,6 +201,7 @@ pub struct Worker {
     queues: Vec<(String, usize)>,
     config: WorkerConfig,
     events: broadcast::Sender<TaskEvent>,
+    counters: Arc<WorkerCounters>,
 }
 
 /// What the producers, executor and completer share.
@@ -208,6 +212,7 @@ pub(crate) struct Shared {
     /// Cancelled when the grace period is over; handlers see it.
     pub(crate) handler_cancel: CancellationToken,
     pub(crate) in_flight: executor::InFlight,
+    pub(crate) counters: Arc<WorkerCounters>,
 }
 
 impl Worker {
@@ -226,6 +231,11 @@ impl Worker {
         &self.queues
     }
 
+    /// This worker's counters of statements and tasks (live while it runs).
+    pub fn counters(&self) -> Arc<WorkerCounters> {
+        Arc::clone(&self.counters)
+    }
+
     /// Subscribes to the outcomes this worker commits (each is reported only
     /// after its TX2 committed). Subscribe before [`Worker::run`].
     pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
@@ -242,6 +252,7 @@ impl Worker {
             config: self.config,
             handler_cancel: CancellationToken::new(),
             in_flight: executor::InFlight::default(),
+            counters: Arc::clone(&self.counters),
         });
         tracing::info!(
             worker_id = %shared.config.worker_id,

@@ -53,6 +53,7 @@ pub(crate) async fn run(
         let got = match claimed {
             Ok(tasks) => {
                 outage.ok();
+                shared.counters.claimed(tasks.len());
                 let got = tasks.len();
                 for task in tasks {
                     let Some(permit) = permits.pop() else { break };

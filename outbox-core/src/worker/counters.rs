@@ -1,0 +1,66 @@
+//! Counters of a worker's own work: how many statements it sent and how many
+//! tasks they carried. Cheap atomics, read by benchmarks and diagnostics to
+//! report round trips per task.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters of one worker; read them with [`WorkerCounters::snapshot`].
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    claim_queries: AtomicU64,
+    tasks_claimed: AtomicU64,
+    finish_queries: AtomicU64,
+    outcomes_written: AtomicU64,
+    heartbeat_queries: AtomicU64,
+}
+
+/// A copy of [`WorkerCounters`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CountersSnapshot {
+    /// Claim statements (TX1) sent, including ones that found nothing.
+    pub claim_queries: u64,
+    /// Tasks those claims returned.
+    pub tasks_claimed: u64,
+    /// Outcome statements (TX2) sent.
+    pub finish_queries: u64,
+    /// Outcomes those statements carried.
+    pub outcomes_written: u64,
+    /// Heartbeat statements sent.
+    pub heartbeat_queries: u64,
+}
+
+impl CountersSnapshot {
+    /// Statements sent on the hot path (claims, outcomes, heartbeats).
+    pub fn round_trips(&self) -> u64 {
+        self.claim_queries + self.finish_queries + self.heartbeat_queries
+    }
+}
+
+impl WorkerCounters {
+    /// The current values.
+    pub fn snapshot(&self) -> CountersSnapshot {
+        CountersSnapshot {
+            claim_queries: self.claim_queries.load(Ordering::Relaxed),
+            tasks_claimed: self.tasks_claimed.load(Ordering::Relaxed),
+            finish_queries: self.finish_queries.load(Ordering::Relaxed),
+            outcomes_written: self.outcomes_written.load(Ordering::Relaxed),
+            heartbeat_queries: self.heartbeat_queries.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn claimed(&self, tasks: usize) {
+        self.claim_queries.fetch_add(1, Ordering::Relaxed);
+        self.tasks_claimed
+            .fetch_add(tasks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn finished(&self, outcomes: usize) {
+        self.finish_queries.fetch_add(1, Ordering::Relaxed);
+        self.outcomes_written
+            .fetch_add(outcomes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat(&self) {
+        self.heartbeat_queries.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,2 @@
+-- Removes every task the benchmark wrote.
+DELETE FROM outbox_tasks WHERE queue = 'outbox-bench'
