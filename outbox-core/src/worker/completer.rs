@@ -1,11 +1,15 @@
 //! Writes outcomes (TX2) in batches: whatever has queued up since the last
 //! write goes in one statement, so batches grow with load and latency stays
-//! low when idle. A write that fails is retried until it succeeds: an
-//! outcome is never silently dropped.
+//! low when idle. Up to `finish_lanes` writes are in flight at once, so the
+//! wait for one commit's WAL flush overlaps the next batch (and PostgreSQL
+//! can flush them together). A write that fails is retried until it
+//! succeeds: an outcome is never silently dropped.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinSet;
 
 use super::Shared;
 use super::events::{TaskEvent, TaskEventKind};
@@ -24,43 +28,56 @@ pub(crate) async fn run(
     events: broadcast::Sender<TaskEvent>,
 ) {
     let cap = shared.config.max_finish_batch.max(1);
-    let mut buffer: Vec<Done> = Vec::with_capacity(cap);
-    let mut writer = Writer {
-        shared: &shared,
-        outage: Outage::new("completer"),
-    };
+    let lanes = shared.config.finish_lanes.max(1);
+    let writer = Arc::new(Writer {
+        shared: Arc::clone(&shared),
+        outage: Mutex::new(Outage::new("completer")),
+        closing: AtomicBool::new(false),
+    });
+    let mut writes = JoinSet::new();
     loop {
+        while writes.len() >= lanes {
+            let _ = writes.join_next().await;
+        }
+        let mut buffer: Vec<Done> = Vec::with_capacity(cap);
         if done.recv_many(&mut buffer, cap).await == 0 {
-            return; // every sender is gone and the queue is empty
+            break; // every sender is gone and the queue is empty
         }
-        let batch: Vec<Finish> = buffer.iter().map(|d| d.finish.clone()).collect();
-        match writer.write(&batch, &done).await {
-            Some(written) => publish(&events, &buffer, &written),
-            None => tracing::error!(
-                outcomes = buffer.len(),
-                "could not write outcomes before exit; stuck-task recovery will rerun these tasks"
-            ),
-        }
-        buffer.clear();
+        let writer = Arc::clone(&writer);
+        let events = events.clone();
+        writes.spawn(async move {
+            let batch: Vec<Finish> = buffer.iter().map(|d| d.finish.clone()).collect();
+            match writer.write(&batch).await {
+                Some(written) => publish(&events, &buffer, &written),
+                None => tracing::error!(
+                    outcomes = buffer.len(),
+                    "could not write outcomes before exit; stuck-task recovery will rerun these tasks"
+                ),
+            }
+        });
     }
+    writer.closing.store(true, Ordering::Relaxed);
+    while writes.join_next().await.is_some() {}
 }
 
 /// Writes batches, retrying through outages.
-struct Writer<'a> {
-    shared: &'a Shared,
-    outage: Outage,
+struct Writer {
+    shared: Arc<Shared>,
+    outage: Mutex<Outage>,
+    /// Set once no more outcomes can arrive: retries are then bounded.
+    closing: AtomicBool,
 }
 
-impl Writer<'_> {
+impl Writer {
     /// Writes `batch`; the ids written, or `None` when the worker is
     /// stopping and the database stayed away.
-    async fn write(&mut self, batch: &[Finish], done: &mpsc::Receiver<Done>) -> Option<Vec<i64>> {
+    async fn write(&self, batch: &[Finish]) -> Option<Vec<i64>> {
         let mut tries_after_close = 0;
         loop {
             self.shared.counters.finished(batch.len());
             match db::finish_tasks(&self.shared.pool, batch, self.shared.config.clock.now()).await {
                 Ok(written) => {
-                    self.outage.ok();
+                    self.outage().ok();
                     return Some(written);
                 }
                 // The server rejected the statement itself (not the
@@ -70,8 +87,7 @@ impl Writer<'_> {
                     tracing::error!(%error, outcomes = batch.len(), "a batch of outcomes was rejected; writing them one by one");
                     let mut written = Vec::with_capacity(batch.len());
                     for one in batch {
-                        written
-                            .extend(Box::pin(self.write(std::slice::from_ref(one), done)).await?);
+                        written.extend(Box::pin(self.write(std::slice::from_ref(one))).await?);
                     }
                     return Some(written);
                 }
@@ -84,8 +100,8 @@ impl Writer<'_> {
                     return Some(Vec::new());
                 }
                 Err(error) => {
-                    let backoff = self.outage.failed(&error);
-                    if done.is_closed() {
+                    let backoff = self.outage().failed(&error);
+                    if self.closing.load(Ordering::Relaxed) {
                         tries_after_close += 1;
                         if tries_after_close >= SHUTDOWN_WRITE_ATTEMPTS {
                             return None;
@@ -95,6 +111,10 @@ impl Writer<'_> {
                 }
             }
         }
+    }
+
+    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.outage.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -65,6 +65,8 @@ pub struct WorkerConfig {
     pub max_claim_batch: usize,
     /// The most outcomes one TX2 writes.
     pub max_finish_batch: usize,
+    /// How many TX2 statements may be in flight at once.
+    pub finish_lanes: usize,
     /// How long in-flight tasks may run on after shutdown is requested
     /// before they are cancelled and put back for another worker.
     pub shutdown_grace: Duration,
@@ -101,6 +103,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             max_claim_batch: 100,
             max_finish_batch: 1000,
+            finish_lanes: 2,
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(1),
             heartbeat_interval: Duration::from_secs(10),
@@ -285,15 +288,16 @@ impl Worker {
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
         for (queue, concurrency) in &self.queues {
-            producers.push(tokio::spawn(producer::run(
-                Arc::clone(&shared),
-                queue.clone(),
-                *concurrency,
-                Arc::clone(&wakers[queue]),
-                stop_claiming.clone(),
-                tracker.clone(),
-                done_tx.clone(),
-            )));
+            producers.push(tokio::spawn(producer::run(producer::Producer {
+                shared: Arc::clone(&shared),
+                queue: queue.clone(),
+                slots: Arc::new(Semaphore::new(*concurrency)),
+                concurrency: *concurrency,
+                waker: Arc::clone(&wakers[queue]),
+                stop: stop_claiming.clone(),
+                tracker: tracker.clone(),
+                done: done_tx.clone(),
+            })));
         }
         drop(done_tx);
 

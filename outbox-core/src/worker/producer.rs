@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -13,16 +13,30 @@ use super::executor::{self, Done};
 use super::outage::Outage;
 use crate::db;
 
-pub(crate) async fn run(
-    shared: Arc<Shared>,
-    queue: String,
-    concurrency: usize,
-    waker: Arc<Notify>,
-    stop: CancellationToken,
-    tracker: TaskTracker,
-    done: mpsc::Sender<Done>,
-) {
-    let slots = Arc::new(Semaphore::new(concurrency));
+/// The claiming loop of one queue.
+pub(crate) struct Producer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) queue: String,
+    /// The queue's executor slots (its concurrency).
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) concurrency: usize,
+    pub(crate) waker: Arc<Notify>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) done: mpsc::Sender<Done>,
+}
+
+pub(crate) async fn run(p: Producer) {
+    let Producer {
+        shared,
+        queue,
+        slots,
+        concurrency,
+        waker,
+        stop,
+        tracker,
+        done,
+    } = p;
     let mut outage = Outage::new("producer");
     loop {
         // Wait for at least one free slot, then take every free one (up to
@@ -34,13 +48,12 @@ pub(crate) async fn run(
             },
             () = stop.cancelled() => return,
         };
-        let mut permits = vec![first];
-        while permits.len() < shared.config.max_claim_batch {
-            match Arc::clone(&slots).try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
+        let mut permits = gather_slots(
+            &slots,
+            first,
+            concurrency.min(shared.config.max_claim_batch),
+        )
+        .await;
         let wanted = permits.len();
         let claimed = db::claim_tasks(
             &shared.pool,
@@ -87,3 +100,40 @@ pub(crate) async fn run(
         }
     }
 }
+
+/// Takes every free slot, up to `max`. When fewer than half are free (the
+/// worker is busy and slots are coming back one by one), waits up to a
+/// millisecond for more, so that one claim carries many tasks instead of
+/// many claims carrying one each.
+async fn gather_slots(
+    slots: &Arc<Semaphore>,
+    first: OwnedSemaphorePermit,
+    max: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = vec![first];
+    let take_free = |permits: &mut Vec<OwnedSemaphorePermit>| {
+        while permits.len() < max {
+            match Arc::clone(slots).try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+    };
+    take_free(&mut permits);
+    let enough = max.div_ceil(2);
+    let deadline = tokio::time::Instant::now() + COALESCE_WAIT;
+    while permits.len() < enough {
+        tokio::select! {
+            permit = Arc::clone(slots).acquire_owned() => match permit {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            },
+            () = tokio::time::sleep_until(deadline) => break,
+        }
+        take_free(&mut permits);
+    }
+    permits
+}
+
+/// How long a busy producer waits for more free slots before it claims.
+const COALESCE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);

@@ -3,7 +3,16 @@
 -- each other's rows instead of queueing behind them. The WHERE clause
 -- repeats the predicate of outbox_tasks_claimable_idx word for word.
 -- $4 overrides the clock (tests); null means the database's now().
-WITH next AS (
+--
+-- The claim commits without waiting for its WAL flush (synchronous_commit
+-- off for this statement's transaction only): if the server crashes and
+-- loses it, the task is simply still claimable and runs again, which
+-- at-least-once delivery allows. Outcomes (TX2) stay fully durable, and
+-- their flush also flushes every claim before them.
+WITH async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+),
+next AS (
     SELECT id
     FROM outbox_tasks
     WHERE queue = $1
@@ -19,7 +28,7 @@ SET state = 'processing',
     claimed_by = $3,
     heartbeat_at = coalesce($4::timestamptz, now()),
     updated_at = coalesce($4::timestamptz, now())
-FROM next
+FROM next, async_commit
 WHERE t.id = next.id
 RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
           t.retry_count, t.max_attempts, t.claims
