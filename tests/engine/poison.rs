@@ -62,7 +62,10 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
             .unwrap(),
     );
     let events = worker
-        .wait_for(TaskEventKind::Completed, 10, Duration::from_secs(20))
+        .wait_for_all(
+            &[(TaskEventKind::Completed, 10), (TaskEventKind::Failed, 2)],
+            Duration::from_secs(20),
+        )
         .await;
     worker.stop().await;
     let failed = events
@@ -137,14 +140,12 @@ async fn an_unstorable_error_message_is_cleaned_and_blocks_nothing() {
             .build()
             .unwrap(),
     );
-    let seen = worker
-        .wait_for(TaskEventKind::Completed, 5, Duration::from_secs(20))
+    worker
+        .wait_for_all(
+            &[(TaskEventKind::Completed, 5), (TaskEventKind::Failed, 1)],
+            Duration::from_secs(20),
+        )
         .await;
-    if !seen.iter().any(|e| e.kind == TaskEventKind::Failed) {
-        worker
-            .wait_for(TaskEventKind::Failed, 1, Duration::from_secs(20))
-            .await;
-    }
     worker.stop().await;
     let (state, error): (String, String) =
         sqlx::query_as("SELECT state::text, last_error FROM outbox_tasks WHERE id = $1")

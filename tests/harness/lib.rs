@@ -187,6 +187,25 @@ impl RunningWorker {
         wait_for(&mut self.events, kind, n, within).await
     }
 
+    /// Waits (at most `within`) until every `(kind, n)` count was reached,
+    /// in any order, and returns the events seen on the way.
+    pub async fn wait_for_all(
+        &mut self,
+        counts: &[(TaskEventKind, usize)],
+        within: Duration,
+    ) -> Vec<TaskEvent> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut seen: Vec<TaskEvent> = Vec::new();
+        for (kind, n) in counts {
+            let have = seen.iter().filter(|e| e.kind == *kind).count();
+            if have < *n {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                seen.extend(wait_for(&mut self.events, *kind, n - have, left).await);
+            }
+        }
+        seen
+    }
+
     /// Stops the worker gracefully and waits for it.
     pub async fn stop(self) {
         self.shutdown.cancel();
