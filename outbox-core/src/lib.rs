@@ -55,6 +55,7 @@ mod options;
 pub mod retry;
 mod submit;
 mod task;
+mod wakeup;
 mod worker;
 
 pub use clock::Clock;
@@ -67,6 +68,7 @@ pub use options::{MAX_DELAY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions};
 pub use outbox_macros::outbox_task;
 pub use submit::{Batch, submit, submit_batch, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
+pub use wakeup::NOTIFY_DEBOUNCE;
 pub use worker::{
     CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_APPLICATION_NAME, TaskEvent, TaskEventKind,
     Worker, WorkerBuilder, WorkerConfig, WorkerCounters,

@@ -160,7 +160,8 @@ impl Batch {
         if self.rows.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = db::insert_tasks(conn, self.rows).await?;
+        let notify = crate::wakeup::queues_to_notify(&self.rows);
+        let ids = db::insert_tasks(conn, self.rows, notify).await?;
         Ok(ids.into_iter().map(TaskId).collect())
     }
 }

@@ -23,10 +23,12 @@ pub(crate) struct NewTask {
 }
 
 /// Inserts `tasks` in one statement on the caller's connection (and so in
-/// the caller's transaction) and returns their ids in input order.
+/// the caller's transaction), NOTIFYing the `notify` queues, and returns the
+/// ids in input order.
 pub(crate) async fn insert_tasks(
     conn: &mut PgConnection,
     tasks: Vec<NewTask>,
+    notify: Vec<String>,
 ) -> sqlx::Result<Vec<i64>> {
     let n = tasks.len();
     let mut task_type = Vec::with_capacity(n);
@@ -53,6 +55,7 @@ pub(crate) async fn insert_tasks(
         .bind(max_attempts)
         .bind(run_at)
         .bind(delay_us)
+        .bind(notify)
         .fetch_all(conn)
         .await?;
     rows.iter().map(|r| r.try_get("id")).collect()
@@ -131,6 +134,28 @@ pub(crate) struct Finish {
     pub(crate) delay_us: i64,
     pub(crate) dead: bool,
     pub(crate) error: Option<String>,
+}
+
+/// TX2 for successes only: marks them COMPLETED, or deletes them when
+/// `delete` (retention zero); returns the ids written.
+pub(crate) async fn complete_tasks(
+    pool: &PgPool,
+    ids: Vec<i64>,
+    claims: Vec<i32>,
+    delete: bool,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<i64>> {
+    let query = if delete {
+        sqlx::query_scalar(include_str!("sql/delete_completed_tasks.sql"))
+            .bind(ids)
+            .bind(claims)
+    } else {
+        sqlx::query_scalar(include_str!("sql/complete_tasks.sql"))
+            .bind(ids)
+            .bind(claims)
+            .bind(now)
+    };
+    query.fetch_all(pool).await
 }
 
 /// TX2: writes a batch of outcomes in one statement; returns the ids that

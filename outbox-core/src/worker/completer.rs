@@ -15,7 +15,7 @@ use super::Shared;
 use super::events::{TaskEvent, TaskEventKind};
 use super::executor::Done;
 use super::outage::Outage;
-use crate::db::{self, Finish};
+use crate::db::{self, Finish, NextState};
 use crate::task::TaskId;
 
 /// How many times a batch is retried once shutdown has begun, before its
@@ -69,13 +69,31 @@ struct Writer {
 }
 
 impl Writer {
-    /// Writes `batch`; the ids written, or `None` when the worker is
-    /// stopping and the database stayed away.
+    /// Writes `batch`: successes through the fast path, anything else
+    /// through the general statement. Returns the ids written, or `None`
+    /// when the worker is stopping and the database stayed away.
     async fn write(&self, batch: &[Finish]) -> Option<Vec<i64>> {
+        let (successes, others): (Vec<Finish>, Vec<Finish>) = batch
+            .iter()
+            .cloned()
+            .partition(|f| f.state == NextState::Completed);
+        let mut written = Vec::with_capacity(batch.len());
+        if !successes.is_empty() {
+            written.extend(self.write_part(&successes).await?);
+        }
+        if !others.is_empty() {
+            written.extend(self.write_part(&others).await?);
+        }
+        Some(written)
+    }
+
+    /// Writes outcomes that all go through the same statement, retrying
+    /// through outages.
+    async fn write_part(&self, part: &[Finish]) -> Option<Vec<i64>> {
         let mut tries_after_close = 0;
         loop {
-            self.shared.counters.finished(batch.len());
-            match db::finish_tasks(&self.shared.pool, batch, self.shared.config.clock.now()).await {
+            self.shared.counters.finished(part.len());
+            match self.statement(part).await {
                 Ok(written) => {
                     self.outage().ok();
                     return Some(written);
@@ -83,17 +101,17 @@ impl Writer {
                 // The server rejected the statement itself (not the
                 // connection): one outcome must be unwritable. Write them
                 // one by one so that it cannot hold back the others.
-                Err(sqlx::Error::Database(error)) if batch.len() > 1 => {
-                    tracing::error!(%error, outcomes = batch.len(), "a batch of outcomes was rejected; writing them one by one");
-                    let mut written = Vec::with_capacity(batch.len());
-                    for one in batch {
-                        written.extend(Box::pin(self.write(std::slice::from_ref(one))).await?);
+                Err(sqlx::Error::Database(error)) if part.len() > 1 => {
+                    tracing::error!(%error, outcomes = part.len(), "a batch of outcomes was rejected; writing them one by one");
+                    let mut written = Vec::with_capacity(part.len());
+                    for one in part {
+                        written.extend(Box::pin(self.write_part(std::slice::from_ref(one))).await?);
                     }
                     return Some(written);
                 }
                 Err(sqlx::Error::Database(error)) => {
                     tracing::error!(
-                        task_id = batch.first().map(|f| f.id),
+                        task_id = part.first().map(|f| f.id),
                         %error,
                         "the database rejected this outcome; the task is left to stuck-task recovery"
                     );
@@ -110,6 +128,26 @@ impl Writer {
                     tokio::time::sleep(backoff).await;
                 }
             }
+        }
+    }
+
+    /// One statement for `part`: the fast path when every outcome is a
+    /// success.
+    async fn statement(&self, part: &[Finish]) -> sqlx::Result<Vec<i64>> {
+        let config = &self.shared.config;
+        if part.iter().all(|f| f.state == NextState::Completed) {
+            let ids = part.iter().map(|f| f.id).collect();
+            let claims = part.iter().map(|f| f.claims).collect();
+            db::complete_tasks(
+                &self.shared.pool,
+                ids,
+                claims,
+                config.delete_completed,
+                config.clock.now(),
+            )
+            .await
+        } else {
+            db::finish_tasks(&self.shared.pool, part, config.clock.now()).await
         }
     }
 

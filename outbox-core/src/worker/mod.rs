@@ -61,6 +61,10 @@ pub struct WorkerConfig {
     /// How often an idle queue looks for due tasks even without a NOTIFY.
     /// NOTIFY is an optimisation; this poll is the guarantee.
     pub poll_interval: Duration,
+    /// After a claim that found work but did not fill every free slot, how
+    /// soon the queue looks again (capped by `poll_interval`). Catches tasks
+    /// whose NOTIFY was folded into an earlier one.
+    pub busy_poll_interval: Duration,
     /// The most tasks one claim takes (claims are also capped by free slots).
     pub max_claim_batch: usize,
     /// The most outcomes one TX2 writes.
@@ -87,6 +91,10 @@ pub struct WorkerConfig {
     pub maintenance_interval: Duration,
     /// How long COMPLETED tasks are kept before cleanup deletes them.
     pub retention: Duration,
+    /// Delete successful tasks at once instead of keeping them as COMPLETED
+    /// history (a retention of zero). Cheaper for the database; FAILED and
+    /// dead rows are kept either way.
+    pub delete_completed: bool,
     /// How often the leader runs cleanup.
     pub cleanup_interval: Duration,
     /// Whether to LISTEN for submit notifications.
@@ -101,6 +109,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             poll_interval: Duration::from_secs(1),
+            busy_poll_interval: Duration::from_millis(5),
             max_claim_batch: 100,
             max_finish_batch: 1000,
             finish_lanes: 2,
@@ -111,6 +120,7 @@ impl Default for WorkerConfig {
             maintenance: true,
             maintenance_interval: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
+            delete_completed: false,
             cleanup_interval: Duration::from_secs(60),
             listen: true,
             clock: Clock::database(),

@@ -93,9 +93,19 @@ pub(crate) async fn run(p: Producer) {
             // A full claim: there is probably more; claim again at once.
             continue;
         }
+        // Found some: more may be committing right now, possibly without a
+        // NOTIFY of their own (see `wakeup`), so look again soon.
+        let wait = if got > 0 {
+            shared
+                .config
+                .busy_poll_interval
+                .min(shared.config.poll_interval)
+        } else {
+            shared.config.poll_interval
+        };
         tokio::select! {
             () = waker.notified() => {}
-            () = tokio::time::sleep(shared.config.poll_interval) => {}
+            () = tokio::time::sleep(wait) => {}
             () = stop.cancelled() => return,
         }
     }

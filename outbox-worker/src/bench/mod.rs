@@ -2,9 +2,9 @@
 //!
 //! Phases, each on the `outbox-bench` queue so a shared database's real
 //! queues are left alone (still: point it at a scratch database):
-//! 1. batch insert of N no-op tasks (rate);
-//! 2. single-task transactional submits from several concurrent clients
-//!    (rate), removed again before the drain;
+//! 1. single-task submits from several concurrent clients, in explicit
+//!    transactions and as autocommit statements (rates), removed again;
+//! 2. batch insert of N no-op tasks (rate);
 //! 3. drain of the N tasks by one worker (committed completions per second,
 //!    statements per task, peak resident memory);
 //! 4. pickup latency on an idle queue (submit one task, time until its
@@ -66,6 +66,9 @@ pub(crate) struct BenchArgs {
     /// Dead rows to pre-fill for the history burn-down.
     #[arg(long, default_value_t = 0)]
     history_dead: u64,
+    /// Also drain with successful tasks deleted at once (retention 0).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    delete_mode: bool,
     /// Print one JSON object with every figure instead of text.
     #[arg(long)]
     json: bool,
@@ -89,7 +92,6 @@ impl TaskHandler<Probe> for ProbeHandler {
 /// Every figure the benchmark measured.
 #[derive(Debug, Default, Serialize)]
 struct Report {
-    mode: &'static str,
     postgres: String,
     tasks: usize,
     concurrency: usize,
@@ -97,15 +99,26 @@ struct Report {
     insert_tasks_per_s: f64,
     single_submit_clients: usize,
     single_submits: usize,
-    single_submit_per_s: Option<f64>,
+    /// BEGIN; submit; COMMIT per task.
+    single_submit_tx_per_s: Option<f64>,
+    /// One autocommit submit statement per task.
+    single_submit_autocommit_per_s: Option<f64>,
+    /// Burn-down with history kept: COMPLETED rows stay until cleanup.
     drain_tasks_per_s: f64,
     drain_seconds: f64,
     round_trips_per_task: f64,
     claim_queries: u64,
     finish_queries: u64,
     heartbeat_queries: u64,
+    /// Burn-down with successful tasks deleted at once (retention 0).
+    drain_delete_mode_tasks_per_s: Option<f64>,
     peak_rss_mb: Option<f64>,
+    /// From the submit call to the handler's start (includes the submit's
+    /// own commit).
     pickup_latency_ms: Option<Latency>,
+    /// From the submit's commit returning to the handler's start (0 when
+    /// the handler started first).
+    pickup_after_commit_ms: Option<Latency>,
     history_completed: u64,
     history_dead: u64,
     drain_with_history_tasks_per_s: Option<f64>,
@@ -118,6 +131,38 @@ struct Latency {
     p50: f64,
     p99: f64,
     max: f64,
+}
+
+impl Latency {
+    fn of(mut ms: Vec<f64>) -> Self {
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+        Self {
+            samples: ms.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: ms[ms.len() - 1],
+        }
+    }
+}
+
+impl std::fmt::Display for Latency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            self.p50, self.p99, self.max
+        )
+    }
+}
+
+/// The running benchmark: where the database is and what it measured.
+struct Bench {
+    args: BenchArgs,
+    url: String,
+    pool: PgPool,
+    register: Register,
+    report: Report,
 }
 
 pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failure> {
@@ -135,18 +180,9 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
             (cluster.url("postgres"), Some(cluster))
         }
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(args.submitters.max(4) as u32 + 2)
-        // A health check per acquire is a round trip per statement; a broken
-        // connection shows up as an error on use anyway.
-        .test_before_acquire(false)
-        .connect(&url)
-        .await
-        .map_err(|e| Failure::runtime(format!("cannot connect: {e}")))?;
+    let pool = connect(&url, args.submitters.max(4) + 2).await?;
     outbox::migrate(&pool).await?;
-    reset(&pool).await?;
-    let mut report = Report {
-        mode: "history kept (COMPLETED rows stay until cleanup)",
+    let report = Report {
         postgres: sqlx::query_scalar("SHOW server_version")
             .fetch_one(&pool)
             .await
@@ -160,274 +196,303 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
         history_dead: args.history_dead,
         ..Report::default()
     };
-    let say = |line: String| {
-        if !args.json {
-            println!("{line}");
-        }
+    let mut bench = Bench {
+        args,
+        url,
+        pool,
+        register,
+        report,
     };
-
-    report.insert_tasks_per_s = insert(&pool, args.tasks, args.insert_batch).await?;
-    say(format!(
-        "insert: {} tasks in batches of {}: {:.0} tasks/s",
-        args.tasks, args.insert_batch, report.insert_tasks_per_s
-    ));
-
-    if args.single_submits > 0 {
-        let rate = single_submits(&pool, args.submitters, args.single_submits).await?;
-        report.single_submit_per_s = Some(rate);
-        say(format!(
-            "submit: single-task transactions, {} clients: {rate:.0} tasks/s",
-            args.submitters
-        ));
-    }
-
-    let drain = drain_once(&url, &args, register).await?;
-    report.drain_tasks_per_s = drain.rate;
-    report.drain_seconds = drain.seconds;
-    report.round_trips_per_task = drain.round_trips as f64 / args.tasks.max(1) as f64;
-    report.claim_queries = drain.counters.claim_queries;
-    report.finish_queries = drain.counters.finish_queries;
-    report.heartbeat_queries = drain.counters.heartbeat_queries;
-    report.peak_rss_mb = peak_rss_mb();
-    say(format!(
-        "drain: {} tasks, concurrency {}: {:.0} tasks/s ({:.2} s), {:.3} round trips per task, peak RSS {:.0} MB",
-        args.tasks,
-        args.concurrency,
-        drain.rate,
-        drain.seconds,
-        report.round_trips_per_task,
-        report.peak_rss_mb.unwrap_or(0.0)
-    ));
-
-    if args.latency_samples > 0 {
-        let latency = pickup_latency(&pool, &url, args.latency_samples, register).await?;
-        say(format!(
-            "pickup latency, idle queue, {} samples: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            latency.samples, latency.p50, latency.p99, latency.max
-        ));
-        report.pickup_latency_ms = Some(latency);
-    }
-
-    if args.history_completed + args.history_dead > 0 {
-        reset(&pool).await?;
-        let filled: i64 = sqlx::query_scalar(include_str!("sql/prefill_history.sql"))
-            .bind(args.history_completed as i64)
-            .bind(args.history_dead as i64)
-            .fetch_one(&pool)
-            .await
-            .map_err(db)?;
-        sqlx::query("VACUUM ANALYZE outbox_tasks")
-            .execute(&pool)
-            .await
-            .map_err(db)?;
-        say(format!(
-            "history: {filled} rows pre-filled ({} completed, {} dead)",
-            args.history_completed, args.history_dead
-        ));
-        insert(&pool, args.tasks, args.insert_batch).await?;
-        let with_history = drain_once(&url, &args, register).await?;
-        report.drain_with_history_tasks_per_s = Some(with_history.rate);
-        report.history_ratio = Some(with_history.rate / drain.rate.max(1e-9));
-        say(format!(
-            "drain with history: {:.0} tasks/s, {:.2}x the empty-table figure",
-            with_history.rate,
-            with_history.rate / drain.rate.max(1e-9)
-        ));
-    }
-    reset(&pool).await?;
-    pool.close().await;
+    bench.reset().await?;
+    bench.run_phases().await?;
+    bench.reset().await?;
+    bench.pool.close().await;
     drop(cluster);
-    if args.json {
+    if bench.args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).map_err(Failure::runtime)?
+            serde_json::to_string_pretty(&bench.report).map_err(Failure::runtime)?
         );
     }
     Ok(())
+}
+
+impl Bench {
+    fn say(&self, line: impl std::fmt::Display) {
+        if !self.args.json {
+            println!("{line}");
+        }
+    }
+
+    async fn run_phases(&mut self) -> Result<(), Failure> {
+        if self.args.single_submits > 0 {
+            let clients = self.args.submitters;
+            let rate = self.single_submits(true).await?;
+            self.report.single_submit_tx_per_s = Some(rate);
+            self.say(format!(
+                "submit: BEGIN; submit; COMMIT from {clients} clients: {rate:.0} tasks/s"
+            ));
+            let rate = self.single_submits(false).await?;
+            self.report.single_submit_autocommit_per_s = Some(rate);
+            self.say(format!(
+                "submit: one autocommit submit per task from {clients} clients: {rate:.0} tasks/s"
+            ));
+        }
+
+        let (n, batch) = (self.args.tasks, self.args.insert_batch);
+        self.report.insert_tasks_per_s = self.insert(n).await?;
+        self.say(format!(
+            "insert: {n} tasks in batches of {batch}: {:.0} tasks/s",
+            self.report.insert_tasks_per_s
+        ));
+
+        let drain = self.drain(false).await?;
+        self.report.drain_tasks_per_s = drain.rate;
+        self.report.drain_seconds = drain.seconds;
+        self.report.round_trips_per_task = drain.counters.round_trips() as f64 / n.max(1) as f64;
+        self.report.claim_queries = drain.counters.claim_queries;
+        self.report.finish_queries = drain.counters.finish_queries;
+        self.report.heartbeat_queries = drain.counters.heartbeat_queries;
+        self.report.peak_rss_mb = peak_rss_mb();
+        self.say(format!(
+            "drain, history kept: {n} tasks, concurrency {}: {:.0} tasks/s ({:.2} s), {:.3} round trips per task, \
+             peak RSS {:.0} MB",
+            self.args.concurrency,
+            drain.rate,
+            drain.seconds,
+            self.report.round_trips_per_task,
+            self.report.peak_rss_mb.unwrap_or(0.0)
+        ));
+
+        if self.args.delete_mode {
+            self.insert(n).await?;
+            let deleting = self.drain(true).await?;
+            self.report.drain_delete_mode_tasks_per_s = Some(deleting.rate);
+            self.say(format!(
+                "drain, successful tasks deleted at once (retention 0): {:.0} tasks/s ({:.2} s)",
+                deleting.rate, deleting.seconds
+            ));
+        }
+
+        if self.args.latency_samples > 0 {
+            let (from_submit, from_commit) = self.pickup_latency().await?;
+            self.say(format!(
+                "pickup latency, idle queue, {} samples: {from_submit}",
+                from_submit.samples
+            ));
+            self.say(format!("  counted from the submit's commit: {from_commit}"));
+            self.report.pickup_latency_ms = Some(from_submit);
+            self.report.pickup_after_commit_ms = Some(from_commit);
+        }
+
+        let (completed, dead) = (self.args.history_completed, self.args.history_dead);
+        if completed + dead > 0 {
+            self.reset().await?;
+            let filled: i64 = sqlx::query_scalar(include_str!("sql/prefill_history.sql"))
+                .bind(completed as i64)
+                .bind(dead as i64)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db)?;
+            self.vacuum().await?;
+            self.say(format!(
+                "history: {filled} rows pre-filled ({completed} completed, {dead} dead)"
+            ));
+            self.insert(n).await?;
+            let with_history = self.drain(false).await?;
+            let ratio = with_history.rate / drain.rate.max(1e-9);
+            self.report.drain_with_history_tasks_per_s = Some(with_history.rate);
+            self.report.history_ratio = Some(ratio);
+            self.say(format!(
+                "drain with history: {:.0} tasks/s, {ratio:.2}x the empty-table figure",
+                with_history.rate
+            ));
+        }
+        Ok(())
+    }
+
+    async fn reset(&self) -> Result<(), Failure> {
+        sqlx::query(include_str!("sql/reset.sql"))
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        self.vacuum().await
+    }
+
+    async fn vacuum(&self) -> Result<(), Failure> {
+        sqlx::query("VACUUM ANALYZE outbox_tasks")
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Inserts `n` no-op tasks in transactions of `insert_batch`; tasks/s.
+    async fn insert(&self, n: usize) -> Result<f64, Failure> {
+        let started = Instant::now();
+        let mut left = n;
+        while left > 0 {
+            let size = left.min(self.args.insert_batch.max(1));
+            let mut batch = Batch::new();
+            for _ in 0..size {
+                batch.push_with(&Noop {}, TaskOptions::new().queue(QUEUE))?;
+            }
+            let mut tx = self.pool.begin().await.map_err(db)?;
+            batch.submit(&mut tx).await?;
+            tx.commit().await.map_err(db)?;
+            left -= size;
+        }
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// The submitters send `single_submits` tasks, one per transaction
+    /// (`explicit`: BEGIN; submit; COMMIT, else one autocommit statement);
+    /// tasks/s. The tasks are removed again afterwards.
+    async fn single_submits(&self, explicit: bool) -> Result<f64, Failure> {
+        let (clients, total) = (self.args.submitters.max(1), self.args.single_submits);
+        let started = Instant::now();
+        let mut handles = Vec::new();
+        for c in 0..clients {
+            let pool = self.pool.clone();
+            let share = total / clients + usize::from(c < total % clients);
+            handles.push(tokio::spawn(async move {
+                let options = || TaskOptions::new().queue(SUBMIT_QUEUE);
+                let mut conn = pool.acquire().await?;
+                for _ in 0..share {
+                    if explicit {
+                        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                        outbox::submit_with(&mut tx, Noop {}, options()).await?;
+                        tx.commit().await?;
+                    } else {
+                        outbox::submit_with(&mut conn, Noop {}, options()).await?;
+                    }
+                }
+                Ok::<_, outbox::Error>(())
+            }));
+        }
+        for h in handles {
+            h.await.map_err(Failure::runtime)??;
+        }
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        self.reset().await?;
+        Ok(rate)
+    }
+
+    /// Runs a worker until `tasks` outcomes are committed.
+    async fn drain(&self, delete: bool) -> Result<Drain, Failure> {
+        let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16)).await?;
+        let config = WorkerConfig {
+            maintenance: false,
+            delete_completed: delete,
+            ..WorkerConfig::default()
+        };
+        let (probes, _) = mpsc::unbounded_channel();
+        let builder = Worker::builder(pool.clone())
+            .config(config)
+            .handler::<Noop>(Builtins)
+            .handler::<Probe>(ProbeHandler(probes));
+        let worker = (self.register)(builder)
+            .queue(QUEUE, self.args.concurrency)
+            .build()?;
+        let counters = worker.counters();
+        let mut events = worker.subscribe();
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let running = tokio::spawn(worker.run(shutdown.clone()));
+        let mut done = 0;
+        while done < self.args.tasks {
+            match tokio::time::timeout(Duration::from_secs(120), events.recv()).await {
+                Ok(Ok(e)) if e.kind == TaskEventKind::Completed => done += 1,
+                Ok(Ok(_)) => {}
+                Ok(Err(RecvError::Lagged(n))) => done += n as usize,
+                Ok(Err(RecvError::Closed)) | Err(_) => {
+                    return Err(Failure::runtime(format!(
+                        "drain stalled at {done} of {}",
+                        self.args.tasks
+                    )));
+                }
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let counters = counters.snapshot();
+        shutdown.cancel();
+        running.await.map_err(Failure::runtime)??;
+        pool.close().await;
+        self.reset().await?;
+        Ok(Drain {
+            rate: self.args.tasks as f64 / seconds,
+            seconds,
+            counters,
+        })
+    }
+
+    /// Submits one probe at a time to an idle worker and times it to the
+    /// handler's start, from the submit call and from its commit.
+    async fn pickup_latency(&self) -> Result<(Latency, Latency), Failure> {
+        let worker_pool = connect(&self.url, 4).await?;
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+        let worker = (self.register)(
+            Worker::builder(worker_pool.clone())
+                .config(WorkerConfig {
+                    maintenance: false,
+                    ..WorkerConfig::default()
+                })
+                .handler::<Probe>(ProbeHandler(probe_tx)),
+        )
+        .queue(QUEUE, 4)
+        .build()?;
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(worker.run(shutdown.clone()));
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let (mut from_submit, mut from_commit) = (Vec::new(), Vec::new());
+        // The first few also wait for the worker's LISTEN connection.
+        for i in 0..self.args.latency_samples + 20 {
+            let sent = Instant::now();
+            outbox::submit(&mut conn, Probe {}).await?;
+            let committed = Instant::now();
+            let started = tokio::time::timeout(Duration::from_secs(10), probe_rx.recv())
+                .await
+                .map_err(|_| Failure::runtime("a probe was not picked up within 10 s"))?
+                .ok_or_else(|| Failure::runtime("the probe handler is gone"))?;
+            if i >= 20 {
+                from_submit.push(started.duration_since(sent).as_secs_f64() * 1000.0);
+                from_commit
+                    .push(started.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+            }
+            // Let the queue go quiet again (past the busy poll and the
+            // NOTIFY debounce window), as an idle queue is.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        running.await.map_err(Failure::runtime)??;
+        worker_pool.close().await;
+        self.reset().await?;
+        Ok((Latency::of(from_submit), Latency::of(from_commit)))
+    }
+}
+
+/// The queue of the single-submit phase.
+const SUBMIT_QUEUE: &str = "outbox-bench-submit";
+
+struct Drain {
+    rate: f64,
+    seconds: f64,
+    counters: outbox::CountersSnapshot,
 }
 
 fn db(e: sqlx::Error) -> Failure {
     Failure::from(outbox::Error::from(e))
 }
 
-async fn reset(pool: &PgPool) -> Result<(), Failure> {
-    sqlx::query(include_str!("sql/reset.sql"))
-        .execute(pool)
-        .await
-        .map_err(db)?;
-    sqlx::query("VACUUM ANALYZE outbox_tasks")
-        .execute(pool)
-        .await
-        .map_err(db)?;
-    Ok(())
-}
-
-/// Inserts `n` no-op tasks in transactions of `batch`; returns tasks/s.
-async fn insert(pool: &PgPool, n: usize, batch: usize) -> Result<f64, Failure> {
-    let started = Instant::now();
-    let mut left = n;
-    while left > 0 {
-        let size = left.min(batch.max(1));
-        let mut b = Batch::new();
-        for _ in 0..size {
-            b.push_with(&Noop {}, TaskOptions::new().queue(QUEUE))?;
-        }
-        let mut tx = pool.begin().await.map_err(db)?;
-        b.submit(&mut tx).await?;
-        tx.commit().await.map_err(db)?;
-        left -= size;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
-}
-
-/// `clients` concurrent clients submit `total` tasks, one per transaction;
-/// returns tasks/s. The tasks are removed again afterwards.
-async fn single_submits(pool: &PgPool, clients: usize, total: usize) -> Result<f64, Failure> {
-    let clients = clients.max(1);
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for c in 0..clients {
-        let pool = pool.clone();
-        let share = total / clients + usize::from(c < total % clients);
-        handles.push(tokio::spawn(async move {
-            for _ in 0..share {
-                let mut tx = pool.begin().await?;
-                outbox::submit_with(
-                    &mut tx,
-                    Noop {},
-                    TaskOptions::new().queue("outbox-bench-submit"),
-                )
-                .await?;
-                tx.commit().await?;
-            }
-            Ok::<_, outbox::Error>(())
-        }));
-    }
-    for h in handles {
-        h.await.map_err(Failure::runtime)??;
-    }
-    let rate = total as f64 / started.elapsed().as_secs_f64();
-    sqlx::query("DELETE FROM outbox_tasks WHERE queue = 'outbox-bench-submit'")
-        .execute(pool)
-        .await
-        .map_err(db)?;
-    Ok(rate)
-}
-
-struct Drain {
-    rate: f64,
-    seconds: f64,
-    round_trips: u64,
-    counters: outbox::CountersSnapshot,
-}
-
-fn bench_worker(pool: PgPool, concurrency: usize, register: Register) -> Result<Worker, Failure> {
-    let config = WorkerConfig {
-        maintenance: false,
-        ..WorkerConfig::default()
-    };
-    let builder = Worker::builder(pool)
-        .config(config)
-        .handler::<Noop>(Builtins);
-    let (probe_tx, _) = mpsc::unbounded_channel();
-    Ok(register(builder.handler::<Probe>(ProbeHandler(probe_tx)))
-        .queue(QUEUE, concurrency)
-        .build()?)
-}
-
-/// Runs a worker until every claimable bench task has a committed outcome.
-async fn drain_once(url: &str, args: &BenchArgs, register: Register) -> Result<Drain, Failure> {
-    let pool = worker_pool(url, args.concurrency).await?;
-    let worker = bench_worker(pool.clone(), args.concurrency, register)?;
-    let counters = worker.counters();
-    let mut events = worker.subscribe();
-    let shutdown = CancellationToken::new();
-    let started = Instant::now();
-    let running = tokio::spawn(worker.run(shutdown.clone()));
-    let mut done = 0;
-    while done < args.tasks {
-        match tokio::time::timeout(Duration::from_secs(120), events.recv()).await {
-            Ok(Ok(e)) if e.kind == TaskEventKind::Completed => done += 1,
-            Ok(Ok(_)) => {}
-            Ok(Err(RecvError::Lagged(n))) => done += n as usize,
-            Ok(Err(RecvError::Closed)) | Err(_) => {
-                return Err(Failure::runtime(format!(
-                    "drain stalled at {done} of {}",
-                    args.tasks
-                )));
-            }
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let snapshot = counters.snapshot();
-    shutdown.cancel();
-    running.await.map_err(Failure::runtime)??;
-    pool.close().await;
-    Ok(Drain {
-        rate: args.tasks as f64 / seconds,
-        seconds,
-        round_trips: snapshot.round_trips(),
-        counters: snapshot,
-    })
-}
-
-async fn worker_pool(url: &str, concurrency: usize) -> Result<PgPool, Failure> {
+async fn connect(url: &str, connections: usize) -> Result<PgPool, Failure> {
     PgPoolOptions::new()
-        .max_connections((concurrency / 4).clamp(4, 16) as u32)
+        .max_connections(connections as u32)
+        // A health check per acquire is a round trip per statement; a broken
+        // connection shows up as an error on use anyway.
         .test_before_acquire(false)
         .connect(url)
         .await
         .map_err(|e| Failure::runtime(format!("cannot connect: {e}")))
-}
-
-/// Submits one probe at a time to an idle worker and times submit-to-start.
-async fn pickup_latency(
-    pool: &PgPool,
-    url: &str,
-    samples: usize,
-    register: Register,
-) -> Result<Latency, Failure> {
-    let worker_pool = worker_pool(url, 4).await?;
-    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
-    let worker = register(
-        Worker::builder(worker_pool.clone())
-            .config(WorkerConfig {
-                maintenance: false,
-                ..WorkerConfig::default()
-            })
-            .handler::<Probe>(ProbeHandler(probe_tx)),
-    )
-    .queue(QUEUE, 4)
-    .build()?;
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(worker.run(shutdown.clone()));
-    let mut conn = pool.acquire().await.map_err(db)?;
-    // Warm up: the first pickups also wait for the LISTEN connection.
-    let mut latencies = Vec::with_capacity(samples);
-    for i in 0..samples + 20 {
-        let sent = Instant::now();
-        outbox::submit(&mut conn, Probe {}).await?;
-        let started = tokio::time::timeout(Duration::from_secs(10), probe_rx.recv())
-            .await
-            .map_err(|_| Failure::runtime("a probe was not picked up within 10 s"))?
-            .ok_or_else(|| Failure::runtime("the probe handler is gone"))?;
-        if i >= 20 {
-            latencies.push(started.duration_since(sent).as_secs_f64() * 1000.0);
-        }
-        // Let the worker go idle again, as in a quiet system.
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    shutdown.cancel();
-    running.await.map_err(Failure::runtime)??;
-    worker_pool.close().await;
-    latencies.sort_by(f64::total_cmp);
-    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    Ok(Latency {
-        samples,
-        p50: at(0.50),
-        p99: at(0.99),
-        max: *latencies.last().unwrap_or(&0.0),
-    })
 }
 
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.

@@ -1,9 +1,10 @@
 -- Insert a batch of tasks in one statement and wake listening workers.
 -- $1 task_type text[], $2 queue text[], $3 payload text[] (JSON),
 -- $4 priority smallint[], $5 max_attempts int[], $6 run_at timestamptz[]
--- (null = not set), $7 delay in microseconds bigint[] (null = not set).
--- pg_notify inside the caller's transaction is delivered only at commit,
--- and only once per queue however many rows the transaction inserts.
+-- (null = not set), $7 delay in microseconds bigint[] (null = not set),
+-- $8 the queues to NOTIFY (text[]; the caller leaves out queues it notified
+-- a moment ago). pg_notify inside the caller's transaction is delivered
+-- only at commit.
 WITH inserted AS (
     INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at)
     SELECT s.task_type, s.queue, s.payload::jsonb, s.priority, s.max_attempts,
@@ -11,11 +12,10 @@ WITH inserted AS (
     FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[],
                 $6::timestamptz[], $7::bigint[])
          AS s(task_type, queue, payload, priority, max_attempts, run_at, delay_us)
-    RETURNING id, queue, execute_at
+    RETURNING id
 ),
 notified AS (
-    SELECT pg_notify('outbox_tasks', q.queue)
-    FROM (SELECT DISTINCT queue FROM inserted WHERE execute_at <= now()) AS q
+    SELECT pg_notify('outbox_tasks', q) FROM unnest($8::text[]) AS q
 )
 SELECT id FROM inserted
 WHERE (SELECT count(*) FROM notified) >= 0

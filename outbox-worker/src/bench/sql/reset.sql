@@ -1,2 +1,2 @@
 -- Removes every task the benchmark wrote.
-DELETE FROM outbox_tasks WHERE queue = 'outbox-bench'
+DELETE FROM outbox_tasks WHERE queue IN ('outbox-bench', 'outbox-bench-submit')

@@ -1,0 +1,14 @@
+-- TX2 fast path: the usual outcome, success, for a batch of attempts, with
+-- only ids and claims to send. Fenced like finish_tasks.sql.
+-- $1 id bigint[], $2 claims int[], $3 clock override (tests).
+UPDATE outbox_tasks AS t
+SET state = 'completed',
+    finished_at = coalesce($3::timestamptz, now()),
+    claimed_by = NULL,
+    heartbeat_at = NULL,
+    updated_at = coalesce($3::timestamptz, now())
+FROM unnest($1::bigint[], $2::int[]) AS o(id, claims)
+WHERE t.id = o.id
+  AND t.claims = o.claims
+  AND t.state = 'processing'
+RETURNING t.id
