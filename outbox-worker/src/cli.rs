@@ -106,7 +106,8 @@ struct RunArgs {
     /// How often the maintenance leader runs recovery (and others campaign).
     #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     maintenance_interval: Duration,
-    /// How long COMPLETED tasks are kept before cleanup deletes them.
+    /// How long COMPLETED tasks are kept before cleanup deletes them; 0
+    /// deletes successful tasks at once (cheapest; no completed history).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
     retention: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
@@ -324,6 +325,7 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
         maintenance: !args.no_maintenance,
         maintenance_interval: args.maintenance_interval.max(Duration::from_millis(10)),
         retention: args.retention,
+        delete_completed: args.retention.is_zero(),
         ..WorkerConfig::default()
     };
     let mut builder = register(builtin::register(
