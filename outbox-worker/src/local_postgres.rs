@@ -50,6 +50,9 @@ pub struct LocalPostgresOptions {
     pub durable: bool,
     /// The server's max_connections.
     pub max_connections: u32,
+    /// More `name = value` lines for postgresql.conf (e.g. to preload
+    /// pg_stat_statements for a benchmark).
+    pub extra_settings: Vec<String>,
 }
 
 impl Default for LocalPostgresOptions {
@@ -57,6 +60,7 @@ impl Default for LocalPostgresOptions {
         Self {
             durable: false,
             max_connections: 200,
+            extra_settings: Vec::new(),
         }
     }
 }
@@ -124,6 +128,10 @@ impl LocalPostgres {
         );
         if !options.durable {
             conf.push_str("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n");
+        }
+        for line in &options.extra_settings {
+            conf.push_str(line);
+            conf.push('\n');
         }
         append(&data.join("postgresql.conf"), &conf)?;
         // A port that was free a moment ago can be taken by the time the

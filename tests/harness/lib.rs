@@ -29,6 +29,7 @@ fn server_url() -> &'static str {
             let cluster = LocalPostgres::start(&LocalPostgresOptions {
                 durable: false,
                 max_connections: 500,
+                extra_settings: Vec::new(),
             })
             .unwrap_or_else(|e| panic!("cannot start a private PostgreSQL for the tests: {e}"));
             let url = cluster.url("postgres");

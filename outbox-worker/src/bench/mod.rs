@@ -69,6 +69,10 @@ pub(crate) struct BenchArgs {
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     delete_mode: bool,
+    /// Print where the database's time went: the top statements from
+    /// pg_stat_statements (private cluster only).
+    #[arg(long)]
+    statements: bool,
     /// Print one JSON object with every figure instead of text.
     #[arg(long)]
     json: bool,
@@ -172,6 +176,11 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
             let options = LocalPostgresOptions {
                 durable: true,
                 max_connections: 200,
+                extra_settings: if args.statements {
+                    vec!["shared_preload_libraries = 'pg_stat_statements'".to_owned()]
+                } else {
+                    Vec::new()
+                },
             };
             let cluster = tokio::task::spawn_blocking(move || LocalPostgres::start(&options))
                 .await
@@ -196,6 +205,16 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
         history_dead: args.history_dead,
         ..Report::default()
     };
+    if args.statements {
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&pool)
+            .await
+            .map_err(db)?;
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(&pool)
+            .await
+            .map_err(db)?;
+    }
     let mut bench = Bench {
         args,
         url,
@@ -205,6 +224,9 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
     };
     bench.reset().await?;
     bench.run_phases().await?;
+    if bench.args.statements {
+        bench.print_statements().await?;
+    }
     bench.reset().await?;
     bench.pool.close().await;
     drop(cluster);
@@ -307,6 +329,26 @@ impl Bench {
                 "drain with history: {:.0} tasks/s, {ratio:.2}x the empty-table figure",
                 with_history.rate
             ));
+        }
+        Ok(())
+    }
+
+    /// The statements that took the most database time, from
+    /// pg_stat_statements.
+    async fn print_statements(&self) -> Result<(), Failure> {
+        let rows: Vec<(String, i64, f64, f64, i64)> =
+            sqlx::query_as(include_str!("sql/top_statements.sql"))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?;
+        eprintln!(
+            "{:>10} {:>10} {:>9} {:>10}  statement",
+            "calls", "total ms", "mean ms", "rows"
+        );
+        for (query, calls, total, mean, rows) in rows {
+            let query: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
+            let shown: String = query.chars().take(110).collect();
+            eprintln!("{calls:>10} {total:>10.0} {mean:>9.3} {rows:>10}  {shown}");
         }
         Ok(())
     }
