@@ -15,6 +15,11 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Starts `binary run --database-url url <args>`; its log goes to a file.
     pub fn spawn(binary: &str, url: &str, args: &[&str]) -> Self {
+        Self::spawn_with_env(binary, url, args, &[])
+    }
+
+    /// Like [`WorkerProcess::spawn`], with extra environment variables.
+    pub fn spawn_with_env(binary: &str, url: &str, args: &[&str], envs: &[(&str, &str)]) -> Self {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log =
@@ -26,6 +31,7 @@ impl WorkerProcess {
             .arg(url)
             .args(args)
             .env("OUTBOX_LOG", "info,sqlx=warn")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
