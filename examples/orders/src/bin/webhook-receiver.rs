@@ -38,14 +38,17 @@ async fn receive(
     else {
         return StatusCode::BAD_REQUEST;
     };
-    // Work takes time (and gives a test the chance to kill a worker mid-flight).
-    tokio::time::sleep(delay).await;
-    let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
-    let count = received.by_key.entry(key.to_owned()).or_insert(0);
-    *count += 1;
-    if *count == 1 {
-        received.events.push(event);
+    {
+        let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+        let count = received.by_key.entry(key.to_owned()).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            received.events.push(event);
+        }
     }
+    // The acknowledgement takes time: a sender that dies now has had its
+    // event applied without learning it, and will send it again.
+    tokio::time::sleep(delay).await;
     // A duplicate is acknowledged, not applied again.
     StatusCode::OK
 }
