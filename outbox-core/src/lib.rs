@@ -55,6 +55,8 @@ mod options;
 pub mod retry;
 mod submit;
 mod task;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wakeup;
 mod worker;
 

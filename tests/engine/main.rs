@@ -7,3 +7,4 @@ mod migrations;
 mod poison;
 mod startup;
 mod submit;
+mod testing_helpers;

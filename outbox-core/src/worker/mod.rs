@@ -209,7 +209,7 @@ impl WorkerBuilder {
 
 /// A configured worker, ready to run.
 pub struct Worker {
-    pool: PgPool,
+    pub(crate) pool: PgPool,
     handlers: Arc<Handlers>,
     queues: Vec<(String, usize)>,
     config: WorkerConfig,

@@ -1,0 +1,163 @@
+//! Test helpers for applications (feature `testing`): run a submitted task
+//! inline, assert what a transaction submitted, drain the queues once.
+//!
+//! ```no_run
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! # #[outbox::outbox_task(task_type = "email.welcome")]
+//! # struct SendWelcome { user_id: i64 }
+//! # async fn f(pool: sqlx::PgPool) {
+//! let mut tx = pool.begin().await.unwrap();
+//! // ... the code under test submits in `tx` ...
+//! # outbox::submit(&mut tx, SendWelcome { user_id: 7 }).await.unwrap();
+//! outbox::testing::assert_submitted(&mut tx, &SendWelcome { user_id: 7 }).await;
+//! # }
+//! ```
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool, Row};
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::{HandlerResult, TaskContext, TaskHandler};
+use crate::task::{Task, TaskId};
+use crate::worker::{TaskEvent, TaskEventKind, Worker};
+
+/// Every task of type `T` visible on `conn` (including those submitted in
+/// its open transaction), decoded, oldest first.
+pub async fn submitted<T: Task>(conn: &mut PgConnection) -> Vec<(TaskId, T)> {
+    let rows = sqlx::query(include_str!("db/sql/submitted_of_type.sql"))
+        .bind(T::TASK_TYPE)
+        .fetch_all(conn)
+        .await
+        .expect("query submitted tasks");
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.get("id");
+            let payload: String = r.get("payload");
+            let task = serde_json::from_str(&payload).unwrap_or_else(|e| {
+                panic!(
+                    "task {id} of type {:?} does not decode: {e}\npayload: {payload}",
+                    T::TASK_TYPE
+                )
+            });
+            (TaskId(id), task)
+        })
+        .collect()
+}
+
+/// Panics unless a task of type `T` equal to `expected` was submitted and is
+/// visible on `conn`; returns its id. The message lists what was submitted.
+pub async fn assert_submitted<T: Task + PartialEq + Debug>(
+    conn: &mut PgConnection,
+    expected: &T,
+) -> TaskId {
+    let all = submitted::<T>(conn).await;
+    match all.iter().find(|(_, t)| t == expected) {
+        Some((id, _)) => *id,
+        None => panic!(
+            "no {:?} task equal to {expected:?} was submitted; submitted tasks of that type: {:?}",
+            T::TASK_TYPE,
+            all.iter().map(|(_, t)| t).collect::<Vec<_>>()
+        ),
+    }
+}
+
+/// Panics unless no task of type `T` is visible on `conn`.
+pub async fn assert_none_submitted<T: Task + Debug>(conn: &mut PgConnection) {
+    let all = submitted::<T>(conn).await;
+    assert!(
+        all.is_empty(),
+        "expected no {:?} task, found {all:?}",
+        T::TASK_TYPE
+    );
+}
+
+/// A context for calling a handler directly, as attempt `attempt` of task
+/// `id`.
+pub fn context<T: Task>(pool: &PgPool, id: TaskId, attempt: i32) -> TaskContext {
+    TaskContext {
+        id,
+        task_type: Arc::from(T::TASK_TYPE),
+        queue: Arc::from(T::QUEUE),
+        attempt,
+        max_attempts: crate::retry::max_attempts(T::RETRY_DELAYS),
+        cancel: CancellationToken::new(),
+        pool: pool.clone(),
+    }
+}
+
+/// Runs the submitted task `id` inline: decodes its payload into `T` and
+/// calls `handler` with a first-attempt context. Writes nothing back: the
+/// row stays as it is, so a test can run it again (a duplicate execution)
+/// or assert on the handler's effects.
+pub async fn run_inline<T: Task>(
+    pool: &PgPool,
+    id: TaskId,
+    handler: &impl TaskHandler<T>,
+) -> HandlerResult {
+    let mut conn = pool.acquire().await.expect("a connection");
+    let task = submitted::<T>(&mut conn)
+        .await
+        .into_iter()
+        .find(|(found, _)| *found == id)
+        .map(|(_, task)| task)
+        .unwrap_or_else(|| panic!("no {:?} task with id {id}", T::TASK_TYPE));
+    handler.handle(context::<T>(pool, id, 1), task).await
+}
+
+/// What [`drain`] saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Outcomes committed, in order.
+    pub events: Vec<TaskEvent>,
+}
+
+impl DrainReport {
+    /// How many outcomes of `kind`.
+    pub fn count(&self, kind: TaskEventKind) -> usize {
+        self.events.iter().filter(|e| e.kind == kind).count()
+    }
+}
+
+/// Runs `worker` until no task on its queues is due or running (retries
+/// scheduled for later are left alone), then stops it. Panics after
+/// `within`.
+pub async fn drain(worker: Worker, within: Duration) -> DrainReport {
+    let queues: Vec<String> = worker.queues().iter().map(|(q, _)| q.clone()).collect();
+    let pool = worker.pool.clone();
+    let mut events = worker.subscribe();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + within;
+    let mut report = DrainReport::default();
+    loop {
+        while let Ok(event) = events.try_recv() {
+            report.events.push(event);
+        }
+        let unfinished: i64 = sqlx::query_scalar(include_str!("db/sql/unfinished_on_queues.sql"))
+            .bind(&queues)
+            .fetch_one(&pool)
+            .await
+            .expect("count unfinished tasks");
+        if unfinished == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "drain: {unfinished} tasks still unfinished after {within:?}"
+        );
+        tokio::select! {
+            e = events.recv() => if let Ok(e) = e { report.events.push(e) },
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker run");
+    while let Ok(event) = events.try_recv() {
+        report.events.push(event);
+    }
+    report
+}

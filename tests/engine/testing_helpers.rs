@@ -1,0 +1,136 @@
+//! The test helpers applications get with the `testing` feature.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use outbox::testing;
+use outbox::{
+    HandlerError, HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, Worker,
+    outbox_task,
+};
+use outbox_tests::TestDb;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.helpers.invoice", queue = "helpers")]
+struct SendInvoice {
+    invoice: i64,
+    fail: bool,
+}
+
+#[derive(Clone, Default)]
+struct Mailer(Arc<AtomicUsize>);
+
+impl TaskHandler<SendInvoice> for Mailer {
+    async fn handle(&self, _ctx: TaskContext, task: SendInvoice) -> HandlerResult {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        if task.fail {
+            Err(HandlerError::msg("mail server down"))
+        } else {
+            Ok(Outcome::Success)
+        }
+    }
+}
+
+#[tokio::test]
+async fn assert_submitted_sees_the_open_transaction_and_nothing_leaks_before_commit() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let expected = SendInvoice {
+        invoice: 7,
+        fail: false,
+    };
+    let id = outbox::submit(&mut tx, expected.clone()).await.unwrap();
+    assert_eq!(testing::assert_submitted(&mut tx, &expected).await, id);
+    testing::assert_none_submitted::<SendInvoice>(&mut *db.conn().await).await;
+    let listed = testing::submitted::<SendInvoice>(&mut tx).await;
+    assert_eq!(listed, vec![(id, expected)]);
+}
+
+#[tokio::test]
+#[should_panic(expected = "no \"test.helpers.invoice\" task equal to")]
+async fn assert_submitted_says_what_was_submitted_instead() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::submit(
+        &mut tx,
+        SendInvoice {
+            invoice: 1,
+            fail: false,
+        },
+    )
+    .await
+    .unwrap();
+    testing::assert_submitted(
+        &mut tx,
+        &SendInvoice {
+            invoice: 2,
+            fail: false,
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn run_inline_calls_the_handler_with_the_decoded_payload_and_writes_nothing() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(
+        &mut *db.conn().await,
+        SendInvoice {
+            invoice: 3,
+            fail: false,
+        },
+    )
+    .await
+    .unwrap();
+    let mailer = Mailer::default();
+    assert_eq!(
+        testing::run_inline(&db.pool, id, &mailer).await.unwrap(),
+        Outcome::Success
+    );
+    assert_eq!(
+        testing::run_inline(&db.pool, id, &mailer).await.unwrap(),
+        Outcome::Success
+    );
+    assert_eq!(mailer.0.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        db.count_by_state().await,
+        vec![("pending".to_owned(), 1)],
+        "the row is untouched"
+    );
+}
+
+#[tokio::test]
+async fn drain_runs_every_due_task_once_and_stops() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for invoice in 0..4 {
+        batch
+            .push(&SendInvoice {
+                invoice,
+                fail: false,
+            })
+            .unwrap();
+    }
+    batch
+        .push(&SendInvoice {
+            invoice: 99,
+            fail: true,
+        })
+        .unwrap();
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let mailer = Mailer::default();
+    let worker = Worker::builder(db.pool.clone())
+        .handler::<SendInvoice>(mailer.clone())
+        .build()
+        .unwrap();
+    let report = testing::drain(worker, Duration::from_secs(20)).await;
+    assert_eq!(report.count(TaskEventKind::Completed), 4, "{report:?}");
+    assert_eq!(report.count(TaskEventKind::Failed), 1, "{report:?}");
+    assert_eq!(
+        mailer.0.load(Ordering::SeqCst),
+        5,
+        "the failed task's retry is scheduled later, not run now"
+    );
+}
