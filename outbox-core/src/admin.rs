@@ -79,6 +79,10 @@ pub struct QueueHealth {
     /// How long the oldest claimable task has been due, in seconds (0 when
     /// none is).
     pub oldest_claimable_age_s: f64,
+    /// Age of the stalest heartbeat among running tasks, in seconds (0 when
+    /// none runs). Far above the heartbeat interval means a lost worker
+    /// whose tasks recovery has not reclaimed yet.
+    pub oldest_heartbeat_age_s: f64,
 }
 
 /// Lists tasks, newest first, optionally of one state (see [`STATES`]) and

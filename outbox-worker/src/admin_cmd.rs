@@ -320,6 +320,7 @@ struct Stats {
     claimable: i64,
     scheduled: i64,
     oldest_claimable_age_seconds: f64,
+    oldest_heartbeat_age_seconds: f64,
 }
 
 pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
@@ -341,6 +342,7 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
         claimable: health.claimable,
         scheduled: health.scheduled,
         oldest_claimable_age_seconds: health.oldest_claimable_age_s,
+        oldest_heartbeat_age_seconds: health.oldest_heartbeat_age_s,
         totals,
         by_type,
     };

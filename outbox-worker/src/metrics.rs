@@ -92,6 +92,7 @@ async fn render(State(state): State<AppState>) -> (StatusCode, String) {
             metrics::gauge!("outbox_tasks", "state" => "processing").set(h.processing as f64);
             metrics::gauge!("outbox_tasks", "state" => "dead").set(h.dead as f64);
             metrics::gauge!("outbox_oldest_claimable_age_seconds").set(h.oldest_claimable_age_s);
+            metrics::gauge!("outbox_oldest_heartbeat_age_seconds").set(h.oldest_heartbeat_age_s);
             metrics::gauge!("outbox_database_up").set(1.0);
         }
         _ => metrics::gauge!("outbox_database_up").set(0.0),

@@ -307,6 +307,7 @@ async fn stats_json_has_the_documented_fields() {
         "claimable",
         "scheduled",
         "oldest_claimable_age_seconds",
+        "oldest_heartbeat_age_seconds",
     ] {
         assert!(stats.get(field).is_some(), "missing {field}: {stats}");
     }
@@ -399,6 +400,7 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
         "outbox_tasks{state=\"processing\"} 4",
         "outbox_tasks{state=\"dead\"} 0",
         "outbox_oldest_claimable_age_seconds",
+        "outbox_oldest_heartbeat_age_seconds",
         "# HELP outbox_tasks_processed_total",
     ];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

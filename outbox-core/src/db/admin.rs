@@ -87,20 +87,15 @@ pub(crate) async fn count_by_type_and_state(pool: &PgPool) -> sqlx::Result<Vec<T
 }
 
 pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
-    let (claimable, scheduled, processing, dead, oldest_claimable_age_s): (
-        i64,
-        i64,
-        i64,
-        i64,
-        f64,
-    ) = sqlx::query_as(include_str!("sql/queue_health.sql"))
-        .fetch_one(pool)
-        .await?;
+    type Row = (i64, i64, i64, i64, f64, f64);
+    let (claimable, scheduled, processing, dead, oldest_claimable_age_s, oldest_heartbeat_age_s): Row =
+        sqlx::query_as(include_str!("sql/queue_health.sql")).fetch_one(pool).await?;
     Ok(QueueHealth {
         claimable,
         scheduled,
         processing,
         dead,
         oldest_claimable_age_s,
+        oldest_heartbeat_age_s,
     })
 }
