@@ -431,3 +431,51 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
         worker.log()
     );
 }
+
+#[tokio::test]
+async fn bench_smoke_run_prints_every_figure() {
+    // A smoke run only: figures from a tiny run on a shared machine mean
+    // nothing, so nothing here asserts a speed.
+    let db = TestDb::empty().await;
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--tasks",
+            "300",
+            "--insert-batch",
+            "100",
+            "--single-submits",
+            "40",
+            "--latency-samples",
+            "5",
+            "--history-completed",
+            "200",
+            "--history-dead",
+            "20",
+            "--json",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let report: Value = serde_json::from_str(&ok(&out)).unwrap();
+    for field in [
+        "insert_tasks_per_s",
+        "single_submit_tx_per_s",
+        "single_submit_autocommit_per_s",
+        "drain_tasks_per_s",
+        "drain_delete_mode_tasks_per_s",
+        "round_trips_per_task",
+        "peak_rss_mb",
+        "drain_with_history_tasks_per_s",
+        "history_ratio",
+    ] {
+        assert!(
+            report[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+    assert_eq!(report["pickup_latency_ms"]["samples"], 5);
+    assert_eq!(db.task_count().await, 0, "the bench cleans up after itself");
+}

@@ -69,6 +69,11 @@ pub(crate) struct BenchArgs {
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     delete_mode: bool,
+    /// A peer's burn-down to run on the same database in the same run, for a
+    /// ratio: a shell command that reads DATABASE_URL and prints one JSON
+    /// line with `drain_jobs_per_s` (see PERFORMANCE.md).
+    #[arg(long)]
+    peer_command: Option<String>,
     /// Print where the database's time went: the top statements from
     /// pg_stat_statements (private cluster only).
     #[arg(long)]
@@ -127,6 +132,12 @@ struct Report {
     history_dead: u64,
     drain_with_history_tasks_per_s: Option<f64>,
     history_ratio: Option<f64>,
+    /// What the peer printed, run on the same database in the same run.
+    peer: Option<serde_json::Value>,
+    /// Our history-kept burn-down over the peer's.
+    ratio_vs_peer: Option<f64>,
+    /// Our delete-mode burn-down over the peer's (which deletes too).
+    delete_mode_ratio_vs_peer: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -296,6 +307,24 @@ impl Bench {
             ));
         }
 
+        if let Some(command) = self.args.peer_command.clone() {
+            let peer = self.run_peer(&command).await?;
+            let peer_rate = peer["drain_jobs_per_s"].as_f64().unwrap_or(0.0).max(1e-9);
+            self.report.ratio_vs_peer = Some(drain.rate / peer_rate);
+            self.report.delete_mode_ratio_vs_peer = self
+                .report
+                .drain_delete_mode_tasks_per_s
+                .map(|rate| rate / peer_rate);
+            self.say(format!(
+                "peer: {peer}\n  ours / peer: {:.2}x (history kept), {} (deleted at once)",
+                drain.rate / peer_rate,
+                self.report
+                    .delete_mode_ratio_vs_peer
+                    .map_or("-".to_owned(), |r| format!("{r:.2}x"))
+            ));
+            self.report.peer = Some(peer);
+        }
+
         if self.args.latency_samples > 0 {
             let (from_submit, from_commit) = self.pickup_latency().await?;
             self.say(format!(
@@ -331,6 +360,31 @@ impl Bench {
             ));
         }
         Ok(())
+    }
+
+    /// Runs the peer's burn-down against this database; its JSON line.
+    async fn run_peer(&self, command: &str) -> Result<serde_json::Value, Failure> {
+        let output = tokio::process::Command::new("sh")
+            .args(["-c", command])
+            .env("DATABASE_URL", &self.url)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .await
+            .map_err(|e| Failure::runtime(format!("cannot run the peer: {e}")))?;
+        if !output.status.success() {
+            return Err(Failure::runtime(format!(
+                "the peer failed: {}",
+                output.status
+            )));
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .unwrap_or("");
+        serde_json::from_str(line)
+            .map_err(|e| Failure::runtime(format!("the peer printed no JSON line: {e}\n{stdout}")))
     }
 
     /// The statements that took the most database time, from
