@@ -153,6 +153,22 @@ impl LocalPostgres {
         }))
     }
 
+    /// `url` when given, else the URL of a new private cluster (returned
+    /// too: keep it alive while you use the URL). What the demo, the
+    /// benchmark and the examples do with DATABASE_URL.
+    pub fn url_or_start(
+        url: Option<String>,
+        options: &LocalPostgresOptions,
+    ) -> Result<(String, Option<Self>), LocalPostgresError> {
+        match url.filter(|u| !u.is_empty()) {
+            Some(url) => Ok((url, None)),
+            None => {
+                let cluster = Self::start(options)?;
+                Ok((cluster.url("postgres"), Some(cluster)))
+            }
+        }
+    }
+
     /// The connection URL of database `database` (`postgres` always exists).
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)

@@ -13,13 +13,10 @@ use outbox_worker::local_postgres::{LocalPostgres, LocalPostgresOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _cluster) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let cluster = LocalPostgres::start(&LocalPostgresOptions::default())?;
-            (cluster.url("postgres"), Some(cluster))
-        }
-    };
+    let (url, _cluster) = LocalPostgres::url_or_start(
+        std::env::var("DATABASE_URL").ok(),
+        &LocalPostgresOptions::default(),
+    )?;
     let pool = sqlx::PgPool::connect(&url).await?;
     setup(&pool).await?;
     let task = CapturePayment {

@@ -44,13 +44,10 @@ impl TaskHandler<ConfirmOrder> for Mailer {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _cluster) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let cluster = LocalPostgres::start(&LocalPostgresOptions::default())?;
-            (cluster.url("postgres"), Some(cluster))
-        }
-    };
+    let (url, _cluster) = LocalPostgres::url_or_start(
+        std::env::var("DATABASE_URL").ok(),
+        &LocalPostgresOptions::default(),
+    )?;
     let pool = sqlx::PgPool::connect(&url).await?;
     outbox::migrate(&pool).await?;
     sqlx::raw_sql("CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, email text NOT NULL)")

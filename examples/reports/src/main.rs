@@ -13,13 +13,10 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _cluster) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let cluster = LocalPostgres::start(&LocalPostgresOptions::default())?;
-            (cluster.url("postgres"), Some(cluster))
-        }
-    };
+    let (url, _cluster) = LocalPostgres::url_or_start(
+        std::env::var("DATABASE_URL").ok(),
+        &LocalPostgresOptions::default(),
+    )?;
     let addr = std::env::var("REPORTS_ADDR").unwrap_or_else(|_| "127.0.0.1:3002".to_owned());
     let pool = sqlx::PgPool::connect(&url).await?;
     reports_example::setup(&pool).await?;
