@@ -34,7 +34,10 @@ CREATE TABLE outbox_tasks (
     last_error   text,
     CONSTRAINT outbox_tasks_priority_range CHECK (priority BETWEEN 0 AND 9),
     CONSTRAINT outbox_tasks_max_attempts_positive CHECK (max_attempts >= 1),
-    CONSTRAINT outbox_tasks_only_failed_is_dead CHECK (dead_at IS NULL OR state = 'failed')
+    CONSTRAINT outbox_tasks_only_failed_is_dead CHECK (dead_at IS NULL OR state = 'failed'),
+    -- A PROCESSING task, and only one, has a claim holder: outcome writes
+    -- rely on it to recognise the rows still being processed.
+    CONSTRAINT outbox_tasks_claim_holder CHECK ((state = 'processing') = (claimed_by IS NOT NULL))
 );
 
 -- The hot fetch index: only claimable rows, so completed history and dead

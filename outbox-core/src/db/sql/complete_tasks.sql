@@ -10,5 +10,8 @@ SET state = 'completed',
 FROM unnest($1::bigint[], $2::int[]) AS o(id, claims)
 WHERE t.id = o.id
   AND t.claims = o.claims
-  AND t.state = 'processing'
+  -- Only PROCESSING rows have a claim holder (a CHECK constraint says so).
+  -- Testing claimed_by rather than state keeps the planner from walking
+  -- outbox_tasks_processing_idx and re-scanning the batch for every row.
+  AND t.claimed_by IS NOT NULL
 RETURNING t.id

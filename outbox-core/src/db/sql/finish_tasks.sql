@@ -21,5 +21,8 @@ FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::bigint[], $6::bo
      AS o(id, claims, state, add_retry, delay_us, dead, error)
 WHERE t.id = o.id
   AND t.claims = o.claims
-  AND t.state = 'processing'
+  -- Only PROCESSING rows have a claim holder (a CHECK constraint says so).
+  -- Testing claimed_by rather than state keeps the planner from walking
+  -- outbox_tasks_processing_idx and re-scanning the batch for every row.
+  AND t.claimed_by IS NOT NULL
 RETURNING t.id
