@@ -23,12 +23,8 @@ struct Billing {
 
 impl TaskHandler<SendInvoice> for Billing {
     async fn handle(&self, ctx: TaskContext, task: SendInvoice) -> HandlerResult {
-        println!(
-            "{}: invoice {} sent (idempotency key outbox-task-{})",
-            self.from,
-            task.invoice_id,
-            ctx.id()
-        );
+        // Log lines inside a handler carry task_id, task_type and attempt.
+        tracing::info!(from = %self.from, key = %format!("outbox-task-{}", ctx.id()), "invoice {} sent", task.invoice_id);
         Ok(Outcome::Success)
     }
 }

@@ -26,7 +26,11 @@ async fn the_cli_submits_and_runs_the_applications_own_task_type() {
         "{}",
         String::from_utf8_lossy(&submitted.stderr)
     );
-    let mut worker = WorkerProcess::spawn(BIN, &db.url, &["--queue", "billing=2"]);
+    let mut worker = WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &["--queue", "billing=2", "--log-format", "json"],
+    );
     wait_until(
         &db.pool,
         "SELECT count(*) = 1 FROM outbox_tasks WHERE state = 'completed'",
@@ -35,5 +39,19 @@ async fn the_cli_submits_and_runs_the_applications_own_task_type() {
     .await;
     worker.signal("TERM");
     assert_eq!(worker.wait(Duration::from_secs(20)).await.code(), Some(0));
-    assert!(worker.log().contains("invoice 42 sent"), "{}", worker.log());
+    let log = worker.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("invoice 42 sent"))
+        .unwrap_or_else(|| panic!("{log}"));
+    for field in [
+        "\"task_id\":",
+        "\"task_type\":\"invoice.send\"",
+        "\"attempt\":1",
+    ] {
+        assert!(
+            line.contains(field),
+            "the handler's log line lacks {field}: {line}"
+        );
+    }
 }

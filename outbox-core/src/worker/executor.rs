@@ -106,6 +106,7 @@ pub(crate) async fn execute(
         match kind {
             TaskEventKind::Completed => tracing::debug!("task completed"),
             TaskEventKind::Snoozed => tracing::debug!("task snoozed"),
+            TaskEventKind::Released => tracing::info!("task released at shutdown"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
         if done.send(Done { finish, kind, task_type }).await.is_err() {
@@ -147,7 +148,7 @@ async fn run_handler(
     };
     // Its own tokio task, so a panic fails this attempt instead of the
     // worker, and shutdown can abort it.
-    let handle = tokio::spawn(future);
+    let handle = tokio::spawn(future.instrument(tracing::Span::current()));
     shared.in_flight.set_abort(task.id, handle.abort_handle());
     match handle.await {
         Ok(Ok(outcome)) => Some(Ok(outcome)),
