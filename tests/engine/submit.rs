@@ -213,21 +213,26 @@ async fn notify_is_delivered_only_at_commit() {
     listener.listen("outbox_tasks").await.unwrap();
 
     let mut tx = db.pool.begin().await.unwrap();
-    outbox::submit(
+    // A queue of this test's own: each process NOTIFYs a queue at most once
+    // per few milliseconds, and other tests submit to submit-tests.
+    let own_queue = || TaskOptions::new().queue("notify-at-commit");
+    outbox::submit_with(
         &mut tx,
         Greet {
             name: "a".into(),
             times: 1,
         },
+        own_queue(),
     )
     .await
     .unwrap();
-    outbox::submit(
+    outbox::submit_with(
         &mut tx,
         Greet {
             name: "b".into(),
             times: 1,
         },
+        own_queue(),
     )
     .await
     .unwrap();
@@ -239,7 +244,10 @@ async fn notify_is_delivered_only_at_commit() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((n.channel(), n.payload()), ("outbox_tasks", "submit-tests"));
+    assert_eq!(
+        (n.channel(), n.payload()),
+        ("outbox_tasks", "notify-at-commit")
+    );
     // Both submits notified the same queue: PostgreSQL folds them into one.
     let again = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
     assert!(
