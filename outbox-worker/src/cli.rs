@@ -258,6 +258,10 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
+        // A health check on every acquire is one more round trip for every
+        // claim and outcome write; a broken connection shows up as an error
+        // on use anyway, and the worker's loops retry.
+        .test_before_acquire(false)
         .connect(url)
         .await
         .map_err(|e| match e {
@@ -270,6 +274,20 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
             },
             e => Failure::runtime(format!("cannot connect to the database: {e}")),
         })
+}
+
+/// `url`, or else the URL of a new private PostgreSQL (kept alive by the
+/// returned handle): what `demo` and `bench` do without DATABASE_URL.
+pub(crate) async fn database_or_private(
+    url: Option<String>,
+    options: crate::local_postgres::LocalPostgresOptions,
+) -> Result<(String, Option<crate::local_postgres::LocalPostgres>), Failure> {
+    tokio::task::spawn_blocking(move || {
+        crate::local_postgres::LocalPostgres::url_or_start(url, &options)
+    })
+    .await
+    .map_err(Failure::runtime)?
+    .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))
 }
 
 /// Connects and refuses to go on when the schema is behind this build.

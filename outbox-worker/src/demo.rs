@@ -12,29 +12,21 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::builtin::{self, Fail, Noop, Sleep};
-use crate::cli::{DemoArgs, Failure, Register, connect};
-use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
+use crate::cli::{DemoArgs, Failure, Register, connect, database_or_private};
+use crate::local_postgres::LocalPostgresOptions;
 
 const SLEEPERS: usize = 50;
 const FLAKY: usize = 20;
 const DOOMED: usize = 3;
 
 pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failure> {
-    let (url, cluster) = match args.database_url {
-        Some(url) => (url, None),
-        None => {
-            println!(
-                "Starting a private PostgreSQL (removed at exit; set DATABASE_URL to use your own)..."
-            );
-            let cluster = tokio::task::spawn_blocking(|| {
-                LocalPostgres::start(&LocalPostgresOptions::default())
-            })
-            .await
-            .map_err(Failure::runtime)?
-            .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))?;
-            (cluster.url("postgres"), Some(cluster))
-        }
-    };
+    if args.database_url.is_none() {
+        println!(
+            "Starting a private PostgreSQL (removed at exit; set DATABASE_URL to use your own)..."
+        );
+    }
+    let (url, cluster) =
+        database_or_private(args.database_url, LocalPostgresOptions::default()).await?;
     let pool = connect(&url, 20).await?;
     let report = outbox::migrate(&pool).await?;
     println!("Schema at version {}.", report.current);

@@ -24,14 +24,13 @@ use outbox::{
 };
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::builtin::{Builtins, Noop};
-use crate::cli::{Failure, Register};
-use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
+use crate::cli::{Failure, Register, connect, database_or_private};
+use crate::local_postgres::LocalPostgresOptions;
 
 /// The queue every benchmark task goes to.
 const QUEUE: &str = "outbox-bench";
@@ -181,26 +180,17 @@ struct Bench {
 }
 
 pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failure> {
-    let (url, cluster) = match &args.database_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let options = LocalPostgresOptions {
-                durable: true,
-                max_connections: 200,
-                extra_settings: if args.statements {
-                    vec!["shared_preload_libraries = 'pg_stat_statements'".to_owned()]
-                } else {
-                    Vec::new()
-                },
-            };
-            let cluster = tokio::task::spawn_blocking(move || LocalPostgres::start(&options))
-                .await
-                .map_err(Failure::runtime)?
-                .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))?;
-            (cluster.url("postgres"), Some(cluster))
-        }
+    let options = LocalPostgresOptions {
+        durable: true,
+        max_connections: 200,
+        extra_settings: if args.statements {
+            vec!["shared_preload_libraries = 'pg_stat_statements'".to_owned()]
+        } else {
+            Vec::new()
+        },
     };
-    let pool = connect(&url, args.submitters.max(4) + 2).await?;
+    let (url, cluster) = database_or_private(args.database_url.clone(), options).await?;
+    let pool = connect(&url, args.submitters.max(4) as u32 + 2).await?;
     outbox::migrate(&pool).await?;
     let report = Report {
         postgres: sqlx::query_scalar("SHOW server_version")
@@ -476,7 +466,7 @@ impl Bench {
 
     /// Runs a worker until `tasks` outcomes are committed.
     async fn drain(&self, delete: bool) -> Result<Drain, Failure> {
-        let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16)).await?;
+        let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16) as u32).await?;
         let config = WorkerConfig {
             maintenance: false,
             delete_completed: delete,
@@ -578,17 +568,6 @@ struct Drain {
 
 fn db(e: sqlx::Error) -> Failure {
     Failure::from(outbox::Error::from(e))
-}
-
-async fn connect(url: &str, connections: usize) -> Result<PgPool, Failure> {
-    PgPoolOptions::new()
-        .max_connections(connections as u32)
-        // A health check per acquire is a round trip per statement; a broken
-        // connection shows up as an error on use anyway.
-        .test_before_acquire(false)
-        .connect(url)
-        .await
-        .map_err(|e| Failure::runtime(format!("cannot connect: {e}")))
 }
 
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.
