@@ -162,7 +162,7 @@ pub(crate) async fn complete_tasks(
 /// were written (a fenced-out stale outcome is missing from it).
 pub(crate) async fn finish_tasks(
     pool: &PgPool,
-    batch: &[Finish],
+    batch: &[&Finish],
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<i64>> {
     let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))

@@ -46,8 +46,7 @@ pub(crate) async fn run(
         let writer = Arc::clone(&writer);
         let events = events.clone();
         writes.spawn(async move {
-            let batch: Vec<Finish> = buffer.iter().map(|d| d.finish.clone()).collect();
-            match writer.write(&batch).await {
+            match writer.write(&buffer).await {
                 Some(written) => publish(&events, &buffer, &written),
                 None => tracing::error!(
                     outcomes = buffer.len(),
@@ -72,10 +71,10 @@ impl Writer {
     /// Writes `batch`: successes through the fast path, anything else
     /// through the general statement. Returns the ids written, or `None`
     /// when the worker is stopping and the database stayed away.
-    async fn write(&self, batch: &[Finish]) -> Option<Vec<i64>> {
-        let (successes, others): (Vec<Finish>, Vec<Finish>) = batch
+    async fn write(&self, batch: &[Done]) -> Option<Vec<i64>> {
+        let (successes, others): (Vec<&Finish>, Vec<&Finish>) = batch
             .iter()
-            .cloned()
+            .map(|d| &d.finish)
             .partition(|f| f.state == NextState::Completed);
         let mut written = Vec::with_capacity(batch.len());
         if !successes.is_empty() {
@@ -89,7 +88,7 @@ impl Writer {
 
     /// Writes outcomes that all go through the same statement, retrying
     /// through outages.
-    async fn write_part(&self, part: &[Finish]) -> Option<Vec<i64>> {
+    async fn write_part(&self, part: &[&Finish]) -> Option<Vec<i64>> {
         let mut tries_after_close = 0;
         loop {
             self.shared.counters.finished(part.len());
@@ -133,7 +132,7 @@ impl Writer {
 
     /// One statement for `part`: the fast path when every outcome is a
     /// success.
-    async fn statement(&self, part: &[Finish]) -> sqlx::Result<Vec<i64>> {
+    async fn statement(&self, part: &[&Finish]) -> sqlx::Result<Vec<i64>> {
         let config = &self.shared.config;
         if part.iter().all(|f| f.state == NextState::Completed) {
             let ids = part.iter().map(|f| f.id).collect();
@@ -170,7 +169,7 @@ fn publish(events: &broadcast::Sender<TaskEvent>, batch: &[Done], written: &[i64
         } else {
             TaskEventKind::Stale
         };
-        metrics::counter!(TASKS_PROCESSED, "task_type" => d.task_type.to_string(), "outcome" => kind.as_str())
+        metrics::counter!(TASKS_PROCESSED, "task_type" => Arc::clone(&d.task_type), "outcome" => kind.as_str())
             .increment(1);
         if subscribed {
             let _ = events.send(TaskEvent {

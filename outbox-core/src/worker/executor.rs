@@ -95,7 +95,7 @@ pub(crate) async fn execute(
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
         let started = std::time::Instant::now();
         let result = run_handler(&shared, &task, Arc::clone(&task_type), attempt).await;
-        metrics::histogram!(HANDLER_DURATION, "task_type" => task.task_type.clone())
+        metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());
         shared.in_flight.remove(task.id);
         let Some(result) = result else {
@@ -279,8 +279,9 @@ pub(crate) async fn release_unfinished(shared: &Shared) {
             error: None,
         });
     }
+    let refs: Vec<&Finish> = batch.iter().collect();
     for attempt in 1..=5 {
-        match db::finish_tasks(&shared.pool, &batch, shared.config.clock.now()).await {
+        match db::finish_tasks(&shared.pool, &refs, shared.config.clock.now()).await {
             Ok(ids) => {
                 tracing::info!(released = ids.len(), "released unfinished tasks");
                 return;
