@@ -30,6 +30,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs a command that prints JSON and parses it.
+async fn json(args: &[&str]) -> Value {
+    serde_json::from_str(&ok(&cli(args).await)).expect("the command printed JSON")
+}
+
 #[track_caller]
 fn ok(o: &Output) -> String {
     assert!(
@@ -112,16 +117,7 @@ async fn submit_list_show_retry_cancel_round_trip() {
         .await;
     worker.stop().await;
 
-    let listed: Value = serde_json::from_str(&ok(&cli(&[
-        "tasks",
-        "list",
-        "--dead",
-        "--json",
-        "--database-url",
-        url,
-    ])
-    .await))
-    .unwrap();
+    let listed: Value = json(&["tasks", "list", "--dead", "--json", "--database-url", url]).await;
     let listed = listed.as_array().unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["id"].to_string(), doomed);
@@ -147,16 +143,7 @@ async fn submit_list_show_retry_cancel_round_trip() {
         retried.contains(&format!("retried 1 task(s): {doomed}")),
         "{retried}"
     );
-    let after: Value = serde_json::from_str(&ok(&cli(&[
-        "tasks",
-        "show",
-        &doomed,
-        "--json",
-        "--database-url",
-        url,
-    ])
-    .await))
-    .unwrap();
+    let after: Value = json(&["tasks", "show", &doomed, "--json", "--database-url", url]).await;
     assert_eq!(
         (after["state"].as_str(), after["retry_count"].as_i64()),
         (Some("pending"), Some(0))
@@ -164,16 +151,7 @@ async fn submit_list_show_retry_cancel_round_trip() {
 
     let cancelled = ok(&cli(&["tasks", "cancel", &doomed, &later, "--database-url", url]).await);
     assert!(cancelled.contains("cancelled 2 task(s)"), "{cancelled}");
-    let gone: Value = serde_json::from_str(&ok(&cli(&[
-        "tasks",
-        "show",
-        &later,
-        "--json",
-        "--database-url",
-        url,
-    ])
-    .await))
-    .unwrap();
+    let gone: Value = json(&["tasks", "show", &later, "--json", "--database-url", url]).await;
     assert_eq!(
         (gone["state"].as_str(), gone["last_error"].as_str()),
         (Some("dead"), Some("cancelled by an operator"))

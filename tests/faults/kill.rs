@@ -34,21 +34,7 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
     .unwrap();
 
     let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
-    wait_until(
-        &db.pool,
-        "SELECT (SELECT count(*) FROM outbox_tasks WHERE state = 'completed') >= 8 \
-            AND (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') >= 4",
-        Duration::from_secs(30),
-    )
-    .await;
-    first.signal("KILL");
-    let status = first.wait(Duration::from_secs(10)).await;
-    assert!(!status.success(), "killed, not exited: {status:?}");
-    let in_flight: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let in_flight = first.kill_mid_flight(&db.pool, 8, 4).await;
     assert!(in_flight >= 1, "the kill caught tasks in flight");
 
     let mut second = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);

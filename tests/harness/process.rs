@@ -71,6 +71,38 @@ impl WorkerProcess {
         }
     }
 
+    /// Waits until at least `completed` tasks are COMPLETED and `running`
+    /// are PROCESSING, then kills the process with SIGKILL; returns how many
+    /// tasks were PROCESSING after the kill (the ones it died holding).
+    pub async fn kill_mid_flight(&mut self, pool: &PgPool, completed: i64, running: i64) -> i64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (done, busy): (i64, i64) = sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'processing') \
+                 FROM outbox_tasks",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("count tasks");
+            if done >= completed && busy >= running {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never {completed} completed and {running} running:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.signal("KILL");
+        let status = self.wait(Duration::from_secs(10)).await;
+        assert!(!status.success(), "killed, not exited: {status:?}");
+        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
+            .fetch_one(pool)
+            .await
+            .expect("count tasks in flight")
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         self.child

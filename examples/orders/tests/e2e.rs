@@ -52,6 +52,10 @@ async fn start(binary: &str, envs: &[(&str, &str)], addr: &str) -> Server {
     server
 }
 
+async fn start_api(db: &TestDb, api: &str) -> Server {
+    start(API, &[("DATABASE_URL", &db.url), ("ORDERS_ADDR", api)], api).await
+}
+
 async fn place_orders(client: &reqwest::Client, api: &str, range: std::ops::Range<i64>) {
     for i in range {
         let response = client
@@ -99,12 +103,7 @@ async fn every_order_event_arrives_exactly_once_after_dedup_even_across_a_worker
         &receiver,
     )
     .await;
-    let _api = start(
-        API,
-        &[("DATABASE_URL", &db.url), ("ORDERS_ADDR", &api)],
-        &api,
-    )
-    .await;
+    let _api = start_api(&db, &api).await;
     let client = reqwest::Client::new();
 
     place_orders(&client, &api, 0..30).await;
@@ -112,20 +111,7 @@ async fn every_order_event_arrives_exactly_once_after_dedup_even_across_a_worker
         WorkerProcess::spawn_with_env(WORKER, &db.url, WORKER_ARGS, &[("WEBHOOK_URL", &webhook)]);
     // Kill the worker while deliveries are in flight (the receiver takes
     // 100 ms per event).
-    wait_until(
-        &db.pool,
-        "SELECT (SELECT count(*) FROM outbox_tasks WHERE state = 'completed') >= 5 \
-            AND (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') >= 1",
-        Duration::from_secs(30),
-    )
-    .await;
-    first.signal("KILL");
-    first.wait(Duration::from_secs(10)).await;
-    let in_flight: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let in_flight = first.kill_mid_flight(&db.pool, 5, 1).await;
 
     place_orders(&client, &api, 30..40).await;
     let second =
@@ -167,12 +153,7 @@ async fn every_order_event_arrives_exactly_once_after_dedup_even_across_a_worker
 async fn a_failed_order_insert_submits_no_event() {
     let db = TestDb::empty().await;
     let api = free_addr();
-    let _api = start(
-        API,
-        &[("DATABASE_URL", &db.url), ("ORDERS_ADDR", &api)],
-        &api,
-    )
-    .await;
+    let _api = start_api(&db, &api).await;
     let client = reqwest::Client::new();
     let refused = client
         .post(format!("http://{api}/orders"))
