@@ -22,6 +22,15 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A payload PostgreSQL cannot store; nothing was written.
+    #[error("task payload of type {task_type:?} cannot be stored: {reason}")]
+    InvalidPayload {
+        /// The task type whose payload was refused.
+        task_type: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+
     /// A submit option is out of range; nothing was written.
     #[error("invalid task option: {0}")]
     InvalidOption(String),

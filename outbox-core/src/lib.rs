@@ -61,6 +61,8 @@ mod wakeup;
 mod worker;
 
 pub use clock::Clock;
+pub use db::classify::is_transient;
+pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};
 pub use error::{Error, Result, StartupProblems};
 pub use handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler};
 pub use migrate::{
@@ -72,8 +74,8 @@ pub use submit::{Batch, submit, submit_batch, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
 pub use wakeup::NOTIFY_DEBOUNCE;
 pub use worker::{
-    CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_APPLICATION_NAME, TaskEvent, TaskEventKind,
-    Worker, WorkerBuilder, WorkerConfig, WorkerCounters,
+    CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_LEASE, MAX_CONCURRENCY, TaskEvent,
+    TaskEventKind, Worker, WorkerBuilder, WorkerConfig, WorkerCounters,
 };
 
 /// What `#[outbox_task]` expands to refers to; not a public API.

@@ -35,10 +35,21 @@ pub async fn recover_stuck(
     timeout: Duration,
     clock: &Clock,
 ) -> Result<RecoveryReport> {
-    let timeout_us = delay_micros(timeout)?;
+    Ok(recover_stuck_as(conn, delay_micros(timeout)?, clock, None).await?)
+}
+
+/// [`recover_stuck`] with the timeout in microseconds, run by `leader` (the
+/// holder of the maintenance lease: nothing changes once it lost the
+/// lease), or by anyone when `None`.
+pub(crate) async fn recover_stuck_as(
+    conn: &mut PgConnection,
+    timeout_us: i64,
+    clock: &Clock,
+    leader: Option<&str>,
+) -> sqlx::Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
     loop {
-        let rows = db::recover_stuck(conn, timeout_us, DEFAULT_BATCH, clock.now()).await?;
+        let rows = db::recover_stuck(conn, timeout_us, DEFAULT_BATCH, clock.now(), leader).await?;
         let full = rows.len() as i64 == DEFAULT_BATCH;
         for (id, dead) in rows {
             if dead {
@@ -70,7 +81,16 @@ pub async fn cleanup_completed(
     batch: i64,
     clock: &Clock,
 ) -> Result<CleanupReport> {
-    let retention_us = delay_micros(retention)?;
+    Ok(cleanup_completed_us(conn, delay_micros(retention)?, batch, clock).await?)
+}
+
+/// [`cleanup_completed`] with the retention in microseconds.
+pub(crate) async fn cleanup_completed_us(
+    conn: &mut PgConnection,
+    retention_us: i64,
+    batch: i64,
+    clock: &Clock,
+) -> sqlx::Result<CleanupReport> {
     let batch = batch.max(1);
     let mut report = CleanupReport::default();
     loop {

@@ -24,12 +24,20 @@ pub struct Migration {
 
 /// Every migration this build knows, in order. Released entries are never
 /// edited: a change is a new file.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "create_tasks",
-    up: include_str!("../../migrations/0001_create_tasks.up.sql"),
-    down: include_str!("../../migrations/0001_create_tasks.down.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "create_tasks",
+        up: include_str!("../../migrations/0001_create_tasks.up.sql"),
+        down: include_str!("../../migrations/0001_create_tasks.down.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "leases",
+        up: include_str!("../../migrations/0002_leases.up.sql"),
+        down: include_str!("../../migrations/0002_leases.down.sql"),
+    },
+];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
 const MIGRATION_LOCK_KEY: i64 = 0x6f75_7462_6f78_0001;

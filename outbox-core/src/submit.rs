@@ -61,6 +61,26 @@ where
     batch.submit(conn).await
 }
 
+/// True when JSON text `json` holds the escape `\u0000` (an encoded NUL),
+/// not merely an escaped backslash followed by `u0000`.
+fn contains_nul_escape(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut from = 0;
+    while let Some(found) = json[from..].find("u0000") {
+        let at = from + found;
+        let backslashes = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if backslashes % 2 == 1 {
+            return true;
+        }
+        from = at + 1;
+    }
+    false
+}
+
 /// A batch of tasks of any types, written in one statement.
 ///
 /// Each push serialises and validates at once, so a bad task is an error
@@ -136,6 +156,14 @@ impl Batch {
         options: TaskOptions,
     ) -> Result<&mut Self> {
         options.validate()?;
+        if contains_nul_escape(&payload) {
+            return Err(Error::InvalidPayload {
+                task_type: task_type.to_owned(),
+                reason: "it contains the character U+0000 (\\u0000), which PostgreSQL's jsonb \
+                         cannot hold; encode binary data (base64, hex) instead"
+                    .to_owned(),
+            });
+        }
         let queue = options.queue.unwrap_or_else(|| default_queue.to_owned());
         let priority = options.priority.unwrap_or(default_priority);
         // The type's own defaults are checked too: a hand-written `impl Task`
@@ -163,5 +191,23 @@ impl Batch {
         let notify = crate::wakeup::queues_to_notify(&self.rows);
         let ids = db::insert_tasks(conn, self.rows, notify).await?;
         Ok(ids.into_iter().map(TaskId).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contains_nul_escape;
+
+    #[test]
+    fn only_a_real_nul_escape_is_found() {
+        assert!(contains_nul_escape(r#"{"a":"x\u0000y"}"#));
+        assert!(contains_nul_escape(
+            &serde_json::to_string("nul\0").unwrap()
+        ));
+        assert!(contains_nul_escape(r#"{"\u0000":1}"#));
+        assert!(contains_nul_escape(r#"["\\\u0000"]"#));
+        assert!(!contains_nul_escape(r#"{"a":"\\u0000"}"#));
+        assert!(!contains_nul_escape(r#"{"u0000":"u0000"}"#));
+        assert!(!contains_nul_escape(r#"{"a":"\u0001"}"#));
     }
 }

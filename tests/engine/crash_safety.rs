@@ -63,6 +63,7 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
     let t0 = micros(Utc::now() + chrono::Duration::hours(1));
     let quiet = WorkerConfig {
         heartbeat_interval: Duration::from_secs(3600),
+        heartbeat_timeout: Duration::from_secs(7200),
         maintenance: false,
         ..WorkerConfig::default()
     };

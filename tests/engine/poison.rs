@@ -1,5 +1,6 @@
-//! Poison rows (a payload that does not decode, a task type nobody handles)
-//! fail with a clear message and never block the tasks behind them.
+//! Poison rows (a payload that does not decode, a task type nobody handles,
+//! an outcome the database refuses) fail with a clear message and never
+//! block the tasks behind them.
 
 use std::time::Duration;
 
@@ -63,19 +64,26 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
     );
     let events = worker
         .wait_for_all(
-            &[(TaskEventKind::Completed, 10), (TaskEventKind::Failed, 2)],
+            &[
+                (TaskEventKind::Completed, 10),
+                (TaskEventKind::Dead, 1),
+                (TaskEventKind::Failed, 1),
+            ],
             Duration::from_secs(20),
         )
         .await;
     worker.stop().await;
     let failed = events
         .iter()
-        .filter(|e| e.kind == TaskEventKind::Failed)
+        .filter(|e| matches!(e.kind, TaskEventKind::Failed | TaskEventKind::Dead))
         .count();
     assert_eq!(failed, 2, "{events:?}");
 
+    // The undecodable payload can never succeed: dead at once, with the
+    // decode error. The unknown type is retried (a newer worker may know it).
     let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
-        "SELECT task_type, state::text, retry_count, last_error FROM outbox_tasks \
+        "SELECT task_type, CASE WHEN dead_at IS NULL THEN state::text ELSE 'dead' END, \
+                retry_count, last_error FROM outbox_tasks \
          WHERE last_error IS NOT NULL ORDER BY id",
     )
     .fetch_all(&db.pool)
@@ -85,12 +93,13 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
     let (ty, state, retries, error) = &rows[0];
     assert_eq!(
         (ty.as_str(), state.as_str(), *retries),
-        ("test.poison.strict", "failed", 1)
+        ("test.poison.strict", "dead", 1)
     );
     assert!(
         error.contains("payload does not decode into")
             && error.contains("Strict")
-            && error.contains("expected u64"),
+            && error.contains("expected u64")
+            && error.contains("dead at once"),
         "{error}"
     );
     let (ty, state, retries, error) = &rows[1];
@@ -156,5 +165,68 @@ async fn an_unstorable_error_message_is_cleaned_and_blocks_nothing() {
     assert_eq!(
         (state.as_str(), error.as_str()),
         ("failed", "bytes \u{FFFD}\u{1} from a device")
+    );
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.poison.refused", queue = "poison-refused", retry_delays = ["1h", "1h"])]
+struct Refused {
+    n: u32,
+}
+
+struct Succeed;
+
+impl TaskHandler<Refused> for Succeed {
+    async fn handle(&self, _ctx: TaskContext, _task: Refused) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test]
+async fn an_outcome_the_database_refuses_for_good_is_recorded_as_a_failure_not_dropped() {
+    let db = TestDb::migrated().await;
+    // The database will refuse to mark task n = 3 completed (a constraint
+    // violation: permanent, unlike a lost connection).
+    sqlx::raw_sql(
+        "ALTER TABLE outbox_tasks ADD CONSTRAINT refuse_three \
+         CHECK (NOT (state = 'completed' AND payload = '{\"n\": 3}'::jsonb))",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ids = outbox::submit_batch(&mut *db.conn().await, (0..6).map(|n| Refused { n }))
+        .await
+        .unwrap();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Refused>(Succeed)
+            .queue("poison-refused", 6)
+            .build()
+            .unwrap(),
+    );
+    worker
+        .wait_for_all(
+            &[(TaskEventKind::Completed, 5), (TaskEventKind::Failed, 1)],
+            Duration::from_secs(20),
+        )
+        .await;
+    worker.stop().await;
+    let (state, retries, error, claimed_by): (String, i32, String, Option<String>) =
+        sqlx::query_as(
+            "SELECT state::text, retry_count, last_error, claimed_by FROM outbox_tasks WHERE id = $1",
+        )
+        .bind(ids[3].0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), retries, claimed_by), ("failed", 1, None));
+    assert!(
+        error.contains("the database rejected this attempt's outcome")
+            && error.contains("refuse_three"),
+        "{error}"
+    );
+    assert_eq!(
+        db.count_by_state().await,
+        vec![("completed".to_owned(), 5), ("failed".to_owned(), 1)]
     );
 }

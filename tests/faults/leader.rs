@@ -1,4 +1,5 @@
-//! One maintenance leader at a time; killing it hands the role over.
+//! One maintenance leader at a time; killing it hands the role over once
+//! its lease runs out.
 
 use std::time::Duration;
 
@@ -16,26 +17,23 @@ const ARGS: &[&str] = &[
     "1s",
 ];
 
-/// The OS pids of the workers holding the maintenance lock in this database.
+/// The OS pid of the worker holding the maintenance lease, if any.
 async fn leaders(db: &TestDb) -> Vec<u32> {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted \
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-           AND a.application_name LIKE $1",
+    let holders: Vec<String> = sqlx::query_scalar(
+        "SELECT holder FROM outbox_leases WHERE name = $1 AND expires_at > now()",
     )
-    .bind(format!("{}%", outbox::MAINTENANCE_APPLICATION_NAME))
+    .bind(outbox::MAINTENANCE_LEASE)
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    // application_name is "outbox-maintenance host:pid:random".
-    names
+    // The holder is "host:pid:random/run".
+    holders
         .iter()
         .map(|n| {
             n.split(':')
                 .nth(1)
                 .and_then(|pid| pid.parse().ok())
-                .expect("pid in application_name")
+                .expect("pid in the lease holder")
         })
         .collect()
 }

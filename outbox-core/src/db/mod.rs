@@ -2,9 +2,13 @@
 //! file per statement, and is called only through the functions here.
 
 pub(crate) mod admin;
+pub(crate) mod classify;
+pub(crate) mod session;
+
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, Row};
 
 /// The channel `submit` notifies and workers listen on; the payload is the
 /// queue name.
@@ -71,22 +75,26 @@ pub(crate) struct ClaimedTask {
     pub(crate) retry_count: i32,
     pub(crate) max_attempts: i32,
     pub(crate) claims: i32,
+    /// The claim token written to claimed_by: unique to the claim statement
+    /// that took the task, and the fence of everything written about this
+    /// attempt afterwards.
+    pub(crate) token: Arc<str>,
 }
 
-/// TX1: claims up to `limit` due tasks of `queue` for `worker`.
+/// TX1: claims up to `limit` due tasks of `queue` under claim `token`.
 pub(crate) async fn claim_tasks(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     queue: &str,
     limit: usize,
-    worker: &str,
+    token: &Arc<str>,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<ClaimedTask>> {
     let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
         .bind(queue.to_owned())
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind(worker.to_owned())
+        .bind(token.to_string())
         .bind(now)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     rows.iter()
         .map(|r| {
@@ -98,6 +106,7 @@ pub(crate) async fn claim_tasks(
                 retry_count: r.try_get("retry_count")?,
                 max_attempts: r.try_get("max_attempts")?,
                 claims: r.try_get("claims")?,
+                token: Arc::clone(token),
             })
         })
         .collect()
@@ -129,6 +138,8 @@ impl NextState {
 pub(crate) struct Finish {
     pub(crate) id: i64,
     pub(crate) claims: i32,
+    /// The claim token of the attempt (the fence, with `claims`).
+    pub(crate) token: Arc<str>,
     pub(crate) state: NextState,
     pub(crate) add_retry: i32,
     pub(crate) delay_us: i64,
@@ -139,73 +150,112 @@ pub(crate) struct Finish {
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
 /// `delete` (retention zero); returns the ids written.
 pub(crate) async fn complete_tasks(
-    pool: &PgPool,
-    ids: Vec<i64>,
-    claims: Vec<i32>,
+    conn: &mut PgConnection,
+    batch: &[&Finish],
     delete: bool,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<i64>> {
+    let ids: Vec<i64> = batch.iter().map(|f| f.id).collect();
+    let claims: Vec<i32> = batch.iter().map(|f| f.claims).collect();
+    let tokens: Vec<&str> = batch.iter().map(|f| &*f.token).collect();
     let query = if delete {
         sqlx::query_scalar(include_str!("sql/delete_completed_tasks.sql"))
             .bind(ids)
             .bind(claims)
+            .bind(tokens)
     } else {
         sqlx::query_scalar(include_str!("sql/complete_tasks.sql"))
             .bind(ids)
             .bind(claims)
+            .bind(tokens)
             .bind(now)
     };
-    query.fetch_all(pool).await
+    query.fetch_all(conn).await
 }
 
 /// TX2: writes a batch of outcomes in one statement; returns the ids that
 /// were written (a fenced-out stale outcome is missing from it).
 pub(crate) async fn finish_tasks(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     batch: &[&Finish],
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<i64>> {
     let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))
         .bind(batch.iter().map(|f| f.id).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.claims).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| &*f.token).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.state.as_sql()).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.add_retry).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.delay_us).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.dead).collect::<Vec<_>>())
-        .bind(batch.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|f| f.error.as_deref()).collect::<Vec<_>>())
         .bind(now)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     rows.iter().map(|r| r.try_get("id")).collect()
 }
 
-/// Bumps heartbeat_at of `ids` still held by `worker`; returns the count.
+/// The fallback when one outcome was rejected for good: the attempt counts
+/// as failed with `error` (dead if it was the last), so the task leaves
+/// PROCESSING visibly instead of waiting for recovery. Returns whether the
+/// row was still this attempt's.
+pub(crate) async fn fail_unwritable(
+    conn: &mut PgConnection,
+    finish: &Finish,
+    error: &str,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(include_str!("sql/fail_unwritable.sql"))
+        .bind(finish.id)
+        .bind(&*finish.token)
+        .bind(error)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Bumps heartbeat_at of `ids` still held under one of `tokens`; returns
+/// the count.
 pub(crate) async fn heartbeat(
-    pool: &PgPool,
-    ids: Vec<i64>,
-    worker: &str,
+    conn: &mut PgConnection,
+    ids: &[i64],
+    tokens: &[Arc<str>],
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(include_str!("sql/heartbeat.sql"))
         .bind(ids)
-        .bind(worker.to_owned())
+        .bind(tokens.iter().map(|t| &**t).collect::<Vec<_>>())
         .bind(now)
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(done.rows_affected())
 }
 
-/// Recovers up to `limit` stuck tasks; returns (id, now dead) pairs.
+/// Puts every task still held under one of `tokens` back to PENDING without
+/// counting an attempt; returns their ids.
+pub(crate) async fn release_claims(
+    conn: &mut PgConnection,
+    tokens: &[Arc<str>],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(include_str!("sql/release_claims.sql"))
+        .bind(tokens.iter().map(|t| &**t).collect::<Vec<_>>())
+        .fetch_all(conn)
+        .await
+}
+
+/// Recovers up to `limit` stuck tasks; returns (id, now dead) pairs. With
+/// `leader`, only while that worker holds the maintenance lease.
 pub(crate) async fn recover_stuck(
     conn: &mut PgConnection,
     timeout_us: i64,
     limit: i64,
     now: Option<DateTime<Utc>>,
+    leader: Option<&str>,
 ) -> sqlx::Result<Vec<(i64, bool)>> {
     sqlx::query_as(include_str!("sql/recover_stuck.sql"))
         .bind(timeout_us)
         .bind(limit)
         .bind(now)
+        .bind(leader)
         .fetch_all(conn)
         .await
 }
@@ -226,10 +276,33 @@ pub(crate) async fn cleanup_completed(
     Ok(done.rows_affected())
 }
 
-/// Tries to take the cluster-wide maintenance lock on this session.
-pub(crate) async fn try_lock_maintenance(conn: &mut PgConnection, key: i64) -> sqlx::Result<bool> {
-    sqlx::query_scalar(include_str!("sql/try_lock_maintenance.sql"))
-        .bind(key)
-        .fetch_one(conn)
-        .await
+/// Takes or renews lease `name` for `holder` for `ttl_us`; returns whether
+/// `holder` holds it now.
+pub(crate) async fn acquire_lease(
+    conn: &mut PgConnection,
+    name: &str,
+    holder: &str,
+    ttl_us: i64,
+) -> sqlx::Result<bool> {
+    let held: Option<i64> = sqlx::query_scalar(include_str!("sql/acquire_lease.sql"))
+        .bind(name)
+        .bind(holder)
+        .bind(ttl_us)
+        .fetch_optional(conn)
+        .await?;
+    Ok(held.is_some())
+}
+
+/// Gives lease `name` up at once if `holder` has it.
+pub(crate) async fn release_lease(
+    conn: &mut PgConnection,
+    name: &str,
+    holder: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(include_str!("sql/release_lease.sql"))
+        .bind(name)
+        .bind(holder)
+        .execute(conn)
+        .await?;
+    Ok(())
 }

@@ -2,37 +2,43 @@
 //! write goes in one statement, so batches grow with load and latency stays
 //! low when idle. Up to `finish_lanes` writes are in flight at once, so the
 //! wait for one commit's WAL flush overlaps the next batch (and PostgreSQL
-//! can flush them together). A write that fails is retried until it
-//! succeeds: an outcome is never silently dropped.
+//! can flush them together).
+//!
+//! An outcome is never dropped for a transient error: its write is retried
+//! with backoff on a fresh connection for as long as the worker runs, its
+//! task stays in the worker's holdings (and so keeps being heartbeated),
+//! and while every lane is busy retrying no more outcomes are taken in,
+//! which stops the executor and so the claims (backpressure). Only a
+//! permanent error for one outcome ends it, as a visible failure on the
+//! row. At shutdown the writes get until the flush deadline; what is still
+//! unwritten then is logged with its task ids and released at exit or, if
+//! the database stays away, left to stuck-task recovery.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::events::{TaskEvent, TaskEventKind};
 use super::executor::Done;
 use super::outage::Outage;
-use crate::db::{self, Finish, NextState};
+use crate::db::{self, Finish, NextState, classify::is_transient, session::call};
 use crate::task::TaskId;
-
-/// How many times a batch is retried once shutdown has begun, before its
-/// tasks are left to stuck-task recovery.
-const SHUTDOWN_WRITE_ATTEMPTS: u32 = 20;
 
 pub(crate) async fn run(
     shared: Arc<Shared>,
     mut done: mpsc::Receiver<Done>,
     events: broadcast::Sender<TaskEvent>,
+    give_up: CancellationToken,
 ) {
     let cap = shared.config.max_finish_batch.max(1);
     let lanes = shared.config.finish_lanes.max(1);
     let writer = Arc::new(Writer {
         shared: Arc::clone(&shared),
-        outage: Mutex::new(Outage::new("completer")),
-        closing: AtomicBool::new(false),
+        outage: std::sync::Mutex::new(Outage::new("completer")),
+        give_up,
     });
     let mut writes = JoinSet::new();
     loop {
@@ -40,92 +46,136 @@ pub(crate) async fn run(
             let _ = writes.join_next().await;
         }
         let mut buffer: Vec<Done> = Vec::with_capacity(cap);
-        if done.recv_many(&mut buffer, cap).await == 0 {
+        let received = tokio::select! {
+            n = done.recv_many(&mut buffer, cap) => n,
+            // A handler that never returns keeps its sender alive: at the
+            // flush deadline stop waiting for it (its task is still held
+            // and is released at exit).
+            () = writer.give_up.cancelled() => 0,
+        };
+        if received == 0 {
             break; // every sender is gone and the queue is empty
         }
         let writer = Arc::clone(&writer);
         let events = events.clone();
         writes.spawn(async move {
-            match writer.write(&buffer).await {
-                Some(written) => publish(&events, &buffer, &written),
-                None => tracing::error!(
-                    outcomes = buffer.len(),
-                    "could not write outcomes before exit; stuck-task recovery will rerun these tasks"
-                ),
-            }
+            let parts = writer.write(&buffer).await;
+            publish(&writer.shared, &events, &buffer, &parts);
         });
     }
-    writer.closing.store(true, Ordering::Relaxed);
     while writes.join_next().await.is_some() {}
+}
+
+/// What became of each outcome of a batch.
+#[derive(Debug, Default)]
+struct Written {
+    /// Written as the handler said.
+    ids: Vec<i64>,
+    /// Rejected for good; the attempt was recorded as failed instead.
+    rejected: Vec<i64>,
+    /// Not written before the flush deadline: the task is still held.
+    unwritten: Vec<i64>,
 }
 
 /// Writes batches, retrying through outages.
 struct Writer {
     shared: Arc<Shared>,
-    outage: Mutex<Outage>,
-    /// Set once no more outcomes can arrive: retries are then bounded.
-    closing: AtomicBool,
+    outage: std::sync::Mutex<Outage>,
+    /// Cancelled at the flush deadline of a shutdown: stop retrying.
+    give_up: CancellationToken,
 }
 
 impl Writer {
     /// Writes `batch`: successes through the fast path, anything else
-    /// through the general statement. Returns the ids written, or `None`
-    /// when the worker is stopping and the database stayed away.
-    async fn write(&self, batch: &[Done]) -> Option<Vec<i64>> {
+    /// through the general statement.
+    async fn write(&self, batch: &[Done]) -> Written {
         let (successes, others): (Vec<&Finish>, Vec<&Finish>) = batch
             .iter()
             .map(|d| &d.finish)
             .partition(|f| f.state == NextState::Completed);
-        let mut written = Vec::with_capacity(batch.len());
-        if !successes.is_empty() {
-            written.extend(self.write_part(&successes).await?);
+        let mut written = Written::default();
+        for part in [successes, others] {
+            if !part.is_empty() {
+                self.write_part(&part, &mut written).await;
+            }
         }
-        if !others.is_empty() {
-            written.extend(self.write_part(&others).await?);
-        }
-        Some(written)
+        written
     }
 
-    /// Writes outcomes that all go through the same statement, retrying
-    /// through outages.
-    async fn write_part(&self, part: &[&Finish]) -> Option<Vec<i64>> {
-        let mut tries_after_close = 0;
+    /// Writes outcomes that all go through the same statement.
+    async fn write_part(&self, part: &[&Finish], written: &mut Written) {
+        match self.retrying("outcome", || self.statement(part)).await {
+            Some(Ok(ids)) => written.ids.extend(ids),
+            None => written.unwritten.extend(part.iter().map(|f| f.id)),
+            // The server refused the statement itself: one outcome must be
+            // unwritable. Write them one by one so that it cannot hold back
+            // the others.
+            Some(Err(error)) if part.len() > 1 => {
+                tracing::error!(%error, outcomes = part.len(), "a batch of outcomes was rejected; writing them one by one");
+                for one in part {
+                    Box::pin(self.write_part(std::slice::from_ref(one), written)).await;
+                }
+            }
+            Some(Err(error)) => self.reject(part[0], &error, written).await,
+        }
+    }
+
+    /// One outcome was rejected for good: record the attempt as failed with
+    /// the rejection as its error, so the row says what happened.
+    async fn reject(&self, finish: &Finish, error: &sqlx::Error, written: &mut Written) {
+        let message = format!("the database rejected this attempt's outcome: {error}");
+        tracing::error!(task_id = finish.id, %error, "outcome rejected; recording the attempt as failed");
+        let shared = &self.shared;
+        let fallback = self
+            .retrying("rejected outcome", || {
+                call(&shared.engine, shared.deadline, "outcome", async |conn| {
+                    db::fail_unwritable(conn, finish, &message).await
+                })
+            })
+            .await;
+        match fallback {
+            Some(Ok(true)) => written.rejected.push(finish.id),
+            // Fenced out: the task is no longer this attempt's.
+            Some(Ok(false)) => {}
+            Some(Err(error)) => {
+                // Even the bare failure was refused; stop holding the task
+                // so stuck-task recovery returns it after the timeout.
+                tracing::error!(task_id = finish.id, %error, "could not record the rejected outcome either; stuck-task recovery will return the task");
+            }
+            None => written.unwritten.push(finish.id),
+        }
+    }
+
+    /// Runs `attempt` until it succeeds or fails permanently (`Some`), or
+    /// until the flush deadline of a shutdown passes (`None`).
+    async fn retrying<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut attempt: F,
+    ) -> Option<sqlx::Result<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = sqlx::Result<T>>,
+    {
         loop {
-            self.shared.counters.finished(part.len());
-            match self.statement(part).await {
-                Ok(written) => {
+            let result = tokio::select! {
+                r = attempt() => r,
+                () = self.give_up.cancelled() => return None,
+            };
+            match result {
+                Ok(value) => {
                     self.outage().ok();
-                    return Some(written);
+                    return Some(Ok(value));
                 }
-                // The server rejected the statement itself (not the
-                // connection): one outcome must be unwritable. Write them
-                // one by one so that it cannot hold back the others.
-                Err(sqlx::Error::Database(error)) if part.len() > 1 => {
-                    tracing::error!(%error, outcomes = part.len(), "a batch of outcomes was rejected; writing them one by one");
-                    let mut written = Vec::with_capacity(part.len());
-                    for one in part {
-                        written.extend(Box::pin(self.write_part(std::slice::from_ref(one))).await?);
-                    }
-                    return Some(written);
-                }
-                Err(sqlx::Error::Database(error)) => {
-                    tracing::error!(
-                        task_id = part.first().map(|f| f.id),
-                        %error,
-                        "the database rejected this outcome; the task is left to stuck-task recovery"
-                    );
-                    return Some(Vec::new());
-                }
-                Err(error) => {
+                Err(error) if is_transient(&error) => {
                     let backoff = self.outage().failed(&error);
-                    if self.closing.load(Ordering::Relaxed) {
-                        tries_after_close += 1;
-                        if tries_after_close >= SHUTDOWN_WRITE_ATTEMPTS {
-                            return None;
-                        }
+                    tracing::debug!(what, %error, ?backoff, "write failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = self.give_up.cancelled() => return None,
                     }
-                    tokio::time::sleep(backoff).await;
                 }
+                Err(error) => return Some(Err(error)),
             }
         }
     }
@@ -133,21 +183,18 @@ impl Writer {
     /// One statement for `part`: the fast path when every outcome is a
     /// success.
     async fn statement(&self, part: &[&Finish]) -> sqlx::Result<Vec<i64>> {
-        let config = &self.shared.config;
-        if part.iter().all(|f| f.state == NextState::Completed) {
-            let ids = part.iter().map(|f| f.id).collect();
-            let claims = part.iter().map(|f| f.claims).collect();
-            db::complete_tasks(
-                &self.shared.pool,
-                ids,
-                claims,
-                config.delete_completed,
-                config.clock.now(),
-            )
-            .await
-        } else {
-            db::finish_tasks(&self.shared.pool, part, config.clock.now()).await
-        }
+        let shared = &self.shared;
+        let config = &shared.config;
+        shared.counters.finished(part.len());
+        let now = config.clock.now();
+        call(&shared.engine, shared.deadline, "outcome", async |conn| {
+            if part.iter().all(|f| f.state == NextState::Completed) {
+                db::complete_tasks(conn, part, config.delete_completed, now).await
+            } else {
+                db::finish_tasks(conn, part, now).await
+            }
+        })
+        .await
     }
 
     fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
@@ -158,14 +205,30 @@ impl Writer {
 /// Counter of committed outcomes, by task type and outcome.
 pub(crate) const TASKS_PROCESSED: &str = "outbox_tasks_processed_total";
 
-/// Counts committed outcomes and tells subscribers, only now that TX2 has
-/// committed.
-fn publish(events: &broadcast::Sender<TaskEvent>, batch: &[Done], written: &[i64]) {
-    let written: std::collections::HashSet<i64> = written.iter().copied().collect();
+/// Settles the batch in the worker's holdings, counts committed outcomes
+/// and tells subscribers, only now that TX2 has committed.
+fn publish(
+    shared: &Shared,
+    events: &broadcast::Sender<TaskEvent>,
+    batch: &[Done],
+    written: &Written,
+) {
+    use std::collections::HashSet;
+    let ids: HashSet<i64> = written.ids.iter().copied().collect();
+    let rejected: HashSet<i64> = written.rejected.iter().copied().collect();
+    let unwritten: HashSet<i64> = written.unwritten.iter().copied().collect();
     let subscribed = events.receiver_count() > 0;
     for d in batch {
-        let kind = if written.contains(&d.finish.id) {
+        let id = d.finish.id;
+        if unwritten.contains(&id) {
+            // Still held: released at exit, or recovered after the timeout.
+            continue;
+        }
+        shared.holdings.done(id, &d.finish.token);
+        let kind = if ids.contains(&id) {
             d.kind
+        } else if rejected.contains(&id) {
+            TaskEventKind::Failed
         } else {
             TaskEventKind::Stale
         };
@@ -173,10 +236,16 @@ fn publish(events: &broadcast::Sender<TaskEvent>, batch: &[Done], written: &[i64
             .increment(1);
         if subscribed {
             let _ = events.send(TaskEvent {
-                id: TaskId(d.finish.id),
+                id: TaskId(id),
                 task_type: d.task_type.to_string(),
                 kind,
             });
         }
+    }
+    if !written.unwritten.is_empty() {
+        tracing::error!(
+            task_ids = ?written.unwritten,
+            "outcomes not written before the flush deadline; these tasks run again (released at exit, or recovered after the heartbeat timeout)"
+        );
     }
 }

@@ -1,16 +1,14 @@
 //! Runs one claimed attempt: decode, call the handler with no transaction
 //! or lock held, and turn its result into the outcome TX2 will write.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use tokio::task::AbortHandle;
 use tracing::Instrument;
 
 use super::Shared;
 use super::events::TaskEventKind;
-use crate::db::{self, ClaimedTask, Finish, NextState};
+use crate::db::{ClaimedTask, Finish, NextState};
 use crate::handler::{Outcome, TaskContext};
 use crate::options::clamped_delay_micros;
 use crate::retry::delay_after_failure;
@@ -27,54 +25,10 @@ pub(crate) struct Done {
     pub(crate) task_type: Arc<str>,
 }
 
-/// The attempts whose handlers are running, by task id, with their claim
-/// (for fencing) and a handle to abort them at the end of a shutdown.
-#[derive(Clone, Default)]
-pub(crate) struct InFlight(Arc<Mutex<RunningAttempts>>);
-
-/// Task id -> (claims at the claim, abort handle of the running handler).
-type RunningAttempts = HashMap<i64, (i32, Option<AbortHandle>)>;
-
-impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, RunningAttempts> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn insert(&self, id: i64, claims: i32) {
-        self.lock().insert(id, (claims, None));
-    }
-
-    fn set_abort(&self, id: i64, abort: AbortHandle) {
-        if let Some(entry) = self.lock().get_mut(&id) {
-            entry.1 = Some(abort);
-        }
-    }
-
-    /// The ids of every running attempt.
-    pub(crate) fn ids(&self) -> Vec<i64> {
-        self.lock().keys().copied().collect()
-    }
-
-    fn remove(&self, id: i64) {
-        self.lock().remove(&id);
-    }
-
-    /// Takes every running attempt out of the map.
-    fn drain(&self) -> Vec<(i64, i32, Option<AbortHandle>)> {
-        self.lock()
-            .drain()
-            .map(|(id, (claims, abort))| (id, claims, abort))
-            .collect()
-    }
-}
-
-/// Runs one attempt and queues its outcome. The permit (the executor slot)
-/// is held until the outcome is queued, so a slow completer slows claiming
-/// instead of piling up outcomes in memory.
+/// Runs one attempt (already recorded in the worker's holdings by the
+/// producer) and queues its outcome. The permit (the executor slot) is held
+/// until the outcome is queued, so a slow completer slows claiming instead
+/// of piling up outcomes in memory.
 pub(crate) async fn execute(
     shared: Arc<Shared>,
     task: ClaimedTask,
@@ -91,15 +45,15 @@ pub(crate) async fn execute(
         attempt
     );
     async move {
-        shared.in_flight.insert(task.id, task.claims);
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
         let started = std::time::Instant::now();
         let result = run_handler(&shared, &task, Arc::clone(&task_type), attempt).await;
         metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());
-        shared.in_flight.remove(task.id);
+        shared.holdings.ran(task.id, &task.token);
         let Some(result) = result else {
-            // Aborted at the end of a shutdown; the task was released.
+            // Aborted at the end of a shutdown: the task stays held and is
+            // released with the rest.
             return;
         };
         let (finish, kind) = outcome_to_finish(&shared, &task, result);
@@ -110,7 +64,7 @@ pub(crate) async fn execute(
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
         if done.send(Done { finish, kind, task_type }).await.is_err() {
-            tracing::error!("completer is gone; the outcome is left to recovery");
+            tracing::error!("completer is gone; the task is released at exit");
         }
         drop(permit);
     }
@@ -144,12 +98,20 @@ async fn run_handler(
     };
     let future = match entry.handler.start(ctx, &task.payload) {
         Ok(f) => f,
-        Err(decode_error) => return Some(Err(decode_error)),
+        // No attempt can make these bytes decode into this type: dead now,
+        // with the reason, rather than ten retries over two days.
+        Err(decode_error) => {
+            return Some(Ok(Outcome::GiveUp(format!(
+                "{decode_error}; no retry can fix this payload, so the task is dead at once"
+            ))));
+        }
     };
     // Its own tokio task, so a panic fails this attempt instead of the
     // worker, and shutdown can abort it.
     let handle = tokio::spawn(future.instrument(tracing::Span::current()));
-    shared.in_flight.set_abort(task.id, handle.abort_handle());
+    shared
+        .holdings
+        .running(task.id, &task.token, handle.abort_handle());
     match handle.await {
         Ok(Ok(outcome)) => Some(Ok(outcome)),
         Ok(Err(error)) => Some(Err(error.message().to_owned())),
@@ -177,6 +139,7 @@ fn outcome_to_finish(
     let base = Finish {
         id: task.id,
         claims: task.claims,
+        token: Arc::clone(&task.token),
         state: NextState::Completed,
         add_retry: 0,
         delay_us: 0,
@@ -254,45 +217,6 @@ fn storable(mut message: String) -> String {
         message.push_str("... (truncated)");
     }
     message
-}
-
-/// At the end of the grace period: aborts every running handler and puts
-/// its task back to PENDING without counting an attempt, so another worker
-/// takes it at once.
-pub(crate) async fn release_unfinished(shared: &Shared) {
-    let running = shared.in_flight.drain();
-    if running.is_empty() {
-        return;
-    }
-    let mut batch = Vec::with_capacity(running.len());
-    for (id, claims, abort) in running {
-        if let Some(abort) = abort {
-            abort.abort();
-        }
-        batch.push(Finish {
-            id,
-            claims,
-            state: NextState::Pending,
-            add_retry: 0,
-            delay_us: 0,
-            dead: false,
-            error: None,
-        });
-    }
-    let refs: Vec<&Finish> = batch.iter().collect();
-    for attempt in 1..=5 {
-        match db::finish_tasks(&shared.pool, &refs, shared.config.clock.now()).await {
-            Ok(ids) => {
-                tracing::info!(released = ids.len(), "released unfinished tasks");
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(%error, attempt, "could not release unfinished tasks");
-                tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
-            }
-        }
-    }
-    tracing::error!("unfinished tasks stay PROCESSING; stuck-task recovery will return them");
 }
 
 #[cfg(test)]

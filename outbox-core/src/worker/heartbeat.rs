@@ -1,5 +1,8 @@
-//! Keeps this worker's in-flight tasks alive: one UPDATE per interval for
-//! all of them, so the cost does not grow with concurrency.
+//! Keeps this worker's tasks alive: one UPDATE per interval for all of
+//! them, so the cost does not grow with concurrency. "All of them" includes
+//! tasks whose handler has returned but whose outcome is still waiting to
+//! be written (the database may be away): they are still this worker's,
+//! and recovery must not hand them to another worker meanwhile.
 
 use std::sync::Arc;
 
@@ -7,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::outage::Outage;
-use crate::db;
+use crate::db::{self, session::call};
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut outage = Outage::new("heartbeat");
@@ -16,19 +19,20 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             () = tokio::time::sleep(shared.config.heartbeat_interval) => {}
             () = stop.cancelled() => return,
         }
-        let ids = shared.in_flight.ids();
+        let (ids, tokens) = shared.holdings.heartbeat_targets();
         if ids.is_empty() {
             continue;
         }
         shared.counters.heartbeat();
-        match db::heartbeat(
-            &shared.pool,
-            ids,
-            &shared.config.worker_id,
-            shared.config.clock.now(),
-        )
-        .await
-        {
+        let now = shared.config.clock.now();
+        let beat = call(&shared.engine, shared.deadline, "heartbeat", async |conn| {
+            db::heartbeat(conn, &ids, &tokens, now).await
+        });
+        let result = tokio::select! {
+            r = beat => r,
+            () = stop.cancelled() => return,
+        };
+        match result {
             Ok(_) => outage.ok(),
             // The next interval tries again; recovery only steps in after
             // the (much longer) heartbeat timeout.

@@ -2,62 +2,96 @@
 //! producer of the named queue. A lost connection is re-established, and
 //! every producer is woken then, since notifications sent meanwhile are lost
 //! (the fallback poll would find those tasks too, only later).
+//!
+//! A LISTEN connection is idle by nature, so a half-open one would wait
+//! forever: when nothing has arrived for a while the listener pings the
+//! server under a deadline and starts over on a new connection if the ping
+//! goes unanswered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sqlx::PgPool;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::outage::Outage;
 use crate::db::NOTIFY_CHANNEL;
+use crate::db::classify::deadline_exceeded;
+use crate::db::session::listener_pool;
 
 pub(crate) async fn run(
-    pool: PgPool,
+    options: PgConnectOptions,
+    deadline: Duration,
+    ping_every: Duration,
     wakers: Arc<HashMap<String, Arc<Notify>>>,
     stop: CancellationToken,
 ) {
     let wake_all = || wakers.values().for_each(|w| w.notify_one());
     let mut outage = Outage::new("listener");
     loop {
-        let connected = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(NOTIFY_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
-        };
-        let mut listener = tokio::select! {
-            result = connected => match result {
-                Ok(l) => l,
-                Err(error) => {
-                    let backoff = outage.failed(&error);
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => continue,
-                        () = stop.cancelled() => return,
-                    }
-                }
-            },
+        let error = tokio::select! {
+            e = listen(&options, deadline, ping_every, &wakers, &mut outage) => e,
             () = stop.cancelled() => return,
         };
-        outage.ok();
+        // Whatever was notified while we were away is found by this wake-up.
         wake_all();
-        loop {
-            let received = tokio::select! {
-                r = listener.try_recv() => r,
-                () = stop.cancelled() => return,
-            };
-            match received {
-                Ok(Some(notification)) => {
-                    if let Some(waker) = wakers.get(notification.payload()) {
-                        waker.notify_one();
-                    }
+        let backoff = outage.failed(&error);
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Connects, LISTENs and forwards notifications until the connection fails
+/// or stops answering; returns why.
+async fn listen(
+    options: &PgConnectOptions,
+    deadline: Duration,
+    ping_every: Duration,
+    wakers: &HashMap<String, Arc<Notify>>,
+    outage: &mut Outage,
+) -> sqlx::Error {
+    // A pool of its own per connection: dropping it (and the listener)
+    // closes the session without sqlx's release ping.
+    let pool = listener_pool(options, deadline);
+    let connected = tokio::time::timeout(deadline, async {
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok::<_, sqlx::Error>(listener)
+    })
+    .await;
+    let mut listener = match connected {
+        Ok(Ok(l)) => l,
+        Ok(Err(error)) => return error,
+        Err(_) => return deadline_exceeded("listen", deadline),
+    };
+    // Reconnecting is ours to do (with a deadline, and a wake-up after).
+    listener.eager_reconnect(false);
+    outage.ok();
+    for waker in wakers.values() {
+        waker.notify_one();
+    }
+    loop {
+        match tokio::time::timeout(ping_every, listener.try_recv()).await {
+            Ok(Ok(Some(notification))) => {
+                if let Some(waker) = wakers.get(notification.payload()) {
+                    waker.notify_one();
                 }
-                // The connection dropped; the next try_recv reconnects.
-                Ok(None) => wake_all(),
-                Err(error) => {
-                    let _ = outage.failed(&error);
-                    break;
+            }
+            Ok(Ok(None)) => {
+                return sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into());
+            }
+            Ok(Err(error)) => return error,
+            Err(_) => {
+                // Quiet for a while: make sure the server is still there.
+                let ping = sqlx::query("SELECT 1").execute(&mut listener);
+                match tokio::time::timeout(deadline, ping).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return error,
+                    Err(_) => return deadline_exceeded("listener ping", deadline),
                 }
             }
         }

@@ -1,131 +1,150 @@
 //! Runs maintenance (stuck-task recovery, cleanup) on one worker of the
 //! cluster at a time.
 //!
-//! Every worker campaigns for a session-level advisory lock on a dedicated
-//! connection; the holder is the leader and runs maintenance on that same
-//! connection. When the leader dies or loses its connection, the server
-//! drops the lock and the next campaigning worker takes over within one
-//! maintenance interval.
+//! The leader holds a lease (a row in `outbox_leases`) that runs out on the
+//! database's clock unless renewed. Every worker tries to take or renew it
+//! once per maintenance interval; the holder renews it and runs
+//! maintenance. A leader that dies, or goes silent behind a half-open
+//! connection, stops renewing, and another worker takes over once the
+//! lease has run out: within [`lease_ttl`] plus one interval. Recovery is
+//! fenced on the lease, so a silent leader that wakes up cannot act on what
+//! it saw before.
+//!
+//! When the database comes back from an outage, every worker's heartbeats
+//! are stale at once, through no fault of theirs. So recovery waits two
+//! heartbeat intervals after this worker starts or regains the database,
+//! long enough for every worker that was cut off with it to report its
+//! tasks alive; otherwise an outage longer than the heartbeat timeout would
+//! hand live tasks to a second worker.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::outage::Outage;
-use crate::db;
-use crate::maintenance::{DEFAULT_BATCH, cleanup_completed, recover_stuck};
+use crate::db::{self, session::call};
+use crate::maintenance::{DEFAULT_BATCH, cleanup_completed_us, recover_stuck_as};
+use crate::options::delay_micros;
 
-/// An arbitrary constant naming the "outbox maintenance leader" lock.
-const MAINTENANCE_LOCK_KEY: i64 = 0x6f75_7462_6f78_0002;
+/// The name of the maintenance leader's lease in `outbox_leases`.
+pub const MAINTENANCE_LEASE: &str = "maintenance";
 
-/// The application_name prefix of the leader's connection, so operators
-/// (and tests) can see who leads in pg_stat_activity.
-pub const MAINTENANCE_APPLICATION_NAME: &str = "outbox-maintenance";
+/// How long a lease lasts when not renewed: two maintenance intervals (so
+/// one slow renewal does not lose it), and at least a second.
+pub(crate) fn lease_ttl(interval: Duration) -> Duration {
+    (interval * 2).max(Duration::from_secs(1))
+}
+
+/// A shutdown hands the lease over with this much patience at most.
+const RESIGN_DEADLINE: Duration = Duration::from_secs(1);
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let options: PgConnectOptions = shared
-        .pool
-        .connect_options()
-        .as_ref()
-        .clone()
-        .application_name(&format!(
-            "{MAINTENANCE_APPLICATION_NAME} {}",
-            shared.config.worker_id
-        ));
-    let mut outage = Outage::new("maintenance");
-    loop {
-        let connected = tokio::select! {
-            c = options.connect() => c,
-            () = stop.cancelled() => return,
-        };
-        let mut conn = match connected {
-            Ok(conn) => conn,
-            Err(error) => {
-                let backoff = outage.failed(&error);
-                if sleep_or_stop(backoff, &stop).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        outage.ok();
-        match campaign_and_lead(&shared, &mut conn, &stop).await {
-            Ok(()) => {
-                // Stopping: closing the session releases the lock at once.
-                let _ = conn.close().await;
-                return;
-            }
-            Err(error) => {
-                let backoff = outage.failed(&error);
-                drop(conn);
-                if sleep_or_stop(backoff, &stop).await {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Campaigns until elected, then leads until stopped. Returns `Ok` only
-/// when stopped; any database error ends leadership (the caller drops the
-/// connection, which releases the lock).
-async fn campaign_and_lead(
-    shared: &Shared,
-    conn: &mut PgConnection,
-    stop: &CancellationToken,
-) -> sqlx::Result<()> {
     let interval = shared.config.maintenance_interval;
-    while !db::try_lock_maintenance(conn, MAINTENANCE_LOCK_KEY).await? {
-        if sleep_or_stop(interval, stop).await {
-            return Ok(());
+    let ttl_us = delay_micros(lease_ttl(interval)).unwrap_or(i64::MAX);
+    let holder = shared.holdings.run_id().to_owned();
+    let mut outage = Outage::new("maintenance");
+    let mut leading = false;
+    let mut last_cleanup: Option<Instant> = None;
+    let settle = shared.config.heartbeat_interval * 2;
+    // Since when this worker has reached the database without a failure.
+    let mut reachable_since = Some(Instant::now());
+    loop {
+        let renew = call(&shared.engine, shared.deadline, "lease", async |conn| {
+            db::acquire_lease(conn, MAINTENANCE_LEASE, &holder, ttl_us).await
+        });
+        let held = tokio::select! {
+            r = renew => r,
+            () = stop.cancelled() => break,
+        };
+        let mut wait = interval;
+        match held {
+            Ok(true) => {
+                outage.ok();
+                let since = *reachable_since.get_or_insert_with(Instant::now);
+                if !leading {
+                    tracing::info!(worker_id = %shared.config.worker_id, "elected maintenance leader");
+                    leading = true;
+                }
+                let recover = since.elapsed() >= settle;
+                let work = maintain(&shared, &holder, recover, &mut last_cleanup);
+                match tokio::select! { r = work => r, () = stop.cancelled() => break } {
+                    Ok(()) => {}
+                    Err(error) => {
+                        reachable_since = None;
+                        wait = wait.min(outage.failed(&error));
+                    }
+                }
+            }
+            Ok(false) => {
+                outage.ok();
+                reachable_since.get_or_insert_with(Instant::now);
+                if leading {
+                    tracing::warn!(
+                        "another worker took over maintenance (this one's lease ran out)"
+                    );
+                    leading = false;
+                }
+            }
+            Err(error) => {
+                reachable_since = None;
+                wait = wait.min(outage.failed(&error));
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => break,
         }
     }
-    tracing::info!(worker_id = %shared.config.worker_id, "elected maintenance leader");
-    let mut last_cleanup: Option<Instant> = None;
-    loop {
-        let clock = &shared.config.clock;
-        match recover_stuck(conn, shared.config.heartbeat_timeout, clock).await {
-            Ok(report) => {
-                if !report.recovered.is_empty() || !report.dead.is_empty() {
-                    tracing::warn!(
-                        recovered = ?report.recovered,
-                        dead = ?report.dead,
-                        "recovered tasks whose worker stopped heartbeating"
-                    );
-                }
-            }
-            Err(crate::Error::Database(e)) => return Err(e),
-            Err(other) => tracing::error!(error = %other, "stuck-task recovery failed"),
-        }
-        if last_cleanup.is_none_or(|t| t.elapsed() >= shared.config.cleanup_interval) {
-            match cleanup_completed(conn, shared.config.retention, DEFAULT_BATCH, clock).await {
-                Ok(report) if report.deleted > 0 => {
-                    tracing::info!(
-                        deleted = report.deleted,
-                        batches = report.batches,
-                        "cleaned up completed tasks"
-                    );
-                }
-                Ok(_) => {}
-                Err(crate::Error::Database(e)) => return Err(e),
-                Err(other) => tracing::error!(error = %other, "cleanup failed"),
-            }
-            last_cleanup = Some(Instant::now());
-        }
-        if sleep_or_stop(interval, stop).await {
-            return Ok(());
+    if leading {
+        let resign = call(&shared.engine, RESIGN_DEADLINE, "lease", async |conn| {
+            db::release_lease(conn, MAINTENANCE_LEASE, &holder).await
+        });
+        if let Err(error) = resign.await {
+            tracing::info!(%error, "could not hand the maintenance lease over; it runs out by itself");
         }
     }
 }
 
-/// Sleeps; true when stopped instead.
-async fn sleep_or_stop(duration: std::time::Duration, stop: &CancellationToken) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(duration) => false,
-        () = stop.cancelled() => true,
+/// One round of maintenance as the lease holder; recovery only when
+/// `recover` (the database has been reachable long enough).
+async fn maintain(
+    shared: &Shared,
+    holder: &str,
+    recover: bool,
+    last_cleanup: &mut Option<Instant>,
+) -> sqlx::Result<()> {
+    let config = &shared.config;
+    // Both durations were checked when the worker was built.
+    let timeout_us = delay_micros(config.heartbeat_timeout).unwrap_or(i64::MAX);
+    let retention_us = delay_micros(config.retention).unwrap_or(i64::MAX);
+    if recover {
+        let report = call(&shared.engine, shared.deadline, "recovery", async |conn| {
+            recover_stuck_as(conn, timeout_us, &config.clock, Some(holder)).await
+        })
+        .await?;
+        if !report.recovered.is_empty() || !report.dead.is_empty() {
+            tracing::warn!(
+                recovered = ?report.recovered,
+                dead = ?report.dead,
+                "recovered tasks whose worker stopped heartbeating"
+            );
+        }
     }
+    if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
+        let report = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+            cleanup_completed_us(conn, retention_us, DEFAULT_BATCH, &config.clock).await
+        })
+        .await?;
+        if report.deleted > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                batches = report.batches,
+                "cleaned up completed tasks"
+            );
+        }
+        *last_cleanup = Some(Instant::now());
+    }
+    Ok(())
 }

@@ -27,6 +27,7 @@ mod counters;
 mod events;
 mod executor;
 mod heartbeat;
+mod holdings;
 mod listener;
 mod maintainer;
 mod outage;
@@ -39,14 +40,17 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use counters::{CountersSnapshot, WorkerCounters};
 pub use events::{TaskEvent, TaskEventKind};
-pub use maintainer::MAINTENANCE_APPLICATION_NAME;
+pub use maintainer::MAINTENANCE_LEASE;
 
 use crate::clock::Clock;
+use crate::db::classify::is_transient;
+use crate::db::session::{EnginePool, SessionLimits, call};
 use crate::error::{Error, Result, StartupProblems};
 use crate::handler::{TaskHandler, TypedHandler};
 use crate::task::{Task, registered_tasks};
@@ -54,6 +58,9 @@ use registry::{HandlerEntry, Handlers};
 
 /// Concurrency of a queue that was not given one.
 pub const DEFAULT_CONCURRENCY: usize = 10;
+
+/// The highest concurrency a queue may have.
+pub const MAX_CONCURRENCY: usize = 100_000;
 
 /// How a worker behaves; every field has a sensible default.
 #[derive(Debug, Clone)]
@@ -77,6 +84,21 @@ pub struct WorkerConfig {
     /// After the grace period the handlers' cancellation token fires; this
     /// is how long they get to return before they are aborted and released.
     pub cancel_grace: Duration,
+    /// At shutdown, once handlers are done, how long outcomes still unwritten
+    /// (the database may be down or silent) may take to be written and the
+    /// worker's remaining tasks to be released. What is left after it is
+    /// logged with its task ids; stuck-task recovery reruns those tasks.
+    pub flush_timeout: Duration,
+    /// Server-side `statement_timeout` of the worker's own statements
+    /// (claims, outcomes, heartbeats, maintenance). The worker gives up on a
+    /// call one second later and discards its connection, so a silent
+    /// server or network is noticed within this plus a second.
+    pub statement_timeout: Duration,
+    /// How long a silent connection may last: the server drops a worker
+    /// session whose client stopped answering within about this long (TCP
+    /// keepalives and `tcp_user_timeout`), and the idle LISTEN connection is
+    /// pinged after half of it.
+    pub keepalive: Duration,
     /// How often the worker bumps heartbeat_at of its in-flight tasks.
     pub heartbeat_interval: Duration,
     /// A PROCESSING task whose heartbeat is older than this is presumed
@@ -115,6 +137,9 @@ impl Default for WorkerConfig {
             finish_lanes: 2,
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(1),
+            flush_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(10),
             heartbeat_timeout: Duration::from_secs(5 * 60),
             maintenance: true,
@@ -191,7 +216,8 @@ impl WorkerBuilder {
         } else {
             self.queues
         };
-        let problems = self.handlers.problems(&registered_tasks(), &queues);
+        let mut problems = self.handlers.problems(&registered_tasks(), &queues);
+        problems.extend(config_problems(&self.config, &queues));
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
         }
@@ -219,12 +245,17 @@ pub struct Worker {
 
 /// What the producers, executor and completer share.
 pub(crate) struct Shared {
+    /// The application's pool, handed to handlers.
     pub(crate) pool: PgPool,
+    /// The worker's own sessions, with server-side limits.
+    pub(crate) engine: EnginePool,
+    /// How long the worker waits for one database call.
+    pub(crate) deadline: Duration,
     pub(crate) handlers: Arc<Handlers>,
     pub(crate) config: WorkerConfig,
     /// Cancelled when the grace period is over; handlers see it.
     pub(crate) handler_cancel: CancellationToken,
-    pub(crate) in_flight: executor::InFlight,
+    pub(crate) holdings: holdings::Holdings,
     pub(crate) counters: Arc<WorkerCounters>,
 }
 
@@ -257,14 +288,30 @@ impl Worker {
 
     /// Runs until `shutdown` is cancelled, then stops claiming, lets
     /// in-flight tasks finish within the grace period, cancels and releases
-    /// the rest, and writes every outcome it has.
+    /// the rest, and writes every outcome it can.
+    ///
+    /// Shutdown is bounded whether the database is up, down or silent: it
+    /// takes at most `shutdown_grace + 2 × cancel_grace + flush_timeout`
+    /// (plus a moment to hand the maintenance lease over), unless a handler
+    /// ignores cancellation and never yields.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let limits = SessionLimits {
+            statement_timeout: self.config.statement_timeout,
+            keepalive: self.config.keepalive,
+        };
+        // A claim in flight per queue, the outcome lanes, the heartbeat, the
+        // maintainer, and one to spare for releases.
+        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 3;
+        let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
+        let listen_options = engine.options().clone();
         let shared = Arc::new(Shared {
             pool: self.pool.clone(),
+            engine,
+            deadline: limits.deadline(),
             handlers: self.handlers,
+            holdings: holdings::Holdings::new(&self.config.worker_id),
             config: self.config,
             handler_cancel: CancellationToken::new(),
-            in_flight: executor::InFlight::default(),
             counters: Arc::clone(&self.counters),
         });
         tracing::info!(
@@ -273,7 +320,13 @@ impl Worker {
             "worker starting"
         );
         let (done_tx, done_rx) = mpsc::channel(shared.config.max_finish_batch.max(1) * 4);
-        let completer = tokio::spawn(completer::run(Arc::clone(&shared), done_rx, self.events));
+        let give_up = CancellationToken::new();
+        let mut completer = tokio::spawn(completer::run(
+            Arc::clone(&shared),
+            done_rx,
+            self.events,
+            give_up.clone(),
+        ));
 
         let wakers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
             self.queues
@@ -284,7 +337,9 @@ impl Worker {
         let stop_claiming = shutdown.child_token();
         let listener = shared.config.listen.then(|| {
             tokio::spawn(listener::run(
-                self.pool.clone(),
+                listen_options,
+                shared.deadline,
+                shared.config.keepalive / 2,
                 Arc::clone(&wakers),
                 stop_claiming.clone(),
             ))
@@ -312,46 +367,176 @@ impl Worker {
         drop(done_tx);
 
         shutdown.cancelled().await;
+        let grace_over = Instant::now() + shared.config.shutdown_grace;
         tracing::info!(
-            in_flight = shared.in_flight.len(),
+            in_flight = shared.holdings.len(),
             "shutdown requested: no new claims; waiting for in-flight tasks"
         );
-        for task in producers.into_iter().chain(listener).chain(maintainer) {
-            let _ = task.await;
-        }
-        tracker.close();
-        if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                in_flight = shared.in_flight.len(),
-                "grace period over: cancelling in-flight tasks"
-            );
-            shared.handler_cancel.cancel();
-            if tokio::time::timeout(shared.config.cancel_grace, tracker.wait())
+        // A producer in the middle of a claim finishes it within the grace
+        // period or is dropped; its claim token stays recorded and is
+        // released below.
+        for mut producer in producers {
+            if tokio::time::timeout_at(grace_over, &mut producer)
                 .await
                 .is_err()
             {
-                executor::release_unfinished(&shared).await;
-                // An aborted handler stops at its next await; one that never
-                // yields cannot be stopped, and must not keep us from exiting.
-                if tokio::time::timeout(shared.config.cancel_grace, tracker.wait())
-                    .await
-                    .is_err()
-                {
-                    tracing::error!(
-                        "a handler ignores cancellation and never yields; exiting without it"
-                    );
-                }
+                producer.abort();
             }
         }
+        tracker.close();
+        finish_handlers(&shared, &tracker, grace_over).await;
+
+        // Outcomes still queued or being retried get until the flush
+        // deadline; then whatever this worker still holds is released.
+        let flush_over = Instant::now() + shared.config.flush_timeout;
+        if tokio::time::timeout_at(flush_over, &mut completer)
+            .await
+            .is_err()
+        {
+            give_up.cancel();
+            let _ = completer.await;
+        }
+        release_remaining(&shared, flush_over).await;
         stop_background.cancel();
         let _ = heartbeat.await;
-        let _ = completer.await;
+        // Both stopped with the claims; the maintainer may still be handing
+        // its lease over (bounded by its own deadline).
+        for task in listener.into_iter().chain(maintainer) {
+            let _ = task.await;
+        }
+        shared.engine.close(Duration::from_millis(200)).await;
         tracing::info!("worker stopped");
         Ok(())
     }
+}
+
+/// Waits for the handlers until `grace_over`; then fires their cancellation
+/// token and, after `cancel_grace`, aborts those still running (their tasks
+/// stay held and are released with the rest).
+async fn finish_handlers(shared: &Shared, tracker: &TaskTracker, grace_over: Instant) {
+    if tokio::time::timeout_at(grace_over, tracker.wait())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    tracing::warn!(
+        in_flight = shared.holdings.len(),
+        "grace period over: cancelling in-flight tasks"
+    );
+    shared.handler_cancel.cancel();
+    let cancel_grace = shared.config.cancel_grace;
+    if tokio::time::timeout(cancel_grace, tracker.wait())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    let aborted = shared.holdings.abort_running();
+    tracing::warn!(
+        aborted,
+        "handlers still running after cancellation: aborted"
+    );
+    // An aborted handler stops at its next await; one that never yields
+    // cannot be stopped, and must not keep us from exiting.
+    if tokio::time::timeout(cancel_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!("a handler ignores cancellation and never yields; exiting without it");
+    }
+}
+
+/// Puts every task this worker still holds back to PENDING without counting
+/// an attempt (aborted handlers, abandoned claims, outcomes that could not
+/// be written), trying until `deadline`. What cannot be released is logged
+/// with its task ids; stuck-task recovery returns those after the timeout.
+async fn release_remaining(shared: &Shared, deadline: Instant) {
+    let tokens = shared.holdings.all_tokens();
+    if tokens.is_empty() {
+        return;
+    }
+    let held = shared.holdings.held_ids();
+    let mut outage = outage::Outage::new("release");
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::error!(
+                task_ids = ?held,
+                "could not release unfinished tasks before exit (the flush deadline passed); \
+                 stuck-task recovery will rerun them after the heartbeat timeout"
+            );
+            return;
+        }
+        let result = call(
+            &shared.engine,
+            left.min(shared.deadline),
+            "release",
+            async |conn| crate::db::release_claims(conn, &tokens).await,
+        )
+        .await;
+        match result {
+            Ok(released) => {
+                tracing::info!(released = ?released, "released this worker's unfinished tasks");
+                shared.holdings.clear();
+                return;
+            }
+            Err(error) if is_transient(&error) && Instant::now() < deadline => {
+                let backoff = outage.failed(&error);
+                tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
+            }
+            Err(error) => {
+                tracing::error!(
+                    %error,
+                    task_ids = ?held,
+                    "could not release unfinished tasks before exit; stuck-task recovery will rerun them after the heartbeat timeout"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Settings that would break the worker: every problem, for the list
+/// `build` refuses to start with.
+fn config_problems(config: &WorkerConfig, queues: &[(String, usize)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    // (A concurrency of zero is the registry's to report.)
+    for (queue, concurrency) in queues {
+        if *concurrency > MAX_CONCURRENCY {
+            problems.push(format!(
+                "queue {queue:?} has concurrency {concurrency}: use 1 to {MAX_CONCURRENCY}"
+            ));
+        }
+    }
+    let positive = [
+        ("poll_interval", config.poll_interval),
+        ("heartbeat_interval", config.heartbeat_interval),
+        ("maintenance_interval", config.maintenance_interval),
+        ("statement_timeout", config.statement_timeout),
+        ("keepalive", config.keepalive),
+    ];
+    for (name, value) in positive {
+        if value.is_zero() {
+            problems.push(format!("{name} must be longer than zero"));
+        }
+    }
+    if config.heartbeat_timeout <= config.heartbeat_interval {
+        problems.push(format!(
+            "heartbeat_timeout ({:?}) must be longer than heartbeat_interval ({:?}), \
+             or live tasks would be recovered while they run",
+            config.heartbeat_timeout, config.heartbeat_interval
+        ));
+    }
+    for (name, value) in [
+        ("heartbeat_timeout", config.heartbeat_timeout),
+        ("retention", config.retention),
+    ] {
+        if let Err(e) = crate::options::delay_micros(value) {
+            problems.push(format!("{name}: {e}"));
+        }
+    }
+    problems
 }
 
 /// `host:pid:random`, unique enough to tell workers apart on the rows.

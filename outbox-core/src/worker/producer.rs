@@ -1,6 +1,12 @@
 //! One producer per queue: waits for free executor slots, claims that many
 //! due tasks in one TX1, and hands them to the executor. It sleeps until a
 //! NOTIFY for its queue or the fallback poll, whichever comes first.
+//!
+//! A claim whose answer never arrived (connection lost, deadline missed)
+//! may still have committed: before claiming again, the producer releases
+//! whatever that claim's token took, so a transient error never leaves a
+//! task PROCESSING until the heartbeat timeout (which would count an
+//! attempt).
 
 use std::sync::Arc;
 
@@ -11,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use super::Shared;
 use super::executor::{self, Done};
 use super::outage::Outage;
-use crate::db;
+use crate::db::{self, classify::is_transient, session::call};
 
 /// The claiming loop of one queue.
 pub(crate) struct Producer {
@@ -55,17 +61,24 @@ pub(crate) async fn run(p: Producer) {
         )
         .await;
         let wanted = permits.len();
-        let claimed = db::claim_tasks(
-            &shared.pool,
-            &queue,
-            wanted,
-            &shared.config.worker_id,
-            shared.config.clock.now(),
-        )
+        if let Err(error) = release_lost_claims(&shared).await {
+            let backoff = outage.failed(&error);
+            drop(permits);
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => continue,
+                () = stop.cancelled() => return,
+            }
+        }
+        let token = shared.holdings.begin_claim();
+        let now = shared.config.clock.now();
+        let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
+            db::claim_tasks(conn, &queue, wanted, &token, now).await
+        })
         .await;
         let got = match claimed {
             Ok(tasks) => {
                 outage.ok();
+                shared.holdings.settle(&token, &tasks);
                 shared.counters.claimed(tasks.len());
                 let got = tasks.len();
                 for task in tasks {
@@ -80,6 +93,12 @@ pub(crate) async fn run(p: Producer) {
                 got
             }
             Err(error) => {
+                if is_transient(&error) {
+                    shared.holdings.lost(&token);
+                } else {
+                    // The server refused the statement: nothing was claimed.
+                    shared.holdings.settle(&token, &[]);
+                }
                 let backoff = outage.failed(&error);
                 drop(permits);
                 tokio::select! {
@@ -109,6 +128,26 @@ pub(crate) async fn run(p: Producer) {
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// Releases the tasks of claims whose answer never arrived, if any.
+async fn release_lost_claims(shared: &Shared) -> sqlx::Result<()> {
+    let tokens = shared.holdings.lost_claims();
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let released = call(&shared.engine, shared.deadline, "release", async |conn| {
+        db::release_claims(conn, &tokens).await
+    })
+    .await?;
+    shared.holdings.forget_claims(&tokens);
+    if !released.is_empty() {
+        tracing::info!(
+            ?released,
+            "released tasks of a claim whose answer was lost with its connection"
+        );
+    }
+    Ok(())
 }
 
 /// Takes every free slot, up to `max`. When fewer than half are free (the

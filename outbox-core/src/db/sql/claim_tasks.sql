@@ -1,4 +1,5 @@
--- TX1: claim up to $2 claimable tasks of queue $1 for worker $3, as one
+-- TX1: claim up to $2 claimable tasks of queue $1 under claim token $3 (a
+-- value unique to this statement, written to claimed_by), as one
 -- short autocommit statement. SKIP LOCKED lets concurrent workers pass over
 -- each other's rows instead of queueing behind them. The WHERE clause
 -- repeats the predicate of outbox_tasks_claimable_idx word for word.
@@ -7,7 +8,8 @@
 -- The claim commits without waiting for its WAL flush (synchronous_commit
 -- off for this statement's transaction only): if the server crashes and
 -- loses it, the task is simply still claimable and runs again, which
--- at-least-once delivery allows. Outcomes (TX2) stay fully durable, and
+-- at-least-once delivery allows; the lost claim's token is never reused, so
+-- a late outcome of that attempt is fenced out of the new one. Outcomes (TX2) stay fully durable, and
 -- their flush also flushes every claim before them.
 WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)

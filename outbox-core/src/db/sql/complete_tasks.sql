@@ -1,17 +1,19 @@
 -- TX2 fast path: the usual outcome, success, for a batch of attempts, with
 -- only ids and claims to send. Fenced like finish_tasks.sql.
--- $1 id bigint[], $2 claims int[], $3 clock override (tests).
+-- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
+-- override (tests).
 UPDATE outbox_tasks AS t
 SET state = 'completed',
-    finished_at = coalesce($3::timestamptz, now()),
+    finished_at = coalesce($4::timestamptz, now()),
     claimed_by = NULL,
     heartbeat_at = NULL,
-    updated_at = coalesce($3::timestamptz, now())
-FROM unnest($1::bigint[], $2::int[]) AS o(id, claims)
+    updated_at = coalesce($4::timestamptz, now())
+FROM unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
 WHERE t.id = o.id
   AND t.claims = o.claims
-  -- Only PROCESSING rows have a claim holder (a CHECK constraint says so).
-  -- Testing claimed_by rather than state keeps the planner from walking
-  -- outbox_tasks_processing_idx and re-scanning the batch for every row.
-  AND t.claimed_by IS NOT NULL
+  -- The claim token is unique to the claim statement (only PROCESSING rows
+  -- have one: a CHECK constraint says so). Testing claimed_by rather than
+  -- state keeps the planner from walking outbox_tasks_processing_idx and
+  -- re-scanning the batch for every row.
+  AND t.claimed_by = o.token
 RETURNING t.id

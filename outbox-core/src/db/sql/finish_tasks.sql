@@ -1,28 +1,32 @@
 -- TX2: write the outcomes of a batch of attempts in one statement.
 -- Each outcome is fenced on the claim it belongs to: if the task was
--- recovered and claimed again meanwhile, claims has moved on and the stale
--- outcome changes nothing.
--- $1 id bigint[], $2 claims int[], $3 new state text[] ('completed',
--- 'failed' or 'pending'), $4 add to retry_count int[], $5 delay before the
--- next attempt in microseconds bigint[], $6 dead bool[], $7 error text[]
--- (null keeps the previous one). $8 overrides the clock (tests).
+-- recovered and claimed again meanwhile (or the claim was lost in a server
+-- crash and the task claimed anew), claims or the claim token has moved on
+-- and the stale outcome changes nothing.
+-- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 new state
+-- text[] ('completed', 'failed' or 'pending'), $5 add to retry_count int[],
+-- $6 delay before the next attempt in microseconds bigint[], $7 dead
+-- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
+-- clock (tests).
 UPDATE outbox_tasks AS t
 SET state = o.state::outbox_task_state,
     retry_count = t.retry_count + o.add_retry,
     execute_at = CASE WHEN o.state = 'completed' THEN t.execute_at
-                      ELSE coalesce($8::timestamptz, now()) + o.delay_us * interval '1 microsecond' END,
-    dead_at = CASE WHEN o.dead THEN coalesce($8::timestamptz, now()) END,
+                      ELSE coalesce($9::timestamptz, now()) + o.delay_us * interval '1 microsecond' END,
+    dead_at = CASE WHEN o.dead THEN coalesce($9::timestamptz, now()) END,
     last_error = coalesce(o.error, t.last_error),
-    finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE coalesce($8::timestamptz, now()) END,
+    finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE coalesce($9::timestamptz, now()) END,
     claimed_by = NULL,
     heartbeat_at = NULL,
-    updated_at = coalesce($8::timestamptz, now())
-FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::bigint[], $6::bool[], $7::text[])
-     AS o(id, claims, state, add_retry, delay_us, dead, error)
+    updated_at = coalesce($9::timestamptz, now())
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[],
+            $7::bool[], $8::text[])
+     AS o(id, claims, token, state, add_retry, delay_us, dead, error)
 WHERE t.id = o.id
   AND t.claims = o.claims
-  -- Only PROCESSING rows have a claim holder (a CHECK constraint says so).
-  -- Testing claimed_by rather than state keeps the planner from walking
-  -- outbox_tasks_processing_idx and re-scanning the batch for every row.
-  AND t.claimed_by IS NOT NULL
+  -- The claim token is unique to the claim statement (only PROCESSING rows
+  -- have one: a CHECK constraint says so). Testing claimed_by rather than
+  -- state keeps the planner from walking outbox_tasks_processing_idx and
+  -- re-scanning the batch for every row.
+  AND t.claimed_by = o.token
 RETURNING t.id

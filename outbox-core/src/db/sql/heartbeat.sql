@@ -1,9 +1,11 @@
--- One statement per interval for all of a worker's in-flight tasks. Only
--- rows this worker still holds are touched: a task recovered and claimed by
--- someone else is not kept alive by a worker that lost it.
--- $1 id bigint[], $2 worker id, $3 overrides the clock (tests).
+-- One statement per interval for all of a worker's in-flight tasks (those
+-- running and those whose outcome is not written yet). Only rows still held
+-- under one of this worker's claim tokens are touched: a task recovered and
+-- claimed by someone else is not kept alive by a worker that lost it.
+-- $1 id bigint[], $2 this worker's live claim tokens text[], $3 overrides
+-- the clock (tests).
 UPDATE outbox_tasks
 SET heartbeat_at = coalesce($3::timestamptz, now())
 WHERE id = ANY($1::bigint[])
-  AND claimed_by = $2
+  AND claimed_by = ANY($2::text[])
   AND state = 'processing'

@@ -1,12 +1,19 @@
 -- Stuck-task recovery: PROCESSING tasks whose worker stopped heartbeating
 -- become claimable again at once. It counts as a failed attempt, so a task
 -- that kills its worker every time ends dead instead of looping forever.
--- $1 heartbeat timeout in microseconds, $2 batch size, $3 clock override.
+-- $1 heartbeat timeout in microseconds, $2 batch size, $3 clock override,
+-- $4 the maintenance leader running it (null for a direct call): the
+-- statement then changes nothing unless $4 still holds the maintenance
+-- lease, so a leader that went silent and lost its lease cannot act on
+-- what it saw before.
 WITH stuck AS (
     SELECT id
     FROM outbox_tasks
     WHERE state = 'processing'
       AND heartbeat_at < coalesce($3::timestamptz, now()) - $1 * interval '1 microsecond'
+      AND ($4::text IS NULL OR EXISTS (
+            SELECT 1 FROM outbox_leases
+            WHERE name = 'maintenance' AND holder = $4 AND expires_at > now()))
     ORDER BY heartbeat_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,204 @@
+//! The worker's own database sessions: a small pool whose connections carry
+//! server-side limits from the moment they open, and [`call`], which runs
+//! one unit of work under a client-side deadline.
+//!
+//! Two sides of one promise ("a silent peer is found in seconds"):
+//! - the server ends any engine statement after `statement_timeout`, and
+//!   drops a session whose client stopped answering TCP keepalives or
+//!   acknowledging data (`tcp_keepalives_*`, `tcp_user_timeout`), so a
+//!   half-open session cannot hold a lock or a transaction for hours;
+//! - the client gives up on a call a moment after the server would have
+//!   (`statement_timeout` + [`CLIENT_MARGIN`]) and throws the connection
+//!   away instead of returning it to the pool.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+use super::classify::{deadline_exceeded, is_transient};
+
+/// How much longer the client waits than the server's statement_timeout,
+/// so that a slow but alive server reports its own timeout first.
+pub const CLIENT_MARGIN: Duration = Duration::from_secs(1);
+
+/// The application_name prefix of every engine session (`outbox <worker
+/// id>`), so operators can find a worker's sessions in pg_stat_activity.
+pub const ENGINE_APPLICATION_NAME: &str = "outbox";
+
+/// Limits on the worker's own database sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionLimits {
+    /// Server-side statement_timeout of every engine statement.
+    pub(crate) statement_timeout: Duration,
+    /// How long a connection may go unanswered before either side drops it.
+    pub(crate) keepalive: Duration,
+}
+
+impl SessionLimits {
+    /// How long the client waits for one call.
+    pub(crate) fn deadline(&self) -> Duration {
+        self.statement_timeout + CLIENT_MARGIN
+    }
+
+    /// `base` with the limits applied as startup options (in force from the
+    /// first statement, and on every reconnect) and the engine's
+    /// application_name.
+    pub(crate) fn apply(&self, base: &PgConnectOptions, worker_id: &str) -> PgConnectOptions {
+        let ms = |d: Duration| d.as_millis().max(1).to_string();
+        let secs = |d: Duration| d.as_secs().max(1).to_string();
+        base.clone()
+            .application_name(&format!("{ENGINE_APPLICATION_NAME} {worker_id}"))
+            // A statement that runs long is reported once by the worker as
+            // an outage, not again by sqlx as a slow statement.
+            .disable_statement_logging()
+            .options([
+                ("statement_timeout", ms(self.statement_timeout)),
+                // The engine never leaves a transaction open between
+                // statements; a session that does is stuck.
+                (
+                    "idle_in_transaction_session_timeout",
+                    ms(self.deadline() * 2),
+                ),
+                // Probe an idle client after half the keepalive, every sixth
+                // of it, three times; drop unacknowledged sends after the
+                // whole of it. Ignored on Unix-socket sessions.
+                ("tcp_keepalives_idle", secs(self.keepalive / 2)),
+                ("tcp_keepalives_interval", secs(self.keepalive / 6)),
+                ("tcp_keepalives_count", "3".to_owned()),
+                ("tcp_user_timeout", ms(self.keepalive)),
+            ])
+    }
+}
+
+/// The worker's own pool of sessions: `size` connections to the server of
+/// the application's pool (same credentials and TLS), with the limits
+/// applied. The application's pool stays untouched for its handlers.
+///
+/// Deliberately not a sqlx `Pool`: sqlx pings every connection it takes
+/// back, without a deadline, so one connection going silent at the wrong
+/// moment holds a pool slot forever (and `Pool::close` waits for it). Here
+/// a healthy connection goes back as it is, and anything else is dropped.
+pub(crate) struct EnginePool {
+    options: PgConnectOptions,
+    idle: std::sync::Mutex<Vec<PgConnection>>,
+    slots: tokio::sync::Semaphore,
+}
+
+impl EnginePool {
+    pub(crate) fn new(
+        application: &PgPool,
+        worker_id: &str,
+        limits: SessionLimits,
+        size: usize,
+    ) -> Self {
+        Self {
+            options: limits.apply(&application.connect_options(), worker_id),
+            idle: std::sync::Mutex::default(),
+            slots: tokio::sync::Semaphore::new(size.max(1)),
+        }
+    }
+
+    /// The connect options of the engine's sessions.
+    pub(crate) fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<PgConnection>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn checkout(&self) -> sqlx::Result<Checkout<'_>> {
+        let slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self.idle().pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => PgConnection::connect_with(&self.options).await?,
+        };
+        Ok(Checkout {
+            pool: self,
+            conn: Some(conn),
+            keep: false,
+            _slot: slot,
+        })
+    }
+
+    /// Closes the idle sessions politely, each within `deadline`.
+    pub(crate) async fn close(&self, deadline: Duration) {
+        let idle = std::mem::take(&mut *self.idle());
+        for conn in idle {
+            let _ = tokio::time::timeout(deadline, conn.close()).await;
+        }
+    }
+}
+
+/// A pool of one session for a LISTEN connection. sqlx pings a connection
+/// when it goes back to its pool, which would hang on a silent socket, so
+/// this pool closes released connections instead of keeping them.
+pub(crate) fn listener_pool(options: &PgConnectOptions, acquire_timeout: Duration) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .after_release(|_, _| Box::pin(async { Ok(false) }))
+        .connect_lazy_with(options.clone())
+}
+
+/// Runs `work` on a connection from `pool`, all of it (getting the
+/// connection included) within `deadline`. A connection that missed the
+/// deadline or failed with a transient error is discarded, not returned:
+/// the next call gets a fresh one. `what` names the call in the deadline
+/// error.
+pub(crate) async fn call<T>(
+    pool: &EnginePool,
+    deadline: Duration,
+    what: &'static str,
+    work: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
+) -> sqlx::Result<T> {
+    let attempt = async {
+        let mut checkout = pool.checkout().await?;
+        let result = work(checkout.conn()).await;
+        // A server-side rejection leaves the session healthy and idle.
+        checkout.keep = match &result {
+            Ok(_) => true,
+            Err(e) => !is_transient(e),
+        };
+        result
+    };
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(deadline_exceeded(what, deadline)),
+    }
+}
+
+/// A connection taken from the engine's pool: put back on drop when marked
+/// healthy, dropped otherwise (including when the future using it was
+/// dropped mid-statement, leaving the protocol in an unknown state).
+struct Checkout<'p> {
+    pool: &'p EnginePool,
+    conn: Option<PgConnection>,
+    keep: bool,
+    _slot: tokio::sync::SemaphorePermit<'p>,
+}
+
+impl Checkout<'_> {
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("checked out until dropped")
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.keep
+        {
+            self.pool.idle().push(conn);
+        }
+        // Otherwise the connection is dropped here: its socket closes
+        // without waiting for the peer.
+    }
+}

@@ -1,0 +1,15 @@
+-- Takes lease $1 for holder $2 for $3 microseconds when it is free or
+-- expired, or renews it when $2 already holds it; returns the term (bumped
+-- on every change of holder) when $2 holds it afterwards, no row otherwise.
+-- Expiry is judged by the database's clock only, so workers' clocks never
+-- matter. Two candidates at once serialise on the row: the second sees the
+-- first's fresh lease and gets no row.
+INSERT INTO outbox_leases AS l (name, holder, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder,
+    expires_at = excluded.expires_at,
+    term = CASE WHEN l.holder = excluded.holder THEN l.term ELSE l.term + 1 END,
+    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE now() END
+WHERE l.holder = excluded.holder OR l.expires_at <= now()
+RETURNING term

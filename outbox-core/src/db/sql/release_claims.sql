@@ -1,0 +1,15 @@
+-- Puts tasks held under the given claim tokens back to PENDING, claimable
+-- at once, without counting an attempt: tasks whose handlers were stopped
+-- at shutdown, and the tasks of a claim whose answer never arrived (the
+-- claim may have committed although the connection broke first).
+-- $1 claim tokens text[]. Reads only PROCESSING rows
+-- (outbox_tasks_processing_idx).
+UPDATE outbox_tasks
+SET state = 'pending',
+    claimed_by = NULL,
+    heartbeat_at = NULL,
+    execute_at = least(execute_at, now()),
+    updated_at = now()
+WHERE state = 'processing'
+  AND claimed_by = ANY($1::text[])
+RETURNING id
