@@ -8,7 +8,10 @@ use outbox::admin::{self, STATES, TaskRecord};
 use outbox::{Batch, TaskId, TaskOptions};
 use serde::Serialize;
 
-use crate::cli::{DbArgs, Failure, connect_migrated};
+use crate::cli::DbArgs;
+use crate::connect::connect_migrated;
+use crate::failure::Failure;
+use crate::flags::{self, DAY};
 
 /// `tasks` subcommands.
 #[derive(Debug, Subcommand)]
@@ -31,13 +34,14 @@ pub(crate) struct SubmitArgs {
     db: DbArgs,
     /// A registered task type (the error lists the known ones).
     task_type: String,
-    /// The payload, as JSON.
+    /// The payload as JSON; `-` reads it from standard input and `@FILE`
+    /// from a file (at most 16 MiB either way).
     payload: String,
     /// Run no earlier than this from now (e.g. 30s, 5m).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = flags::duration(Duration::ZERO, 36_500 * DAY))]
     delay: Option<Duration>,
     /// Priority, 0 (first) to 9 (last).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::int_i16(0, 9))]
     priority: Option<i16>,
     /// Queue, instead of the task type's own.
     #[arg(long)]
@@ -57,8 +61,8 @@ pub(crate) struct ListArgs {
     /// Only tasks of this type.
     #[arg(long = "type")]
     task_type: Option<String>,
-    /// At most this many.
-    #[arg(long, default_value_t = 50)]
+    /// At most this many (1 to 100000).
+    #[arg(long, default_value_t = 50, value_parser = flags::int_i64(1, 100_000))]
     limit: i64,
     /// One JSON array instead of a table.
     #[arg(long)]
@@ -132,9 +136,10 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             known.join(", ")
         )));
     };
-    let payload: serde_json::Value = serde_json::from_str(&args.payload)
+    let text = read_payload(&args.payload)?;
+    let payload: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::config(format!("the payload is not valid JSON: {e}")))?;
-    (registered.check_payload)(&args.payload).map_err(|e| {
+    (registered.check_payload)(&text).map_err(|e| {
         Failure::config(format!(
             "the payload does not fit task type {:?}: {e}",
             registered.task_type
@@ -156,6 +161,42 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
     let ids = batch.submit(&mut conn).await?;
     println!("{}", ids[0]);
+    Ok(())
+}
+
+/// The most payload `tasks submit` reads.
+pub(crate) const MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The payload argument itself, or what `-` (standard input) or `@FILE`
+/// names, refusing anything larger than [`MAX_PAYLOAD_BYTES`].
+fn read_payload(arg: &str) -> Result<String, Failure> {
+    use std::io::Read;
+    let (source, reader): (String, Box<dyn Read>) = if arg == "-" {
+        ("standard input".to_owned(), Box::new(std::io::stdin()))
+    } else if let Some(path) = arg.strip_prefix('@') {
+        let file = std::fs::File::open(path)
+            .map_err(|e| Failure::config(format!("cannot read the payload file {path:?}: {e}")))?;
+        (format!("file {path:?}"), Box::new(file))
+    } else {
+        return check_size(arg.len() as u64, "the payload argument").map(|()| arg.to_owned());
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_PAYLOAD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Failure::config(format!("cannot read the payload from {source}: {e}")))?;
+    check_size(bytes.len() as u64, &source)?;
+    String::from_utf8(bytes)
+        .map_err(|e| Failure::config(format!("the payload from {source} is not UTF-8: {e}")))
+}
+
+fn check_size(len: u64, source: &str) -> Result<(), Failure> {
+    if len > MAX_PAYLOAD_BYTES {
+        return Err(Failure::config(format!(
+            "the payload from {source} is larger than the {} MiB `tasks submit` accepts",
+            MAX_PAYLOAD_BYTES / (1024 * 1024)
+        )));
+    }
     Ok(())
 }
 

@@ -8,21 +8,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox::{Worker, WorkerBuilder, WorkerConfig};
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
+use crate::connect::{connect, connect_migrated};
+use crate::failure::Failure;
+use crate::flags::{self, DAY, HOUR, MS, SECOND};
 
-/// Exit code: a runtime failure.
-pub const EXIT_RUNTIME: u8 = 1;
-/// Exit code: bad configuration, flags or input (clap uses it for bad flags).
-pub const EXIT_CONFIG: u8 = 2;
-/// Exit code: the database could not be reached.
-pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
-/// Exit code: the database schema is behind this build; run `migrate`.
-pub const EXIT_SCHEMA_BEHIND: u8 = 4;
+pub use crate::failure::{
+    EXIT_CONFIG, EXIT_DATABASE_UNREACHABLE, EXIT_RUNTIME, EXIT_SCHEMA_BEHIND,
+};
 
 /// Registers an application's handlers on a worker the CLI builds.
 pub type Register = fn(WorkerBuilder) -> WorkerBuilder;
@@ -90,31 +86,45 @@ struct RunArgs {
     #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
     queues: Vec<(String, usize)>,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
     poll_interval: Duration,
     /// How long in-flight tasks may finish after SIGTERM/SIGINT before they
     /// are cancelled and put back for another worker.
-    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = flags::duration(Duration::ZERO, DAY))]
     shutdown_grace: Duration,
+    /// At shutdown, how long outcomes the database has not taken yet (it may
+    /// be down) are retried, and unfinished tasks released, before exit.
+    #[arg(long, env = "OUTBOX_FLUSH_TIMEOUT", default_value = "5s", value_parser = flags::duration(Duration::ZERO, HOUR))]
+    flush_timeout: Duration,
+    /// Server-side statement_timeout of the worker's own statements; the
+    /// worker gives up on a call one second later and reconnects.
+    #[arg(long, env = "OUTBOX_STATEMENT_TIMEOUT", default_value = "5s", value_parser = flags::duration(100 * MS, HOUR))]
+    statement_timeout: Duration,
+    /// How long a silent connection lasts before either side drops it (TCP
+    /// keepalives, tcp_user_timeout, pings of the LISTEN connection).
+    #[arg(long, env = "OUTBOX_KEEPALIVE", default_value = "10s", value_parser = flags::duration(SECOND, HOUR))]
+    keepalive: Duration,
     /// How often in-flight tasks' heartbeats are written (one statement).
-    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = flags::duration(100 * MS, HOUR))]
     heartbeat_interval: Duration,
     /// A task whose heartbeat is older than this is recovered (counts as an
     /// attempt); keep it several heartbeat intervals long.
-    #[arg(long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
     heartbeat_timeout: Duration,
     /// How often the maintenance leader runs recovery (and others campaign).
-    #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = flags::duration(10 * MS, HOUR))]
     maintenance_interval: Duration,
     /// How long COMPLETED tasks are kept before cleanup deletes them; 0
     /// deletes successful tasks at once (cheapest; no completed history).
-    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
     /// Database connections in the worker's pool.
-    #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10)]
+    /// Database connections in the pool handlers use (`ctx.pool()`); the
+    /// worker's own statements have a small pool of their own.
+    #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10, value_parser = flags::count_u32(1, 10_000))]
     max_connections: u32,
     /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
@@ -128,10 +138,10 @@ pub(crate) struct DemoArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// How many no-op tasks to submit (besides the sleeping and failing ones).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = flags::count(0, 10_000_000))]
     pub(crate) tasks: usize,
     /// Worker concurrency.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
     pub(crate) concurrency: usize,
     /// No progress bar (for logs and CI).
     #[arg(long)]
@@ -142,11 +152,16 @@ fn parse_queue(s: &str) -> Result<(String, usize), String> {
     let (name, concurrency) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=CONCURRENCY (for example default=10)"))?;
-    let concurrency: usize = concurrency.parse().map_err(|_| {
-        format!("concurrency {concurrency:?} of queue {name:?} is not a whole number")
-    })?;
-    if concurrency == 0 {
-        return Err(format!("queue {name:?} needs a concurrency of at least 1"));
+    let max = outbox::MAX_CONCURRENCY;
+    let concurrency: usize = concurrency
+        .parse()
+        .ok()
+        .filter(|c| (1..=max).contains(c))
+        .ok_or_else(|| {
+            format!("concurrency {concurrency:?} of queue {name:?} is not a whole number from 1 to {max}")
+        })?;
+    if name.is_empty() {
+        return Err(format!("{s:?} has no queue name before '='"));
     }
     Ok((name.to_owned(), concurrency))
 }
@@ -198,6 +213,9 @@ pub fn main_with(register: Register) -> ExitCode {
             Command::Bench(args) => crate::bench::run(args, register).await,
         }
     });
+    // Whatever is still running (a handler that never yields, a connection
+    // stuck in a silent network) must not keep the process alive.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -205,106 +223,6 @@ pub fn main_with(register: Register) -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
-}
-
-/// A failed command: what to tell the operator, and the exit code.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) code: u8,
-    pub(crate) message: String,
-}
-
-impl Failure {
-    pub(crate) fn runtime(message: impl std::fmt::Display) -> Self {
-        Self {
-            code: EXIT_RUNTIME,
-            message: message.to_string(),
-        }
-    }
-
-    pub(crate) fn config(message: impl std::fmt::Display) -> Self {
-        Self {
-            code: EXIT_CONFIG,
-            message: message.to_string(),
-        }
-    }
-}
-
-impl From<outbox::Error> for Failure {
-    fn from(e: outbox::Error) -> Self {
-        match e {
-            outbox::Error::Startup(_)
-            | outbox::Error::InvalidOption(_)
-            | outbox::Error::Serialize { .. } => Self::config(e),
-            outbox::Error::Database(ref db) if is_unreachable(db) => Self {
-                code: EXIT_DATABASE_UNREACHABLE,
-                message: format!("cannot reach the database: {db}"),
-            },
-            other => Self::runtime(other),
-        }
-    }
-}
-
-fn is_unreachable(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_)
-    )
-}
-
-/// Connects, turning a refused or timed-out connection into exit code 3 and
-/// a malformed URL into exit code 2.
-pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        // A health check on every acquire is one more round trip for every
-        // claim and outcome write; a broken connection shows up as an error
-        // on use anyway, and the worker's loops retry.
-        .test_before_acquire(false)
-        .connect(url)
-        .await
-        .map_err(|e| match e {
-            sqlx::Error::Configuration(_) => {
-                Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}"))
-            }
-            e if is_unreachable(&e) => Failure {
-                code: EXIT_DATABASE_UNREACHABLE,
-                message: format!("cannot reach the database: {e}"),
-            },
-            e => Failure::runtime(format!("cannot connect to the database: {e}")),
-        })
-}
-
-/// `url`, or else the URL of a new private PostgreSQL (kept alive by the
-/// returned handle): what `demo` and `bench` do without DATABASE_URL.
-pub(crate) async fn database_or_private(
-    url: Option<String>,
-    options: crate::local_postgres::LocalPostgresOptions,
-) -> Result<(String, Option<crate::local_postgres::LocalPostgres>), Failure> {
-    tokio::task::spawn_blocking(move || {
-        crate::local_postgres::LocalPostgres::url_or_start(url, &options)
-    })
-    .await
-    .map_err(Failure::runtime)?
-    .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))
-}
-
-/// Connects and refuses to go on when the schema is behind this build.
-pub(crate) async fn connect_migrated(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
-    let pool = connect(url, max_connections).await?;
-    let status = outbox::schema_status(&pool).await?;
-    if !status.is_up_to_date() {
-        return Err(Failure {
-            code: EXIT_SCHEMA_BEHIND,
-            message: format!(
-                "the database schema is at version {} but this build needs {}: \
-                 run `outbox-worker migrate` first",
-                status.current, status.latest
-            ),
-        });
-    }
-    Ok(pool)
 }
 
 async fn migrate(args: DbArgs) -> Result<(), Failure> {
@@ -336,12 +254,15 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
     };
     let pool = connect_migrated(&args.db.database_url, args.max_connections).await?;
     let config = WorkerConfig {
-        poll_interval: args.poll_interval.max(Duration::from_millis(1)),
+        poll_interval: args.poll_interval,
         shutdown_grace: args.shutdown_grace,
+        flush_timeout: args.flush_timeout,
+        statement_timeout: args.statement_timeout,
+        keepalive: args.keepalive,
         heartbeat_interval: args.heartbeat_interval,
         heartbeat_timeout: args.heartbeat_timeout,
         maintenance: !args.no_maintenance,
-        maintenance_interval: args.maintenance_interval.max(Duration::from_millis(10)),
+        maintenance_interval: args.maintenance_interval,
         retention: args.retention,
         delete_completed: args.retention.is_zero(),
         ..WorkerConfig::default()
@@ -393,8 +314,11 @@ pub(crate) async fn stop_on_signal(token: CancellationToken) {
 fn init_tracing(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal, not in log files.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

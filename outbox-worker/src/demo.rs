@@ -12,7 +12,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::builtin::{self, Fail, Noop, Sleep};
-use crate::cli::{DemoArgs, Failure, Register, connect, database_or_private};
+use crate::cli::{DemoArgs, Register};
+use crate::connect::{connect, database_or_private};
+use crate::failure::Failure;
 use crate::local_postgres::LocalPostgresOptions;
 
 const SLEEPERS: usize = 50;

@@ -8,7 +8,10 @@ mod admin_cmd;
 mod bench;
 pub mod builtin;
 pub mod cli;
+mod connect;
 mod demo;
+mod failure;
+mod flags;
 pub mod local_postgres;
 pub mod metrics;
 

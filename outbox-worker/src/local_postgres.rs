@@ -195,6 +195,24 @@ impl LocalPostgres {
         )
     }
 
+    /// Stops the server (fast shutdown: sessions are terminated) and keeps
+    /// its data; [`LocalPostgres::start_again`] brings it back on the same
+    /// port. For tests of a database that goes away.
+    pub fn stop_server(&self) -> Result<(), LocalPostgresError> {
+        run(
+            "pg_ctl stop",
+            self.pg_command("pg_ctl")
+                .arg("-D")
+                .arg(self.data_dir())
+                .args(["-m", "fast", "-w", "-t", "60", "stop"]),
+        )
+    }
+
+    /// Starts a server stopped by [`LocalPostgres::stop_server`].
+    pub fn start_again(&self) -> Result<(), LocalPostgresError> {
+        self.pg_ctl_start()
+    }
+
     /// Stops the server and removes its directory.
     pub fn stop(&mut self) {
         if !self.stopped {

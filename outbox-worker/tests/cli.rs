@@ -52,12 +52,19 @@ async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time()
     let db = TestDb::empty().await;
     let first = ok(&cli(&["migrate", "--database-url", &db.url]).await);
     assert!(
-        first.contains("applied migrations [1]; schema is at version 1"),
+        first.contains(&format!(
+            "applied migrations {:?}; schema is at version {}",
+            (1..=outbox::latest_version()).collect::<Vec<_>>(),
+            outbox::latest_version()
+        )),
         "{first}"
     );
     let second = ok(&cli(&["migrate", "--database-url", &db.url]).await);
     assert!(
-        second.contains("schema is up to date at version 1"),
+        second.contains(&format!(
+            "schema is up to date at version {}",
+            outbox::latest_version()
+        )),
         "{second}"
     );
 }
@@ -224,11 +231,11 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
     .await;
     let mut bad_priority = submit("outbox.noop", "{}");
     bad_priority.extend(["--priority", "42"]);
-    refused(&bad_priority, 2, "priority 42 is out of range").await;
+    refused(&bad_priority, 2, "42 is not in 0..=9").await;
     refused(
         &["run", "--queue", "default=0", at[0], at[1]],
         2,
-        "needs a concurrency of at least 1",
+        "is not a whole number from 1 to 100000",
     )
     .await;
     assert_eq!(db.task_count().await, 0, "no refusal wrote anything");
@@ -237,7 +244,7 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
     refused(
         &["stats", "--database-url", nowhere],
         3,
-        "cannot reach the database",
+        "connection refused by 127.0.0.1:1",
     )
     .await;
 
@@ -247,6 +254,234 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
         args.extend(["--database-url", empty.url.as_str()]);
         refused(&args, 4, "run `outbox-worker migrate` first").await;
     }
+}
+
+#[tokio::test]
+async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
+    let db = TestDb::migrated().await;
+    let at = ["--database-url", db.url.as_str()];
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "--max-connections", "0"], "0 is not in 1..=10000"),
+        (
+            &["run", "--max-connections", "99999999999"],
+            "is not in 1..=10000",
+        ),
+        (
+            &["run", "--queue", "default=2305843009213693952"],
+            "is not a whole number from 1 to 100000",
+        ),
+        (&["run", "--queue", "=4"], "no queue name"),
+        (
+            &["run", "--heartbeat-interval", "0s"],
+            "out of range: use 100ms to 1h",
+        ),
+        (&["run", "--heartbeat-timeout", "100years"], "out of range"),
+        (
+            &["run", "--poll-interval", "0s"],
+            "out of range: use 1ms to 1h",
+        ),
+        (&["run", "--maintenance-interval", "1ms"], "out of range"),
+        (&["run", "--statement-timeout", "0s"], "out of range"),
+        (&["run", "--keepalive", "10ms"], "out of range"),
+        (&["run", "--flush-timeout", "2h"], "out of range"),
+        (&["run", "--retention", "99999years"], "out of range"),
+        (&["run", "--shutdown-grace=-1s"], "is not a duration"),
+        (
+            &[
+                "run",
+                "--heartbeat-interval",
+                "1m",
+                "--heartbeat-timeout",
+                "30s",
+            ],
+            "must be longer than",
+        ),
+        (&["tasks", "list", "--limit=-5"], "-5 is not in 1..=100000"),
+        (&["tasks", "list", "--limit", "0"], "0 is not in 1..=100000"),
+        (
+            &[
+                "tasks",
+                "submit",
+                "outbox.noop",
+                "{}",
+                "--delay",
+                "999999999years",
+            ],
+            "out of range",
+        ),
+        (
+            &["tasks", "submit", "outbox.noop", "{}", "--priority=-1"],
+            "-1 is not in 0..=9",
+        ),
+        (&["demo", "--concurrency", "0"], "0 is not in 1..=100000"),
+        (&["bench", "--tasks", "0"], "0 is not in 1..=100000000"),
+        (
+            &["bench", "--submitters", "18446744073709551616"],
+            "number too large",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut args = args.to_vec();
+        args.extend(at);
+        let out = cli(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(db.task_count().await, 0);
+}
+
+#[tokio::test]
+async fn payloads_come_from_an_argument_stdin_or_a_file_and_unstorable_ones_are_refused() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let dir = std::env::temp_dir().join(format!("outbox-cli-payload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("payload.json");
+    std::fs::write(&file, r#"{"ms": 7}"#).unwrap();
+    let at_file = format!("@{}", file.display());
+    ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.sleep",
+        &at_file,
+        "--database-url",
+        url,
+    ])
+    .await);
+
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "tasks",
+            "submit",
+            "outbox.sleep",
+            "-",
+            "--database-url",
+            url,
+        ])
+        .env_remove("DATABASE_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(br#"{"ms": 8}"#).await.unwrap();
+    drop(stdin);
+    ok(&child.wait_with_output().await.unwrap());
+    let payloads: Vec<String> =
+        sqlx::query_scalar("SELECT payload::text FROM outbox_tasks ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(payloads, [r#"{"ms": 7}"#, r#"{"ms": 8}"#]);
+
+    // PostgreSQL's jsonb cannot hold U+0000: refused before anything is sent.
+    refused(
+        &[
+            "tasks",
+            "submit",
+            "outbox.noop",
+            r#"{"note": "a\u0000b"}"#,
+            "--database-url",
+            url,
+        ],
+        2,
+        "U+0000",
+    )
+    .await;
+    let big = dir.join("big.json");
+    let huge = format!(r#"{{"pad": "{}"}}"#, "x".repeat(17 * 1024 * 1024));
+    std::fs::write(&big, huge).unwrap();
+    let at_big = format!("@{}", big.display());
+    refused(
+        &[
+            "tasks",
+            "submit",
+            "outbox.noop",
+            &at_big,
+            "--database-url",
+            url,
+        ],
+        2,
+        "larger than the 16 MiB",
+    )
+    .await;
+    refused(
+        &[
+            "tasks",
+            "submit",
+            "outbox.noop",
+            "@/no/such/file",
+            "--database-url",
+            url,
+        ],
+        2,
+        "cannot read the payload file",
+    )
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(db.task_count().await, 2, "the refusals wrote nothing");
+}
+
+/// A TCP server on loopback that answers every connection with `reply`
+/// and closes it (`None`: accepts and says nothing).
+async fn fake_server(reply: Option<&'static [u8]>) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            match reply {
+                Some(bytes) => {
+                    let mut buf = [0u8; 64];
+                    let _ = socket.read(&mut buf).await;
+                    let _ = socket.write_all(bytes).await;
+                }
+                None => open.push(socket),
+            }
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test]
+async fn an_unreachable_or_foreign_server_is_named_within_seconds_with_exit_3() {
+    let (http, http_task) = fake_server(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await;
+    let (silent, silent_task) = fake_server(None).await;
+    let refused_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cases = [
+        (
+            refused_port,
+            "connection refused by",
+            Duration::from_secs(2),
+        ),
+        (http, "is this a PostgreSQL server", Duration::from_secs(2)),
+        (silent, "no answer from", Duration::from_secs(8)),
+    ];
+    for (port, needle, within) in cases {
+        let url = format!("postgres://postgres@127.0.0.1:{port}/db");
+        let started = std::time::Instant::now();
+        let out = cli(&["stats", "--database-url", &url]).await;
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(3), "{url}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(needle) || err.contains("does not speak the PostgreSQL protocol"),
+            "{url}: {err}"
+        );
+        assert!(took < within, "{url}: took {took:?}");
+        eprintln!("unreachable: {needle:?} reported in {took:?}");
+    }
+    http_task.abort();
+    silent_task.abort();
 }
 
 #[tokio::test]

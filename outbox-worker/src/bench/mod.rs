@@ -29,7 +29,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::builtin::{Builtins, Noop};
-use crate::cli::{Failure, Register, connect, database_or_private};
+use crate::cli::Register;
+use crate::connect::{connect, database_or_private};
+use crate::failure::Failure;
+use crate::flags;
 use crate::local_postgres::LocalPostgresOptions;
 
 /// The queue every benchmark task goes to.
@@ -42,28 +45,28 @@ pub(crate) struct BenchArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Tasks in the burn-down.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, value_parser = flags::count(1, 100_000_000))]
     tasks: usize,
     /// Worker concurrency during the drain.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
     concurrency: usize,
     /// Tasks per insert transaction.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = flags::count(1, 1_000_000))]
     insert_batch: usize,
     /// Concurrent clients for the single-task submit phase.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = flags::count(1, 1000))]
     submitters: usize,
     /// Single-task submits in that phase (0 skips it).
-    #[arg(long, default_value_t = 40_000)]
+    #[arg(long, default_value_t = 40_000, value_parser = flags::count(0, 100_000_000))]
     single_submits: usize,
     /// Pickup-latency samples (0 skips the phase).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = flags::count(0, 1_000_000))]
     latency_samples: usize,
     /// COMPLETED rows to pre-fill for the history burn-down.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = flags::count_u64(0, 100_000_000))]
     history_completed: u64,
     /// Dead rows to pre-fill for the history burn-down.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = flags::count_u64(0, 100_000_000))]
     history_dead: u64,
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -1,0 +1,130 @@
+//! Connecting the CLI to PostgreSQL, with errors an operator can act on:
+//! a refused connection, a port where no PostgreSQL answers, a server that
+//! says nothing, bad credentials and a missing database are each told apart
+//! within seconds instead of surfacing as a pool timeout.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::failure::{EXIT_SCHEMA_BEHIND, Failure};
+use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
+
+/// How long the first connection may take before the server is reported
+/// unreachable.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens one connection to check the server is there and is PostgreSQL,
+/// then returns a pool of up to `max_connections` on it. Exit code 2 for a
+/// bad URL, credentials or database name; 3 when nothing usable answers.
+pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Err(_) => {
+            return Err(Failure::unreachable(format!(
+                "no answer from {target} within {CONNECT_TIMEOUT:?}: is the host right, and \
+                 is a firewall dropping the connection?"
+            )));
+        }
+        Ok(Err(e)) => return Err(connect_failure(&target, &e)),
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+        }
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        // A health check on every acquire is one more round trip per
+        // statement; a broken connection shows up as an error on use.
+        .test_before_acquire(false)
+        .connect_lazy_with(options))
+}
+
+/// What to tell the operator about a first connection that failed.
+fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
+    use std::io::ErrorKind;
+    match e {
+        sqlx::Error::Io(io) if io.kind() == ErrorKind::ConnectionRefused => Failure::unreachable(
+            format!("connection refused by {target}: is PostgreSQL running and listening there?"),
+        ),
+        sqlx::Error::Io(io)
+            if matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::InvalidData
+            ) =>
+        {
+            Failure::unreachable(format!(
+                "{target} closed the connection during the PostgreSQL handshake ({io}): \
+                 is this a PostgreSQL server, and does it accept this client?"
+            ))
+        }
+        sqlx::Error::Protocol(detail) => Failure::unreachable(format!(
+            "{target} does not speak the PostgreSQL protocol ({detail}): check the host and port"
+        )),
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            if code.starts_with("28") || code == "3D000" {
+                Failure::config(format!(
+                    "PostgreSQL at {target} refused the connection: {db} (check DATABASE_URL)"
+                ))
+            } else {
+                Failure::unreachable(format!(
+                    "PostgreSQL at {target} refused the connection: {db}"
+                ))
+            }
+        }
+        sqlx::Error::Configuration(_) => {
+            Failure::config(format!("DATABASE_URL is not usable: {e}"))
+        }
+        e if is_unreachable(e) => Failure::unreachable(format!("cannot reach {target}: {e}")),
+        e => Failure::runtime(format!("cannot connect to {target}: {e}")),
+    }
+}
+
+/// Errors that mean the database is not there (rather than that it refused
+/// a statement).
+pub(crate) fn is_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// `url`, or else the URL of a new private PostgreSQL (kept alive by the
+/// returned handle): what `demo` and `bench` do without DATABASE_URL.
+pub(crate) async fn database_or_private(
+    url: Option<String>,
+    options: LocalPostgresOptions,
+) -> Result<(String, Option<LocalPostgres>), Failure> {
+    tokio::task::spawn_blocking(move || LocalPostgres::url_or_start(url, &options))
+        .await
+        .map_err(Failure::runtime)?
+        .map_err(|e| Failure::runtime(format!("cannot start a private PostgreSQL: {e}")))
+}
+
+/// Connects and refuses to go on when the schema is behind this build.
+pub(crate) async fn connect_migrated(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    let pool = connect(url, max_connections).await?;
+    let status = outbox::schema_status(&pool).await?;
+    if !status.is_up_to_date() {
+        return Err(Failure {
+            code: EXIT_SCHEMA_BEHIND,
+            message: format!(
+                "the database schema is at version {} but this build needs {}: \
+                 run `outbox-worker migrate` first",
+                status.current, status.latest
+            ),
+        });
+    }
+    Ok(pool)
+}
