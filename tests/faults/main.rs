@@ -1,12 +1,16 @@
 //! Fault injection with real processes and a real PostgreSQL: kill -9 of a
-//! worker, SIGTERM with slow tasks, loss of the maintenance leader, and a
-//! database restart in the middle of a drain. Each test prints what it
+//! worker, SIGTERM with slow tasks, loss of the maintenance leader, a
+//! database restart and outage in the middle of a drain, sessions
+//! terminated again and again, and a network that goes silent (a fault
+//! proxy black-holes a worker's connections). Each test prints what it
 //! injected and what it counted afterwards.
 
+mod blackhole;
 mod kill;
 mod leader;
 mod restart;
 mod sigterm;
+mod terminate;
 
 /// The worker binary with the harness's task types linked in.
 const WORKER: &str = env!("CARGO_BIN_EXE_outbox-test-worker");

@@ -6,6 +6,7 @@
 //! installed PostgreSQL binaries and stopped when the test process exits.
 
 pub mod process;
+pub mod proxy;
 pub mod tasks;
 
 use std::sync::OnceLock;

@@ -1,0 +1,255 @@
+//! A network that goes silent: a fault proxy between a worker process and
+//! PostgreSQL keeps every socket open and forwards nothing, so neither side
+//! sees an error. The silent leader loses its role, its tasks are recovered
+//! by a healthy worker within the bound, its late outcomes are fenced when
+//! the network returns, and a silent worker told to stop exits in time.
+
+use std::time::{Duration, Instant};
+
+use outbox::Batch;
+use outbox_tests::TestDb;
+use outbox_tests::process::{WorkerProcess, wait_until};
+use outbox_tests::proxy::FaultProxy;
+use outbox_tests::tasks::{Record, create_executions_table};
+
+use crate::WORKER;
+
+/// Fast settings, so that the bounds are seconds.
+const ARGS: &[&str] = &[
+    "--queue",
+    "record=4",
+    "--poll-interval",
+    "100ms",
+    "--maintenance-interval",
+    "200ms",
+    "--heartbeat-interval",
+    "200ms",
+    "--heartbeat-timeout",
+    "2s",
+    "--statement-timeout",
+    "1s",
+    "--keepalive",
+    "2s",
+    "--shutdown-grace",
+    "1s",
+    "--flush-timeout",
+    "2s",
+];
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
+/// Slack for a shared, noisy machine on top of every bound.
+const SLACK: Duration = Duration::from_secs(3);
+
+/// Whether the maintenance lease is held, now, by the process `pid`.
+async fn leads(db: &TestDb, pid: u32) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbox_leases \
+         WHERE name = $1 AND expires_at > now() AND holder LIKE $2)",
+    )
+    .bind(outbox::MAINTENANCE_LEASE)
+    .bind(format!("%:{pid}:%"))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Polls `check` every 20 ms until it holds; returns how long it took from
+/// `since`. Panics with `what` after `within`.
+async fn until<F, Fut>(since: Instant, within: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    loop {
+        if check().await {
+            return since.elapsed();
+        }
+        assert!(since.elapsed() < within, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_fenced() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    let (proxy, proxied) = FaultProxy::start(&db.url).await;
+
+    // A leads and runs every task; B, connected directly, has nothing to do.
+    let a = WorkerProcess::spawn(WORKER, &proxied, ARGS);
+    until(Instant::now(), Duration::from_secs(30), "A to lead", || {
+        leads(&db, a.pid())
+    })
+    .await;
+    let mut batch = Batch::new();
+    for _ in 0..4 {
+        batch.push(&Record { ms: 4000 }).unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 4 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+    let b = WorkerProcess::spawn(WORKER, &db.url, ARGS);
+    let b_sessions = format!("{} %:{}:%", outbox::ENGINE_APPLICATION_NAME, b.pid());
+    until(
+        Instant::now(),
+        Duration::from_secs(30),
+        "B to connect",
+        || async {
+            sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE $1)",
+            )
+            .bind(&b_sessions)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+
+    proxy.blackhole();
+    let silent_at = Instant::now();
+    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
+    let took_lead = until(silent_at, bound + SLACK, "B to take the lease", || {
+        leads(&db, b.pid())
+    })
+    .await;
+    let recovered = until(
+        silent_at,
+        bound + SLACK,
+        "A's tasks to be recovered",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT count(*) = 4 FROM outbox_tasks WHERE retry_count = 1 \
+             AND last_error LIKE 'worker lost (heartbeat expired)%'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    eprintln!(
+        "black-holed leader: B led {took_lead:?} and had recovered A's 4 tasks {recovered:?} \
+         after A went silent (bound: heartbeat timeout + 3 maintenance intervals = {bound:?})"
+    );
+    assert!(recovered <= bound + SLACK);
+
+    // B runs them again (attempt 2). A's handlers finish while A is cut
+    // off, and its outcomes wait; when the network returns, A writes them
+    // late.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 8 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+    let a_done = format!(
+        "SELECT clock_timestamp() > max(at) + interval '4.5 s' FROM executions WHERE pid = {}",
+        a.pid()
+    );
+    until(
+        Instant::now(),
+        Duration::from_secs(30),
+        "A's handlers to end",
+        || async {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(a_done.as_str()))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    proxy.pass();
+    let healed = Instant::now();
+    while !a
+        .log()
+        .lines()
+        .any(|l| l.contains("database reachable again") && l.contains("completer"))
+    {
+        assert!(
+            healed.elapsed() < Duration::from_secs(30),
+            "A's outcome writes never resumed:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 4 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // Each row holds B's outcome: written after B's 4-second attempt ended,
+    // never A's stale one.
+    for id in ids {
+        let (claims, retries, b_outcome_last): (i32, i32, bool) = sqlx::query_as(
+            "SELECT t.claims, t.retry_count, \
+                    t.finished_at >= (SELECT max(at) FROM executions e WHERE e.task_id = t.id) + interval '3.9 s' \
+             FROM outbox_tasks t WHERE t.id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!((claims, retries), (2, 1), "task {id}");
+        assert!(
+            b_outcome_last,
+            "task {id}: A's late outcome was not fenced out"
+        );
+    }
+    let by_pid: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT pid, count(*) FROM executions GROUP BY pid ORDER BY min(at)")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        by_pid,
+        vec![(i64::from(a.pid()), 4), (i64::from(b.pid()), 4)]
+    );
+    eprintln!("black-holed leader: A's 4 late outcomes fenced out; B's 4 kept");
+}
+
+#[tokio::test]
+async fn sigterm_to_a_silent_worker_exits_within_the_bound() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    let (proxy, proxied) = FaultProxy::start(&db.url).await;
+    let mut batch = Batch::new();
+    for _ in 0..4 {
+        batch.push(&Record { ms: 600_000 }).unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let mut worker = WorkerProcess::spawn(WORKER, &proxied, ARGS);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 4 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    proxy.blackhole();
+    let started = Instant::now();
+    worker.signal("TERM");
+    let status = worker.wait(Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    let log = worker.log();
+    // shutdown grace 1 s + 2 x cancel grace 1 s + flush 2 s.
+    let bound = Duration::from_secs(5);
+    eprintln!("black-holed worker: SIGTERM to exit took {took:?} (bound {bound:?})");
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(took <= bound + SLACK, "took {took:?}:\n{log}");
+    let mut left: Vec<i64> = ids.iter().map(|id| id.0).collect();
+    left.sort_unstable();
+    let named = format!("task_ids={left:?}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("could not release unfinished tasks") && l.contains(&named)),
+        "the log names the tasks left behind ({named}):\n{log}"
+    );
+    proxy.pass();
+}

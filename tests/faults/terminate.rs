@@ -1,0 +1,121 @@
+//! The worker's sessions terminated again and again (as `pg_terminate_backend`
+//! or a failover does) while tasks run their last attempts: every error is
+//! transient, so no outcome is dropped, no task ends dead although its
+//! handler succeeded, and no attempt runs twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler, Worker, WorkerConfig,
+    outbox_task,
+};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+const TASKS: usize = 1000;
+
+/// Fails its first two attempts and succeeds on the third, the last.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.terminate.third_time", queue = "terminate", retry_delays = ["1ms", "1ms", "1ms"])]
+struct ThirdTime {}
+
+/// Counts executions per (task, attempt).
+#[derive(Clone, Default)]
+struct Attempts(Arc<Mutex<HashMap<(i64, i32), u32>>>);
+
+impl TaskHandler<ThirdTime> for Attempts {
+    async fn handle(&self, ctx: TaskContext, _task: ThirdTime) -> HandlerResult {
+        *self
+            .0
+            .lock()
+            .unwrap()
+            .entry((ctx.id().0, ctx.attempt()))
+            .or_default() += 1;
+        if ctx.is_last_attempt() {
+            Ok(Outcome::Success)
+        } else {
+            Err(HandlerError::msg("not yet"))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
+    let db = TestDb::migrated().await;
+    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| ThirdTime {}))
+        .await
+        .unwrap();
+    let attempts = Attempts::default();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        heartbeat_interval: Duration::from_millis(200),
+        // Far away: a recovery would be a re-run this test must not see.
+        heartbeat_timeout: Duration::from_secs(120),
+        maintenance_interval: Duration::from_millis(100),
+        max_finish_batch: 50,
+        ..WorkerConfig::default()
+    };
+    let worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config)
+            .handler::<ThirdTime>(attempts.clone())
+            .queue("terminate", 32)
+            .build()
+            .unwrap(),
+    );
+
+    // Terminate every engine session of this database every 30 ms until
+    // the last task is done.
+    let mut terminated = 0_i64;
+    let mut rounds = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let (done, killed): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox_tasks WHERE state = 'completed' OR dead_at IS NOT NULL), \
+                    (SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                      WHERE datname = current_database() AND application_name LIKE $1 \
+                        AND pid <> pg_backend_pid()) t)",
+        )
+        .bind(format!("{} %", outbox::ENGINE_APPLICATION_NAME))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        terminated += killed;
+        rounds += 1;
+        if done == TASKS as i64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {done} of {TASKS} finished"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    worker.stop().await;
+
+    let states = db.count_by_state().await;
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let attempts = attempts.0.lock().unwrap().clone();
+    let executions: u32 = attempts.values().sum();
+    let repeated: Vec<_> = attempts.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "terminate: {terminated} sessions terminated over {rounds} rounds; {TASKS} tasks, \
+         {executions} executions (3 each expected), {} attempts run twice, {dead} dead",
+        repeated.len()
+    );
+    assert!(terminated > 0, "the test terminated sessions");
+    assert_eq!(dead, 0, "no task dead whose last attempt succeeded");
+    assert_eq!(states, vec![("completed".to_owned(), TASKS as i64)]);
+    assert!(repeated.is_empty(), "attempts run twice: {repeated:?}");
+    assert_eq!(
+        executions as usize,
+        3 * TASKS,
+        "every task ran exactly 3 attempts"
+    );
+}
