@@ -87,3 +87,31 @@ async fn types_on_queues_the_worker_does_not_serve_are_not_its_business() {
         .unwrap();
     assert_eq!(worker.queues(), [("somewhere-else".to_owned(), 2)]);
 }
+
+#[tokio::test]
+async fn settings_that_would_break_the_worker_are_listed_not_panicked_on() {
+    let config = outbox::WorkerConfig {
+        heartbeat_interval: std::time::Duration::ZERO,
+        statement_timeout: std::time::Duration::ZERO,
+        retention: std::time::Duration::MAX,
+        ..outbox::WorkerConfig::default()
+    };
+    let problems = problems(
+        Worker::builder(lazy_pool())
+            .config(config)
+            .queue("huge", outbox::MAX_CONCURRENCY + 1),
+    );
+    let expected = [
+        "queue \"huge\" has concurrency 100001: use 1 to 100000",
+        "heartbeat_interval must be longer than zero",
+        "statement_timeout must be longer than zero",
+        "retention:",
+    ];
+    assert_eq!(problems.len(), expected.len(), "{problems:#?}");
+    for needle in expected {
+        assert!(
+            problems.iter().any(|p| p.contains(needle)),
+            "{needle}: {problems:#?}"
+        );
+    }
+}

@@ -23,6 +23,7 @@
 //! ```
 
 mod completer;
+mod config;
 mod counters;
 mod events;
 mod executor;
@@ -33,6 +34,7 @@ mod maintainer;
 mod outage;
 mod producer;
 pub(crate) mod registry;
+mod shutdown;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,13 +46,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use config::WorkerConfig;
 pub use counters::{CountersSnapshot, WorkerCounters};
 pub use events::{TaskEvent, TaskEventKind};
 pub use maintainer::MAINTENANCE_LEASE;
 
 use crate::clock::Clock;
-use crate::db::classify::is_transient;
-use crate::db::session::{EnginePool, SessionLimits, call};
+use crate::db::session::{EnginePool, SessionLimits};
 use crate::error::{Error, Result, StartupProblems};
 use crate::handler::{TaskHandler, TypedHandler};
 use crate::task::{Task, registered_tasks};
@@ -61,98 +63,6 @@ pub const DEFAULT_CONCURRENCY: usize = 10;
 
 /// The highest concurrency a queue may have.
 pub const MAX_CONCURRENCY: usize = 100_000;
-
-/// How a worker behaves; every field has a sensible default.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// How often an idle queue looks for due tasks even without a NOTIFY.
-    /// NOTIFY is an optimisation; this poll is the guarantee.
-    pub poll_interval: Duration,
-    /// After a claim that found work but did not fill every free slot, how
-    /// soon the queue looks again (capped by `poll_interval`). Catches tasks
-    /// whose NOTIFY was folded into an earlier one.
-    pub busy_poll_interval: Duration,
-    /// The most tasks one claim takes (claims are also capped by free slots).
-    pub max_claim_batch: usize,
-    /// The most outcomes one TX2 writes.
-    pub max_finish_batch: usize,
-    /// How many TX2 statements may be in flight at once.
-    pub finish_lanes: usize,
-    /// How long in-flight tasks may run on after shutdown is requested
-    /// before they are cancelled and put back for another worker.
-    pub shutdown_grace: Duration,
-    /// After the grace period the handlers' cancellation token fires; this
-    /// is how long they get to return before they are aborted and released.
-    pub cancel_grace: Duration,
-    /// At shutdown, once handlers are done, how long outcomes still unwritten
-    /// (the database may be down or silent) may take to be written and the
-    /// worker's remaining tasks to be released. What is left after it is
-    /// logged with its task ids; stuck-task recovery reruns those tasks.
-    pub flush_timeout: Duration,
-    /// Server-side `statement_timeout` of the worker's own statements
-    /// (claims, outcomes, heartbeats, maintenance). The worker gives up on a
-    /// call one second later and discards its connection, so a silent
-    /// server or network is noticed within this plus a second.
-    pub statement_timeout: Duration,
-    /// How long a silent connection may last: the server drops a worker
-    /// session whose client stopped answering within about this long (TCP
-    /// keepalives and `tcp_user_timeout`), and the idle LISTEN connection is
-    /// pinged after half of it.
-    pub keepalive: Duration,
-    /// How often the worker bumps heartbeat_at of its in-flight tasks.
-    pub heartbeat_interval: Duration,
-    /// A PROCESSING task whose heartbeat is older than this is presumed
-    /// lost and made claimable again (counting an attempt). Keep it several
-    /// heartbeat intervals long.
-    pub heartbeat_timeout: Duration,
-    /// Whether this worker takes part in maintenance (recovery, cleanup).
-    /// One worker of the cluster leads at a time.
-    pub maintenance: bool,
-    /// How often the maintenance leader runs recovery, and how often the
-    /// other workers try to take over the role.
-    pub maintenance_interval: Duration,
-    /// How long COMPLETED tasks are kept before cleanup deletes them.
-    pub retention: Duration,
-    /// Delete successful tasks at once instead of keeping them as COMPLETED
-    /// history (a retention of zero). Cheaper for the database; FAILED and
-    /// dead rows are kept either way.
-    pub delete_completed: bool,
-    /// How often the leader runs cleanup.
-    pub cleanup_interval: Duration,
-    /// Whether to LISTEN for submit notifications.
-    pub listen: bool,
-    /// The clock for time-dependent statements.
-    pub clock: Clock,
-    /// This worker's name on the rows it claims.
-    pub worker_id: String,
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        Self {
-            poll_interval: Duration::from_secs(1),
-            busy_poll_interval: Duration::from_millis(5),
-            max_claim_batch: 100,
-            max_finish_batch: 1000,
-            finish_lanes: 2,
-            shutdown_grace: Duration::from_secs(30),
-            cancel_grace: Duration::from_secs(1),
-            flush_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(5),
-            keepalive: Duration::from_secs(10),
-            heartbeat_interval: Duration::from_secs(10),
-            heartbeat_timeout: Duration::from_secs(5 * 60),
-            maintenance: true,
-            maintenance_interval: Duration::from_secs(5),
-            retention: Duration::from_secs(7 * 24 * 3600),
-            delete_completed: false,
-            cleanup_interval: Duration::from_secs(60),
-            listen: true,
-            clock: Clock::database(),
-            worker_id: default_worker_id(),
-        }
-    }
-}
 
 /// Builds a [`Worker`]: handlers, queues and settings, checked at
 /// [`WorkerBuilder::build`].
@@ -217,7 +127,7 @@ impl WorkerBuilder {
             self.queues
         };
         let mut problems = self.handlers.problems(&registered_tasks(), &queues);
-        problems.extend(config_problems(&self.config, &queues));
+        problems.extend(config::config_problems(&self.config, &queues));
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
         }
@@ -384,7 +294,7 @@ impl Worker {
             }
         }
         tracker.close();
-        finish_handlers(&shared, &tracker, grace_over).await;
+        shutdown::finish_handlers(&shared, &tracker, grace_over).await;
 
         // Outcomes still queued or being retried get until the flush
         // deadline; then whatever this worker still holds is released.
@@ -396,7 +306,7 @@ impl Worker {
             give_up.cancel();
             let _ = completer.await;
         }
-        release_remaining(&shared, flush_over).await;
+        shutdown::release_remaining(&shared, flush_over).await;
         stop_background.cancel();
         let _ = heartbeat.await;
         // Both stopped with the claims; the maintainer may still be handing
@@ -408,143 +318,4 @@ impl Worker {
         tracing::info!("worker stopped");
         Ok(())
     }
-}
-
-/// Waits for the handlers until `grace_over`; then fires their cancellation
-/// token and, after `cancel_grace`, aborts those still running (their tasks
-/// stay held and are released with the rest).
-async fn finish_handlers(shared: &Shared, tracker: &TaskTracker, grace_over: Instant) {
-    if tokio::time::timeout_at(grace_over, tracker.wait())
-        .await
-        .is_ok()
-    {
-        return;
-    }
-    tracing::warn!(
-        in_flight = shared.holdings.len(),
-        "grace period over: cancelling in-flight tasks"
-    );
-    shared.handler_cancel.cancel();
-    let cancel_grace = shared.config.cancel_grace;
-    if tokio::time::timeout(cancel_grace, tracker.wait())
-        .await
-        .is_ok()
-    {
-        return;
-    }
-    let aborted = shared.holdings.abort_running();
-    tracing::warn!(
-        aborted,
-        "handlers still running after cancellation: aborted"
-    );
-    // An aborted handler stops at its next await; one that never yields
-    // cannot be stopped, and must not keep us from exiting.
-    if tokio::time::timeout(cancel_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::error!("a handler ignores cancellation and never yields; exiting without it");
-    }
-}
-
-/// Puts every task this worker still holds back to PENDING without counting
-/// an attempt (aborted handlers, abandoned claims, outcomes that could not
-/// be written), trying until `deadline`. What cannot be released is logged
-/// with its task ids; stuck-task recovery returns those after the timeout.
-async fn release_remaining(shared: &Shared, deadline: Instant) {
-    let tokens = shared.holdings.all_tokens();
-    if tokens.is_empty() {
-        return;
-    }
-    let held = shared.holdings.held_ids();
-    let mut outage = outage::Outage::new("release");
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            tracing::error!(
-                task_ids = ?held,
-                "could not release unfinished tasks before exit (the flush deadline passed); \
-                 stuck-task recovery will rerun them after the heartbeat timeout"
-            );
-            return;
-        }
-        let result = call(
-            &shared.engine,
-            left.min(shared.deadline),
-            "release",
-            async |conn| crate::db::release_claims(conn, &tokens).await,
-        )
-        .await;
-        match result {
-            Ok(released) => {
-                tracing::info!(released = ?released, "released this worker's unfinished tasks");
-                shared.holdings.clear();
-                return;
-            }
-            Err(error) if is_transient(&error) && Instant::now() < deadline => {
-                let backoff = outage.failed(&error);
-                tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
-            }
-            Err(error) => {
-                tracing::error!(
-                    %error,
-                    task_ids = ?held,
-                    "could not release unfinished tasks before exit; stuck-task recovery will rerun them after the heartbeat timeout"
-                );
-                return;
-            }
-        }
-    }
-}
-
-/// Settings that would break the worker: every problem, for the list
-/// `build` refuses to start with.
-fn config_problems(config: &WorkerConfig, queues: &[(String, usize)]) -> Vec<String> {
-    let mut problems = Vec::new();
-    // (A concurrency of zero is the registry's to report.)
-    for (queue, concurrency) in queues {
-        if *concurrency > MAX_CONCURRENCY {
-            problems.push(format!(
-                "queue {queue:?} has concurrency {concurrency}: use 1 to {MAX_CONCURRENCY}"
-            ));
-        }
-    }
-    let positive = [
-        ("poll_interval", config.poll_interval),
-        ("heartbeat_interval", config.heartbeat_interval),
-        ("maintenance_interval", config.maintenance_interval),
-        ("statement_timeout", config.statement_timeout),
-        ("keepalive", config.keepalive),
-    ];
-    for (name, value) in positive {
-        if value.is_zero() {
-            problems.push(format!("{name} must be longer than zero"));
-        }
-    }
-    if config.heartbeat_timeout <= config.heartbeat_interval {
-        problems.push(format!(
-            "heartbeat_timeout ({:?}) must be longer than heartbeat_interval ({:?}), \
-             or live tasks would be recovered while they run",
-            config.heartbeat_timeout, config.heartbeat_interval
-        ));
-    }
-    for (name, value) in [
-        ("heartbeat_timeout", config.heartbeat_timeout),
-        ("retention", config.retention),
-    ] {
-        if let Err(e) = crate::options::delay_micros(value) {
-            problems.push(format!("{name}: {e}"));
-        }
-    }
-    problems
-}
-
-/// `host:pid:random`, unique enough to tell workers apart on the rows.
-fn default_worker_id() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    let random = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
-    format!("{}:{}:{random:08x}", host.trim(), std::process::id())
 }

@@ -1,0 +1,151 @@
+//! The worker's settings, their defaults, and the checks `build` runs on
+//! them.
+
+use std::time::Duration;
+
+use super::MAX_CONCURRENCY;
+use crate::clock::Clock;
+
+/// How a worker behaves; every field has a sensible default.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// How often an idle queue looks for due tasks even without a NOTIFY.
+    /// NOTIFY is an optimisation; this poll is the guarantee.
+    pub poll_interval: Duration,
+    /// After a claim that found work but did not fill every free slot, how
+    /// soon the queue looks again (capped by `poll_interval`). Catches tasks
+    /// whose NOTIFY was folded into an earlier one.
+    pub busy_poll_interval: Duration,
+    /// The most tasks one claim takes (claims are also capped by free slots).
+    pub max_claim_batch: usize,
+    /// The most outcomes one TX2 writes.
+    pub max_finish_batch: usize,
+    /// How many TX2 statements may be in flight at once.
+    pub finish_lanes: usize,
+    /// How long in-flight tasks may run on after shutdown is requested
+    /// before they are cancelled and put back for another worker.
+    pub shutdown_grace: Duration,
+    /// After the grace period the handlers' cancellation token fires; this
+    /// is how long they get to return before they are aborted and released.
+    pub cancel_grace: Duration,
+    /// At shutdown, once handlers are done, how long outcomes still unwritten
+    /// (the database may be down or silent) may take to be written and the
+    /// worker's remaining tasks to be released. What is left after it is
+    /// logged with its task ids; stuck-task recovery reruns those tasks.
+    pub flush_timeout: Duration,
+    /// Server-side `statement_timeout` of the worker's own statements
+    /// (claims, outcomes, heartbeats, maintenance). The worker gives up on a
+    /// call one second later and discards its connection, so a silent
+    /// server or network is noticed within this plus a second.
+    pub statement_timeout: Duration,
+    /// How long a silent connection may last: the server drops a worker
+    /// session whose client stopped answering within about this long (TCP
+    /// keepalives and `tcp_user_timeout`), and the idle LISTEN connection is
+    /// pinged after half of it.
+    pub keepalive: Duration,
+    /// How often the worker bumps heartbeat_at of its in-flight tasks.
+    pub heartbeat_interval: Duration,
+    /// A PROCESSING task whose heartbeat is older than this is presumed
+    /// lost and made claimable again (counting an attempt). Keep it several
+    /// heartbeat intervals long.
+    pub heartbeat_timeout: Duration,
+    /// Whether this worker takes part in maintenance (recovery, cleanup).
+    /// One worker of the cluster leads at a time.
+    pub maintenance: bool,
+    /// How often the maintenance leader runs recovery, and how often the
+    /// other workers try to take over the role.
+    pub maintenance_interval: Duration,
+    /// How long COMPLETED tasks are kept before cleanup deletes them.
+    pub retention: Duration,
+    /// Delete successful tasks at once instead of keeping them as COMPLETED
+    /// history (a retention of zero). Cheaper for the database; FAILED and
+    /// dead rows are kept either way.
+    pub delete_completed: bool,
+    /// How often the leader runs cleanup.
+    pub cleanup_interval: Duration,
+    /// Whether to LISTEN for submit notifications.
+    pub listen: bool,
+    /// The clock for time-dependent statements.
+    pub clock: Clock,
+    /// This worker's name on the rows it claims.
+    pub worker_id: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(1),
+            busy_poll_interval: Duration::from_millis(5),
+            max_claim_batch: 100,
+            max_finish_batch: 1000,
+            finish_lanes: 2,
+            shutdown_grace: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(1),
+            flush_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(10),
+            heartbeat_timeout: Duration::from_secs(5 * 60),
+            maintenance: true,
+            maintenance_interval: Duration::from_secs(5),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            delete_completed: false,
+            cleanup_interval: Duration::from_secs(60),
+            listen: true,
+            clock: Clock::database(),
+            worker_id: default_worker_id(),
+        }
+    }
+}
+
+/// Settings that would break the worker: every problem, for the list
+/// `build` refuses to start with.
+pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    // (A concurrency of zero is the registry's to report.)
+    for (queue, concurrency) in queues {
+        if *concurrency > MAX_CONCURRENCY {
+            problems.push(format!(
+                "queue {queue:?} has concurrency {concurrency}: use 1 to {MAX_CONCURRENCY}"
+            ));
+        }
+    }
+    let positive = [
+        ("poll_interval", config.poll_interval),
+        ("heartbeat_interval", config.heartbeat_interval),
+        ("maintenance_interval", config.maintenance_interval),
+        ("statement_timeout", config.statement_timeout),
+        ("keepalive", config.keepalive),
+    ];
+    for (name, value) in positive {
+        if value.is_zero() {
+            problems.push(format!("{name} must be longer than zero"));
+        }
+    }
+    if config.heartbeat_timeout <= config.heartbeat_interval {
+        problems.push(format!(
+            "heartbeat_timeout ({:?}) must be longer than heartbeat_interval ({:?}), \
+             or live tasks would be recovered while they run",
+            config.heartbeat_timeout, config.heartbeat_interval
+        ));
+    }
+    for (name, value) in [
+        ("heartbeat_timeout", config.heartbeat_timeout),
+        ("retention", config.retention),
+    ] {
+        if let Err(e) = crate::options::delay_micros(value) {
+            problems.push(format!("{name}: {e}"));
+        }
+    }
+    problems
+}
+
+/// `host:pid:random`, unique enough to tell workers apart on the rows.
+fn default_worker_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let random = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
+    format!("{}:{}:{random:08x}", host.trim(), std::process::id())
+}
