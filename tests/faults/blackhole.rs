@@ -243,13 +243,6 @@ async fn sigterm_to_a_silent_worker_exits_within_the_bound() {
     eprintln!("black-holed worker: SIGTERM to exit took {took:?} (bound {bound:?})");
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(took <= bound + SLACK, "took {took:?}:\n{log}");
-    let mut left: Vec<i64> = ids.iter().map(|id| id.0).collect();
-    left.sort_unstable();
-    let named = format!("task_ids={left:?}");
-    assert!(
-        log.lines()
-            .any(|l| l.contains("could not release unfinished tasks") && l.contains(&named)),
-        "the log names the tasks left behind ({named}):\n{log}"
-    );
+    worker.assert_left_behind(&ids);
     proxy.pass();
 }

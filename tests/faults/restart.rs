@@ -33,17 +33,33 @@ impl TaskHandler<Count> for Counter {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
-    // A cluster of this test's own: restarting the shared one would hit
-    // every other test.
-    let cluster = Arc::new(
+/// A cluster of the test's own (restarting or stopping the shared one
+/// would hit every other test) and its URL.
+async fn private_cluster() -> (Arc<LocalPostgres>, String) {
+    let cluster =
         tokio::task::spawn_blocking(|| LocalPostgres::start(&LocalPostgresOptions::default()))
             .await
             .unwrap()
-            .expect("start a private PostgreSQL"),
-    );
+            .expect("start a private PostgreSQL");
     let url = cluster.url("postgres");
+    (Arc::new(cluster), url)
+}
+
+/// Runs a pg_ctl step on `cluster` off the async threads.
+async fn on(
+    cluster: &Arc<LocalPostgres>,
+    step: fn(&LocalPostgres) -> Result<(), outbox_worker::local_postgres::LocalPostgresError>,
+) {
+    let c = Arc::clone(cluster);
+    tokio::task::spawn_blocking(move || step(&c))
+        .await
+        .unwrap()
+        .expect("pg_ctl");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
+    let (cluster, url) = private_cluster().await;
     let pool = outbox_tests::TestDb::pool_on(&url, 10).await;
     outbox::migrate(&pool).await.unwrap();
     outbox::submit_batch(
@@ -92,29 +108,17 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
         );
         if !restarted && done >= 1000 {
             restarted = true;
-            let c = Arc::clone(&cluster);
-            tokio::task::spawn_blocking(move || c.restart())
-                .await
-                .unwrap()
-                .expect("pg_ctl restart");
+            on(&cluster, LocalPostgres::restart).await;
             eprintln!("restart: PostgreSQL restarted after {done} completions");
         } else if restarted && !was_down && done >= 2500 {
             // Down for three seconds: handlers finish meanwhile and their
             // outcomes wait in the worker until the server is back.
             was_down = true;
             let before = counter.0.load(Ordering::Relaxed);
-            let c = Arc::clone(&cluster);
-            tokio::task::spawn_blocking(move || c.stop_server())
-                .await
-                .unwrap()
-                .expect("pg_ctl stop");
+            on(&cluster, LocalPostgres::stop_server).await;
             tokio::time::sleep(Duration::from_secs(3)).await;
             let during = counter.0.load(Ordering::Relaxed) - before;
-            let c = Arc::clone(&cluster);
-            tokio::task::spawn_blocking(move || c.start_again())
-                .await
-                .unwrap()
-                .expect("pg_ctl start");
+            on(&cluster, LocalPostgres::start_again).await;
             eprintln!(
                 "restart: PostgreSQL down for 3 s after {done} completions; {during} handlers finished while it was down"
             );
@@ -141,13 +145,7 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
 
 #[tokio::test]
 async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it_left() {
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(|| LocalPostgres::start(&LocalPostgresOptions::default()))
-            .await
-            .unwrap()
-            .expect("start a private PostgreSQL"),
-    );
-    let url = cluster.url("postgres");
+    let (cluster, url) = private_cluster().await;
     let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
     outbox::migrate(&pool).await.unwrap();
     create_executions_table(&pool).await;
@@ -179,11 +177,7 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
         Duration::from_secs(30),
     )
     .await;
-    let c = Arc::clone(&cluster);
-    tokio::task::spawn_blocking(move || c.stop_server())
-        .await
-        .unwrap()
-        .expect("pg_ctl stop");
+    on(&cluster, LocalPostgres::stop_server).await;
 
     let started = std::time::Instant::now();
     worker.signal("TERM");
@@ -199,21 +193,10 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
         took <= bound + Duration::from_secs(2),
         "took {took:?}:\n{log}"
     );
-    let mut left: Vec<i64> = ids.iter().map(|id| id.0).collect();
-    left.sort_unstable();
-    let named = format!("task_ids={left:?}");
-    assert!(
-        log.lines()
-            .any(|l| l.contains("could not release unfinished tasks") && l.contains(&named)),
-        "the log names the tasks left behind ({named}):\n{log}"
-    );
+    worker.assert_left_behind(&ids);
 
     // The tasks stayed PROCESSING: recovery returns them after the timeout.
-    let c = Arc::clone(&cluster);
-    tokio::task::spawn_blocking(move || c.start_again())
-        .await
-        .unwrap()
-        .expect("pg_ctl start");
+    on(&cluster, LocalPostgres::start_again).await;
     let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
     let processing: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")

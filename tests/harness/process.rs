@@ -115,6 +115,21 @@ impl WorkerProcess {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Asserts that the process logged, at exit, that it could not release
+    /// exactly these tasks.
+    #[track_caller]
+    pub fn assert_left_behind(&self, ids: &[outbox::TaskId]) {
+        let mut left: Vec<i64> = ids.iter().map(|id| id.0).collect();
+        left.sort_unstable();
+        let named = format!("task_ids={left:?}");
+        let log = self.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("could not release unfinished tasks") && l.contains(&named)),
+            "the log names the tasks left behind ({named}):\n{log}"
+        );
+    }
 }
 
 impl Drop for WorkerProcess {
