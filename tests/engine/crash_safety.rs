@@ -134,6 +134,82 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
 }
 
 #[tokio::test]
+async fn a_claim_lost_in_a_server_crash_does_not_let_its_late_outcome_through() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&mut *db.conn().await, Gated {})
+        .await
+        .unwrap();
+    let quiet = WorkerConfig {
+        heartbeat_interval: Duration::from_secs(3600),
+        heartbeat_timeout: Duration::from_secs(7200),
+        maintenance: false,
+        ..WorkerConfig::default()
+    };
+    let row = || async {
+        sqlx::query_as::<_, (String, i32, Option<String>)>(
+            "SELECT state::text, claims, claimed_by FROM outbox_tasks WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+
+    // Worker A claims the task (claims 1) and runs it.
+    let (gate, mut started) = Gate::new();
+    let mut a = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(quiet.clone())
+            .handler::<Gated>(gate.clone())
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(started.recv().await, Some(id.0));
+    let (_, claims, a_token) = row().await;
+    assert_eq!(claims, 1);
+
+    // The server crashes and loses A's asynchronously committed claim: the
+    // row is as it was before it.
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'pending', claims = claims - 1, \
+         claimed_by = NULL, heartbeat_at = NULL WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    // Worker B claims it again, with the same claims counter.
+    let (gate_b, mut started_b) = Gate::new();
+    let mut b = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(quiet)
+            .handler::<Gated>(gate_b.clone())
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(started_b.recv().await, Some(id.0));
+    let during_b = row().await;
+    assert_eq!((during_b.0.as_str(), during_b.1), ("processing", 1));
+    assert_ne!(during_b.2, a_token, "every claim has a token of its own");
+
+    // A's success arrives late: the counter matches, the token does not.
+    gate.permits.add_permits(1);
+    a.wait_for(TaskEventKind::Stale, 1, WAIT).await;
+    a.stop().await;
+    assert_eq!(
+        row().await,
+        during_b,
+        "the lost claim's outcome changed nothing"
+    );
+
+    gate_b.permits.add_permits(1);
+    b.wait_for(TaskEventKind::Completed, 1, WAIT).await;
+    b.stop().await;
+    assert_eq!(row().await, ("completed".to_owned(), 1, None));
+}
+
+#[tokio::test]
 async fn heartbeats_move_for_every_in_flight_task_and_leave_updated_at_alone() {
     let db = TestDb::migrated().await;
     outbox::submit_batch(&mut *db.conn().await, (0..3).map(|_| Gated {}))
