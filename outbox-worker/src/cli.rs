@@ -41,6 +41,10 @@ struct Cli {
     /// Log line format.
     #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// How long `migrate`, `tasks` and `stats` may take before they give up
+    /// (exit 3), e.g. when a table lock holds them (1s to 1d).
+    #[arg(long, env = "OUTBOX_COMMAND_TIMEOUT", default_value = "60s", global = true, value_parser = flags::duration(SECOND, DAY))]
+    command_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -81,49 +85,57 @@ pub(crate) struct DbArgs {
 struct RunArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Queues to serve as NAME=CONCURRENCY (repeatable, or comma-separated);
-    /// default: every queue of the registered task types, 10 each.
+    /// Queues to serve as NAME=CONCURRENCY (repeatable, or comma-separated;
+    /// concurrency 1 to 100000); default: every queue of the registered task
+    /// types, 10 each.
     #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
     queues: Vec<(String, usize)>,
-    /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms.
+    /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms
+    /// (1ms to 1h).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
     poll_interval: Duration,
     /// How long in-flight tasks may finish after SIGTERM/SIGINT before they
-    /// are cancelled and put back for another worker.
+    /// are cancelled and put back for another worker (0s to 1d). A second
+    /// signal exits at once.
     #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = flags::duration(Duration::ZERO, DAY))]
     shutdown_grace: Duration,
     /// At shutdown, how long outcomes the database has not taken yet (it may
-    /// be down) are retried, and unfinished tasks released, before exit.
-    #[arg(long, env = "OUTBOX_FLUSH_TIMEOUT", default_value = "5s", value_parser = flags::duration(Duration::ZERO, HOUR))]
+    /// be down) are retried, and unfinished tasks released, before exit (1s
+    /// to 1h).
+    #[arg(long, env = "OUTBOX_FLUSH_TIMEOUT", default_value = "5s", value_parser = flags::duration(SECOND, HOUR))]
     flush_timeout: Duration,
     /// Server-side statement_timeout of the worker's own statements; the
-    /// worker gives up on a call one second later and reconnects.
+    /// worker gives up on a call one second later and reconnects (100ms to
+    /// 1h).
     #[arg(long, env = "OUTBOX_STATEMENT_TIMEOUT", default_value = "5s", value_parser = flags::duration(100 * MS, HOUR))]
     statement_timeout: Duration,
     /// How long a silent connection lasts before either side drops it (TCP
-    /// keepalives, tcp_user_timeout, pings of the LISTEN connection).
+    /// keepalives, tcp_user_timeout, pings of the LISTEN connection; 1s to
+    /// 1h).
     #[arg(long, env = "OUTBOX_KEEPALIVE", default_value = "10s", value_parser = flags::duration(SECOND, HOUR))]
     keepalive: Duration,
-    /// How often in-flight tasks' heartbeats are written (one statement).
+    /// How often in-flight tasks' heartbeats are written (one statement;
+    /// 100ms to 1h).
     #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = flags::duration(100 * MS, HOUR))]
     heartbeat_interval: Duration,
     /// A task whose heartbeat is older than this is recovered (counts as an
-    /// attempt); keep it several heartbeat intervals long.
+    /// attempt); keep it several heartbeat intervals long (1s to 7d).
     #[arg(long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
     heartbeat_timeout: Duration,
-    /// How often the maintenance leader runs recovery (and others campaign).
+    /// How often the maintenance leader runs recovery (and others campaign;
+    /// 10ms to 1h).
     #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = flags::duration(10 * MS, HOUR))]
     maintenance_interval: Duration,
     /// How long COMPLETED tasks are kept before cleanup deletes them; 0
-    /// deletes successful tasks at once (cheapest; no completed history).
+    /// deletes successful tasks at once (cheapest; no completed history; up
+    /// to 3650d).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
-    /// Database connections in the worker's pool.
-    /// Database connections in the pool handlers use (`ctx.pool()`); the
-    /// worker's own statements have a small pool of their own.
+    /// Database connections in the pool handlers use (`ctx.pool()`; 1 to
+    /// 10000); the worker's own statements have a small pool of their own.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10, value_parser = flags::count_u32(1, 10_000))]
     max_connections: u32,
     /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
@@ -192,7 +204,10 @@ pub fn main_with(register: Register) -> ExitCode {
     } else {
         "info"
     };
-    init_tracing(cli.log.as_deref().unwrap_or(default_log), cli.log_format);
+    if let Err(failure) = init_tracing(cli.log.as_deref().unwrap_or(default_log), cli.log_format) {
+        eprintln!("error: {}", failure.message);
+        return ExitCode::from(failure.code);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -203,12 +218,13 @@ pub fn main_with(register: Register) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
+    let limit = cli.command_timeout;
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run(args, register).await,
-            Command::Migrate(args) => migrate(args).await,
-            Command::Tasks(command) => crate::admin_cmd::tasks(command).await,
-            Command::Stats(args) => crate::admin_cmd::stats(args).await,
+            Command::Migrate(args) => within(limit, migrate(args)).await,
+            Command::Tasks(command) => within(limit, crate::admin_cmd::tasks(command)).await,
+            Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
             Command::Demo(args) => crate::demo::run(args, register).await,
             Command::Bench(args) => crate::bench::run(args, register).await,
         }
@@ -223,6 +239,22 @@ pub fn main_with(register: Register) -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// An operator command, given up after `limit`.
+async fn within(
+    limit: Duration,
+    command: impl Future<Output = Result<(), Failure>>,
+) -> Result<(), Failure> {
+    tokio::time::timeout(limit, command)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::unreachable(format!(
+                "the database did not finish this command within {} (--command-timeout): \
+             is a lock holding it, or is the server overloaded?",
+                humantime::format_duration(limit)
+            )))
+        })
 }
 
 async fn migrate(args: DbArgs) -> Result<(), Failure> {
@@ -248,8 +280,24 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
             humantime::format_duration(args.heartbeat_interval)
         )));
     }
+    let mut seen = std::collections::HashSet::new();
+    if let Some((queue, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q)) {
+        return Err(Failure::config(format!(
+            "queue {queue:?} is given twice in --queue; give each queue once"
+        )));
+    }
+    // Bind now: a port in use is a configuration error at start-up, not a
+    // surprise at shutdown.
     let metrics = match args.metrics_addr {
-        Some(addr) => Some((addr, crate::metrics::install().map_err(Failure::runtime)?)),
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| Failure::config(format!("cannot serve metrics on {addr}: {e}")))?;
+            Some((
+                listener,
+                crate::metrics::install().map_err(Failure::runtime)?,
+            ))
+        }
         None => None,
     };
     let pool = connect_migrated(&args.db.database_url, args.max_connections).await?;
@@ -277,9 +325,9 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let server = match metrics {
-        Some((addr, handle)) => {
-            let listener = crate::metrics::serve(addr, handle, pool, shutdown.clone());
-            Some(tokio::spawn(listener))
+        Some((listener, handle)) => {
+            let server = crate::metrics::serve(listener, handle, pool, shutdown.clone());
+            Some(tokio::spawn(server))
         }
         None => None,
     };
@@ -294,7 +342,10 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Cancels `token` on the first SIGTERM or SIGINT.
+/// Cancels `token` on the first SIGTERM or SIGINT; a second one ends the
+/// process at once (exit code 1), for an operator who will not wait for the
+/// grace period. Tasks it was running are recovered after the heartbeat
+/// timeout.
 pub(crate) async fn stop_on_signal(token: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
@@ -309,11 +360,22 @@ pub(crate) async fn stop_on_signal(token: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
     token.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!(
+        "second signal: exiting now; tasks still running are recovered after the heartbeat timeout"
+    );
+    std::process::exit(i32::from(EXIT_RUNTIME));
 }
 
-fn init_tracing(filter: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_tracing(filter: &str, format: LogFormat) -> Result<(), Failure> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| {
+        Failure::config(format!(
+            "--log {filter:?} is not a log filter ({e}); write it like info or outbox=debug,sqlx=warn"
+        ))
+    })?;
     // Colour only for a person at a terminal, not in log files.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -324,4 +386,5 @@ fn init_tracing(filter: &str, format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+    Ok(())
 }

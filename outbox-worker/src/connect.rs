@@ -19,6 +19,11 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// then returns a pool of up to `max_connections` on it. Exit code 2 for a
 /// bad URL, credentials or database name; 3 when nothing usable answers.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(Failure::config(
+            "DATABASE_URL must start with postgres:// or postgresql://",
+        ));
+    }
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
@@ -26,8 +31,9 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => {
             return Err(Failure::unreachable(format!(
-                "no answer from {target} within {CONNECT_TIMEOUT:?}: is the host right, and \
-                 is a firewall dropping the connection?"
+                "no answer from {target} within {CONNECT_TIMEOUT:?}: is PostgreSQL (and not \
+                 another kind of server) listening there, and is no firewall dropping the \
+                 connection?"
             )));
         }
         Ok(Err(e)) => return Err(connect_failure(&target, &e)),

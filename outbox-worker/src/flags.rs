@@ -26,13 +26,26 @@ pub(crate) fn duration(
         })?;
         if d < min || d > max {
             return Err(format!(
-                "{} is out of range: use {} to {}",
-                humantime::format_duration(d),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
+                "{s} is out of range: use {} to {}",
+                short(min),
+                short(max)
             ));
         }
         Ok(d)
+    }
+}
+
+/// A duration as an operator writes it: `3650d`, `1h`, `100ms`.
+fn short(d: Duration) -> String {
+    let (secs, ms) = (d.as_secs(), d.subsec_millis());
+    match (secs, ms) {
+        (0, 0) => "0s".to_owned(),
+        (0, ms) => format!("{ms}ms"),
+        (s, 0) if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        (s, 0) if s % 3600 == 0 => format!("{}h", s / 3600),
+        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, 0) => format!("{s}s"),
+        _ => humantime::format_duration(d).to_string(),
     }
 }
 
@@ -74,7 +87,9 @@ mod tests {
             err.contains("out of range") && err.contains("100ms"),
             "{err}"
         );
-        assert!(parse("2h").unwrap_err().contains("1h"));
+        assert!(parse("2h").unwrap_err().contains("use 100ms to 1h"));
+        let long = duration(Duration::ZERO, 3650 * DAY);
+        assert!(long("9999d").unwrap_err().contains("use 0s to 3650d"));
         assert!(parse("soon").unwrap_err().contains("not a duration"));
         assert!(parse("99999999999999999999years").is_err());
     }

@@ -5,8 +5,6 @@
 //! processing, dead, oldest claimable age) are read from the database on
 //! each scrape, from partial indexes, so they are fresh and cheap.
 
-use std::net::SocketAddr;
-
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -63,7 +61,7 @@ struct AppState {
 
 /// Serves `/metrics` and `/health` on `addr` until `stop` is cancelled.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     pool: PgPool,
     stop: CancellationToken,
@@ -72,7 +70,7 @@ pub async fn serve(
         .route("/metrics", get(render))
         .route("/health", get(|| async { "ok\n" }))
         .with_state(AppState { handle, pool });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving /metrics and /health");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -428,6 +428,49 @@ async fn payloads_come_from_an_argument_stdin_or_a_file_and_unstorable_ones_are_
     assert_eq!(db.task_count().await, 2, "the refusals wrote nothing");
 }
 
+#[tokio::test]
+async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
+    let db = TestDb::migrated().await;
+    let at = ["--database-url", db.url.as_str()];
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "--metrics-addr", &taken_addr],
+            "cannot serve metrics on",
+        ),
+        (
+            vec!["run", "--queue", "a=1,a=2"],
+            "queue \"a\" is given twice",
+        ),
+        (vec!["stats", "--log", "outbox=[[["], "is not a log filter"),
+    ];
+    for (mut args, needle) in cases {
+        args.extend(at);
+        refused(&args, 2, needle).await;
+    }
+    refused(
+        &["stats", "--database-url", "mysql://x@127.0.0.1/db"],
+        2,
+        "must start with postgres://",
+    )
+    .await;
+
+    // A table lock holds `stats`: it gives up after --command-timeout.
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_tasks IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut args = vec!["stats", "--command-timeout", "2s"];
+    args.extend(at);
+    refused(&args, 3, "did not finish this command within 2s").await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    tx.rollback().await.unwrap();
+    drop(taken);
+}
+
 /// A TCP server on loopback that answers every connection with `reply`
 /// and closes it (`None`: accepts and says nothing).
 async fn fake_server(reply: Option<&'static [u8]>) -> (u16, tokio::task::JoinHandle<()>) {

@@ -60,7 +60,7 @@ pub(crate) async fn execute(
         match kind {
             TaskEventKind::Completed => tracing::debug!("task completed"),
             TaskEventKind::Snoozed => tracing::debug!("task snoozed"),
-            TaskEventKind::Released => tracing::info!("task released at shutdown"),
+            TaskEventKind::Released => tracing::info!("task stopped at shutdown; releasing it"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
         if done.send(Done { finish, kind, task_type }).await.is_err() {
