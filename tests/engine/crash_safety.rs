@@ -50,6 +50,17 @@ impl TaskHandler<Gated> for Gate {
     }
 }
 
+/// A worker that neither heartbeats nor recovers on its own: the test
+/// decides when a task is presumed lost.
+fn quiet() -> WorkerConfig {
+    WorkerConfig {
+        heartbeat_interval: Duration::from_secs(3600),
+        heartbeat_timeout: Duration::from_secs(7200),
+        maintenance: false,
+        ..WorkerConfig::default()
+    }
+}
+
 fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap()
 }
@@ -61,12 +72,7 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
         .await
         .unwrap();
     let t0 = micros(Utc::now() + chrono::Duration::hours(1));
-    let quiet = WorkerConfig {
-        heartbeat_interval: Duration::from_secs(3600),
-        heartbeat_timeout: Duration::from_secs(7200),
-        maintenance: false,
-        ..WorkerConfig::default()
-    };
+    let quiet = quiet();
 
     // Worker A claims the task at t0 and then hangs (a long GC pause, a
     // network partition): it stops heartbeating.
@@ -139,12 +145,7 @@ async fn a_claim_lost_in_a_server_crash_does_not_let_its_late_outcome_through() 
     let id = outbox::submit(&mut *db.conn().await, Gated {})
         .await
         .unwrap();
-    let quiet = WorkerConfig {
-        heartbeat_interval: Duration::from_secs(3600),
-        heartbeat_timeout: Duration::from_secs(7200),
-        maintenance: false,
-        ..WorkerConfig::default()
-    };
+    let quiet = quiet();
     let row = || async {
         sqlx::query_as::<_, (String, i32, Option<String>)>(
             "SELECT state::text, claims, claimed_by FROM outbox_tasks WHERE id = $1",
