@@ -81,16 +81,21 @@ pub async fn cleanup_completed(
     batch: i64,
     clock: &Clock,
 ) -> Result<CleanupReport> {
-    Ok(cleanup_completed_us(conn, delay_micros(retention)?, batch, clock).await?)
+    let (report, _) =
+        cleanup_completed_us(conn, delay_micros(retention)?, batch, clock, None).await?;
+    Ok(report)
 }
 
-/// [`cleanup_completed`] with the retention in microseconds.
+/// [`cleanup_completed`] with the retention in microseconds, starting no
+/// new batch once `budget` has passed; also says whether it finished.
 pub(crate) async fn cleanup_completed_us(
     conn: &mut PgConnection,
     retention_us: i64,
     batch: i64,
     clock: &Clock,
-) -> sqlx::Result<CleanupReport> {
+    budget: Option<Duration>,
+) -> sqlx::Result<(CleanupReport, bool)> {
+    let started = std::time::Instant::now();
     let batch = batch.max(1);
     let mut report = CleanupReport::default();
     loop {
@@ -98,7 +103,10 @@ pub(crate) async fn cleanup_completed_us(
         report.batches += 1;
         report.deleted += deleted;
         if deleted < batch as u64 {
-            return Ok(report);
+            return Ok((report, true));
+        }
+        if budget.is_some_and(|b| started.elapsed() >= b) {
+            return Ok((report, false));
         }
     }
 }

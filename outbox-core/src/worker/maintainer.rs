@@ -51,6 +51,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     // Since when this worker has reached the database without a failure.
     let mut reachable_since = Some(Instant::now());
     loop {
+        // Rounds start at a fixed rate (not an interval after the last one
+        // ended), so a slow round does not delay the next renewal.
+        let round = Instant::now();
         let renew = call(&shared.engine, shared.deadline, "lease", async |conn| {
             db::acquire_lease(conn, MAINTENANCE_LEASE, &holder, ttl_us).await
         });
@@ -92,8 +95,13 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 wait = wait.min(outage.failed(&error));
             }
         }
+        let next = if wait < interval {
+            Instant::now() + wait
+        } else {
+            round + interval
+        };
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep_until(next.into()) => {}
             () = stop.cancelled() => break,
         }
     }
@@ -133,8 +141,18 @@ async fn maintain(
         }
     }
     if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
-        let report = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
-            cleanup_completed_us(conn, retention_us, DEFAULT_BATCH, &config.clock).await
+        // A large backlog is worked off over several rounds, half an
+        // interval each, so the lease keeps being renewed on time.
+        let budget = (config.maintenance_interval / 2).min(shared.deadline / 2);
+        let (report, finished) = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+            cleanup_completed_us(
+                conn,
+                retention_us,
+                DEFAULT_BATCH,
+                &config.clock,
+                Some(budget),
+            )
+            .await
         })
         .await?;
         if report.deleted > 0 {
@@ -144,7 +162,9 @@ async fn maintain(
                 "cleaned up completed tasks"
             );
         }
-        *last_cleanup = Some(Instant::now());
+        if finished {
+            *last_cleanup = Some(Instant::now());
+        }
     }
     Ok(())
 }
