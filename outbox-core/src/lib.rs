@@ -60,6 +60,12 @@ pub mod testing;
 mod wakeup;
 mod worker;
 
+/// The sqlx this crate is built on (0.9): use it for the connections and
+/// transactions you hand to `submit`, so that the types match. Two sqlx
+/// versions in one application show up as "expected `&mut PgConnection`,
+/// found `&mut Transaction`" errors.
+pub use sqlx;
+
 pub use clock::Clock;
 pub use db::classify::is_transient;
 pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};

@@ -41,6 +41,39 @@ impl fmt::Display for TaskId {
     }
 }
 
+// A TaskId binds and decodes as the `bigint` it is, so applications can
+// store it next to their own rows (`.bind(id)`, `query_scalar::<_, TaskId>`).
+impl sqlx::Type<sqlx::Postgres> for TaskId {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <i64 as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <i64 as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for TaskId {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        <i64 as sqlx::postgres::PgHasArrayType>::array_type_info()
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for TaskId {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <i64 as sqlx::Encode<'_, sqlx::Postgres>>::encode_by_ref(&self.0, buf)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for TaskId {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        <i64 as sqlx::Decode<'r, sqlx::Postgres>>::decode(value).map(TaskId)
+    }
+}
+
 /// A task type as registered by `#[outbox_task]`: one entry per payload type
 /// linked into the binary.
 #[derive(Debug)]

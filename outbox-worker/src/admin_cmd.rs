@@ -372,9 +372,10 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
     let mut by_type: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for c in counts {
         *totals.entry(c.state.clone()).or_default() += c.count;
+        // Every state for every type, zeros included, like `totals`.
         by_type
             .entry(c.task_type)
-            .or_default()
+            .or_insert_with(|| STATES.iter().map(|s| ((*s).to_owned(), 0)).collect())
             .insert(c.state, c.count);
     }
     let stats = Stats {

@@ -456,6 +456,29 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
     )
     .await;
 
+    // A misspelled queue starts (tasks may be submitted to any queue) but
+    // says so at once.
+    let mut misspelled =
+        outbox_tests::process::WorkerProcess::spawn(BIN, &db.url, &["--queue", "mial=4"]);
+    let started = std::time::Instant::now();
+    while !misspelled
+        .log()
+        .contains("no task type this worker handles has this queue")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20) && misspelled.is_running(),
+            "no warning for a misspelled queue:\n{}",
+            misspelled.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        misspelled.log().contains("queue=mial"),
+        "{}",
+        misspelled.log()
+    );
+    drop(misspelled);
+
     // A table lock holds `stats`: it gives up after --command-timeout.
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE outbox_tasks IN ACCESS EXCLUSIVE MODE")
@@ -569,6 +592,11 @@ async fn stats_json_has_the_documented_fields() {
     }
     assert_eq!(stats["totals"]["pending"], 2);
     assert_eq!(stats["by_type"]["outbox.noop"]["pending"], 1);
+    // Every state is there for every type, zeros included, as in totals.
+    assert_eq!(
+        stats["by_type"]["outbox.noop"],
+        serde_json::json!({"pending": 1, "processing": 0, "completed": 0, "failed": 0, "dead": 0})
+    );
     assert_eq!(
         (stats["claimable"].as_i64(), stats["scheduled"].as_i64()),
         (Some(1), Some(1))

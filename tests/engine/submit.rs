@@ -255,3 +255,31 @@ async fn notify_is_delivered_only_at_commit() {
         "one notification per queue and transaction: {again:?}"
     );
 }
+
+#[tokio::test]
+async fn a_task_id_binds_and_decodes_as_a_bigint() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    batch
+        .push_json(
+            outbox::registered_tasks()[0],
+            &serde_json::json!({}),
+            outbox::TaskOptions::new(),
+        )
+        .unwrap();
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let found: outbox::TaskId =
+        outbox::sqlx::query_scalar("SELECT id FROM outbox_tasks WHERE id = $1")
+            .bind(ids[0])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(found, ids[0]);
+    let all: Vec<outbox::TaskId> =
+        outbox::sqlx::query_scalar("SELECT id FROM outbox_tasks WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(all, ids);
+}

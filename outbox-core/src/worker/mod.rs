@@ -131,6 +131,19 @@ impl WorkerBuilder {
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
         }
+        // Not an error (tasks can be submitted to any queue), but most often
+        // a misspelling: say so instead of idling in silence.
+        let known = self.handlers.default_queues();
+        for (queue, _) in &queues {
+            if !known.contains(queue.as_str()) {
+                tracing::warn!(
+                    queue = %queue,
+                    known = ?known,
+                    "no task type this worker handles has this queue as its default: \
+                     only tasks submitted to it explicitly will run here (a misspelling?)"
+                );
+            }
+        }
         let (events, _) = broadcast::channel(4096);
         Ok(Worker {
             pool: self.pool,
