@@ -88,6 +88,37 @@ impl fmt::Display for HandlerError {
     }
 }
 
+/// The error type of a boxed [`HandlerError`]: a `std::error::Error` with
+/// the same message. (`HandlerError` itself cannot be one: any error
+/// converts into it with `?`, as with `anyhow::Error`.)
+#[derive(Debug)]
+struct HandlerFailure(String);
+
+impl fmt::Display for HandlerFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HandlerFailure {}
+
+/// So that `?` works on a handler's result in code returning
+/// `Result<_, Box<dyn Error + Send + Sync>>` (tests using
+/// `testing::run_inline`, for example).
+impl From<HandlerError> for Box<dyn std::error::Error + Send + Sync + 'static> {
+    fn from(error: HandlerError) -> Self {
+        Box::new(HandlerFailure(error.message))
+    }
+}
+
+/// So that `?` works on a handler's result in code returning
+/// `Result<_, Box<dyn Error>>`.
+impl From<HandlerError> for Box<dyn std::error::Error + 'static> {
+    fn from(error: HandlerError) -> Self {
+        Box::new(HandlerFailure(error.message))
+    }
+}
+
 /// What a handler knows about the attempt it runs.
 #[derive(Debug, Clone)]
 pub struct TaskContext {

@@ -101,6 +101,37 @@ async fn run_inline_calls_the_handler_with_the_decoded_payload_and_writes_nothin
     );
 }
 
+/// A test helper of the kind applications write: `?` on a handler's result.
+async fn run_boxed(
+    pool: &sqlx::PgPool,
+    id: outbox::TaskId,
+) -> Result<Outcome, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(testing::run_inline(pool, id, &Mailer::default()).await?)
+}
+
+#[tokio::test]
+async fn a_handler_error_converts_with_question_mark_into_a_boxed_error()
+-> Result<(), Box<dyn std::error::Error>> {
+    let db = TestDb::migrated().await;
+    let good = SendInvoice {
+        invoice: 5,
+        fail: false,
+    };
+    let id = outbox::submit(&mut *db.conn().await, good).await?;
+    assert_eq!(
+        testing::run_inline(&db.pool, id, &Mailer::default()).await?,
+        Outcome::Success
+    );
+    let bad = SendInvoice {
+        invoice: 6,
+        fail: true,
+    };
+    let id = outbox::submit(&mut *db.conn().await, bad).await?;
+    let error = run_boxed(&db.pool, id).await.unwrap_err();
+    assert_eq!(error.to_string(), "mail server down");
+    Ok(())
+}
+
 #[tokio::test]
 async fn drain_runs_every_due_task_once_and_stops() {
     let db = TestDb::migrated().await;
