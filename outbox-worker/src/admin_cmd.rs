@@ -8,8 +8,7 @@ use outbox::admin::{self, STATES, TaskRecord};
 use outbox::{Batch, TaskId, TaskOptions};
 use serde::Serialize;
 
-use crate::cli::DbArgs;
-use crate::connect::connect_migrated;
+use crate::connect::{DbArgs, connect_migrated};
 use crate::failure::Failure;
 use crate::flags::{self, DAY};
 

@@ -7,21 +7,22 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox::{Worker, WorkerBuilder, WorkerConfig};
+use outbox::{Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
-use crate::connect::{connect, connect_migrated};
+use crate::connect::{DbArgs, connect, connect_migrated};
+use crate::demo::DemoArgs;
 use crate::failure::Failure;
 use crate::flags::{self, DAY, HOUR, MS, SECOND};
+use crate::signals::stop_on_signal;
 
 pub use crate::failure::{
     EXIT_CONFIG, EXIT_DATABASE_UNREACHABLE, EXIT_RUNTIME, EXIT_SCHEMA_BEHIND,
 };
 
-/// Registers an application's handlers on a worker the CLI builds.
-pub type Register = fn(WorkerBuilder) -> WorkerBuilder;
+pub use crate::Register;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -71,14 +72,6 @@ enum Command {
     Demo(DemoArgs),
     /// Burn-down benchmark: insert, submit, drain and pickup-latency figures.
     Bench(crate::bench::BenchArgs),
-}
-
-/// Where the database is.
-#[derive(Debug, Args)]
-pub(crate) struct DbArgs {
-    /// PostgreSQL connection URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub(crate) database_url: String,
 }
 
 #[derive(Debug, Args)]
@@ -141,23 +134,6 @@ struct RunArgs {
     /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
-}
-
-/// `demo`'s flags.
-#[derive(Debug, Args)]
-pub(crate) struct DemoArgs {
-    /// Use this database instead of a private one (it is then kept).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub(crate) database_url: Option<String>,
-    /// How many no-op tasks to submit (besides the sleeping and failing ones).
-    #[arg(long, default_value_t = 5000, value_parser = flags::count(0, 10_000_000))]
-    pub(crate) tasks: usize,
-    /// Worker concurrency.
-    #[arg(long, default_value_t = 32, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
-    pub(crate) concurrency: usize,
-    /// No progress bar (for logs and CI).
-    #[arg(long)]
-    pub(crate) no_progress: bool,
 }
 
 fn parse_queue(s: &str) -> Result<(String, usize), String> {
@@ -340,34 +316,6 @@ async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
         }
     }
     Ok(())
-}
-
-/// Cancels `token` on the first SIGTERM or SIGINT; a second one ends the
-/// process at once (exit code 1), for an operator who will not wait for the
-/// grace period. Tasks it was running are recovered after the heartbeat
-/// timeout.
-pub(crate) async fn stop_on_signal(token: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the worker with SIGKILL");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-    token.cancel();
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::warn!(
-        "second signal: exiting now; tasks still running are recovered after the heartbeat timeout"
-    );
-    std::process::exit(i32::from(EXIT_RUNTIME));
 }
 
 fn init_tracing(filter: &str, format: LogFormat) -> Result<(), Failure> {

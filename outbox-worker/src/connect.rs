@@ -5,11 +5,20 @@
 
 use std::time::Duration;
 
+use clap::Args;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::failure::{EXIT_SCHEMA_BEHIND, Failure};
 use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
+
+/// Where the database is: the `--database-url` of every command.
+#[derive(Debug, Args)]
+pub(crate) struct DbArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: String,
+}
 
 /// How long the first connection may take before the server is reported
 /// unreachable.

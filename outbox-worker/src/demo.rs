@@ -6,20 +6,39 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use outbox::{Batch, TaskEventKind, TaskOptions, Worker};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use crate::Register;
 use crate::builtin::{self, Fail, Noop, Sleep};
-use crate::cli::{DemoArgs, Register};
 use crate::connect::{connect, database_or_private};
 use crate::failure::Failure;
+use crate::flags;
 use crate::local_postgres::LocalPostgresOptions;
 
 const SLEEPERS: usize = 50;
 const FLAKY: usize = 20;
 const DOOMED: usize = 3;
+
+/// `demo`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Use this database instead of a private one (it is then kept).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// How many no-op tasks to submit (besides the sleeping and failing ones).
+    #[arg(long, default_value_t = 5000, value_parser = flags::count(0, 10_000_000))]
+    pub(crate) tasks: usize,
+    /// Worker concurrency.
+    #[arg(long, default_value_t = 32, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
+    pub(crate) concurrency: usize,
+    /// No progress bar (for logs and CI).
+    #[arg(long)]
+    pub(crate) no_progress: bool,
+}
 
 pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failure> {
     if args.database_url.is_none() {
@@ -79,7 +98,7 @@ pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failur
     let mut events = worker.subscribe();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    tokio::spawn(crate::cli::stop_on_signal(shutdown.clone()));
+    tokio::spawn(crate::signals::stop_on_signal(shutdown.clone()));
 
     let bar = if args.no_progress {
         ProgressBar::hidden()

@@ -14,5 +14,10 @@ mod failure;
 mod flags;
 pub mod local_postgres;
 pub mod metrics;
+mod signals;
 
 pub use cli::{main, main_with};
+pub use signals::stop_on_signal;
+
+/// Registers an application's handlers on a worker the CLI builds.
+pub type Register = fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder;

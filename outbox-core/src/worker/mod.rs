@@ -97,7 +97,9 @@ impl WorkerBuilder {
         self
     }
 
-    /// Replaces the whole configuration.
+    /// Replaces the whole configuration, including what earlier calls of
+    /// [`WorkerBuilder::poll_interval`] or [`WorkerBuilder::clock`] set: call
+    /// it first.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
         self

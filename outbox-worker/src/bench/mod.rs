@@ -28,8 +28,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::Register;
 use crate::builtin::{Builtins, Noop};
-use crate::cli::Register;
 use crate::connect::{connect, database_or_private};
 use crate::failure::Failure;
 use crate::flags;
