@@ -71,6 +71,22 @@ impl WorkerProcess {
         }
     }
 
+    /// Sends SIGTERM and asserts the process exits with code 0 within
+    /// `bound`; returns how long it took.
+    pub async fn terminate_within(&mut self, bound: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        self.signal("TERM");
+        let status = self.wait(bound + Duration::from_secs(30)).await;
+        let took = started.elapsed();
+        let log = self.log();
+        assert_eq!(status.code(), Some(0), "{log}");
+        assert!(
+            took <= bound,
+            "SIGTERM to exit took {took:?}, over {bound:?}:\n{log}"
+        );
+        took
+    }
+
     /// Waits until at least `completed` tasks are COMPLETED and `running`
     /// are PROCESSING, then kills the process with SIGKILL; returns how many
     /// tasks were PROCESSING after the kill (the ones it died holding).
