@@ -52,6 +52,7 @@ mod handler;
 pub mod maintenance;
 mod migrate;
 mod options;
+mod records;
 pub mod retry;
 mod submit;
 mod task;

@@ -122,9 +122,11 @@ impl DrainReport {
     }
 }
 
-/// Runs `worker` until no task on its queues is due or running (retries
-/// scheduled for later are left alone), then stops it. Panics after
-/// `within`.
+/// Runs `worker` until no task on its queues is due or running, then stops
+/// it; panics after `within`. Retries do not wait out their backoff: a task
+/// that failed an attempt (or snoozed) is made due again at once, so a drain
+/// ends with every task that ran either completed or dead. Tasks submitted
+/// with a delay that never ran yet are left for later.
 pub async fn drain(worker: Worker, within: Duration) -> DrainReport {
     let queues: Vec<String> = worker.queues().iter().map(|(q, _)| q.clone()).collect();
     let pool = worker.pool.clone();
@@ -137,6 +139,11 @@ pub async fn drain(worker: Worker, within: Duration) -> DrainReport {
         while let Ok(event) = events.try_recv() {
             report.events.push(event);
         }
+        let _: i64 = sqlx::query_scalar(include_str!("db/sql/hurry_retries.sql"))
+            .bind(&queues)
+            .fetch_one(&pool)
+            .await
+            .expect("make retries due");
         let unfinished: i64 = sqlx::query_scalar(include_str!("db/sql/unfinished_on_queues.sql"))
             .bind(&queues)
             .fetch_one(&pool)

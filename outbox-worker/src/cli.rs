@@ -162,18 +162,28 @@ pub fn main() -> ExitCode {
 
 /// Runs the CLI for an application's own worker binary: `register` adds the
 /// application's handlers to every worker the CLI builds (the built-in
-/// handlers are always added).
+/// handlers are always added). It may be a plain `fn` or a closure that
+/// captures state built in `main` (an HTTP client, settings); the builder it
+/// receives carries the pool opened on the operator's `--database-url`
+/// ([`outbox::WorkerBuilder::pool`]), so handlers that keep a pool never
+/// re-read the environment.
 ///
 /// ```no_run
 /// # use outbox::WorkerBuilder;
-/// fn register(w: WorkerBuilder) -> WorkerBuilder {
-///     w // .handler::<MyTask>(MyHandler)
-/// }
+/// # #[derive(Clone)] struct Mailer;
 /// fn main() -> std::process::ExitCode {
-///     outbox_worker::main_with(register)
+///     let mailer = Mailer; // built once, shared by every worker the CLI builds
+///     outbox_worker::main_with(move |w: WorkerBuilder| {
+///         let _pool = w.pool().clone(); // the pool `--database-url` opened
+///         let _mailer = mailer.clone();
+///         w // .handler::<SendWelcome>(Welcome { pool: _pool, mailer: _mailer })
+///     })
 /// }
 /// ```
-pub fn main_with(register: Register) -> ExitCode {
+pub fn main_with(
+    register: impl Fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder + Send + Sync + 'static,
+) -> ExitCode {
+    let register: Register = std::sync::Arc::new(register);
     let cli = Cli::parse();
     let default_log = if matches!(cli.command, Command::Demo(_)) {
         "error"
@@ -197,12 +207,12 @@ pub fn main_with(register: Register) -> ExitCode {
     let limit = cli.command_timeout;
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => run(args, register).await,
+            Command::Run(args) => run(args, &register).await,
             Command::Migrate(args) => within(limit, migrate(args)).await,
             Command::Tasks(command) => within(limit, crate::admin_cmd::tasks(command)).await,
             Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
-            Command::Demo(args) => crate::demo::run(args, register).await,
-            Command::Bench(args) => crate::bench::run(args, register).await,
+            Command::Demo(args) => crate::demo::run(args, &register).await,
+            Command::Bench(args) => crate::bench::run(args, register.clone()).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection
@@ -247,7 +257,7 @@ async fn migrate(args: DbArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn run(args: RunArgs, register: Register) -> Result<(), Failure> {
+async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     if args.heartbeat_timeout <= args.heartbeat_interval {
         return Err(Failure::config(format!(
             "--heartbeat-timeout ({}) must be longer than --heartbeat-interval ({}), \

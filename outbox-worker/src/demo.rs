@@ -40,7 +40,7 @@ pub(crate) struct DemoArgs {
     pub(crate) no_progress: bool,
 }
 
-pub(crate) async fn run(args: DemoArgs, register: Register) -> Result<(), Failure> {
+pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failure> {
     if args.database_url.is_none() {
         println!(
             "Starting a private PostgreSQL (removed at exit; set DATABASE_URL to use your own)..."

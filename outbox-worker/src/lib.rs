@@ -19,5 +19,8 @@ mod signals;
 pub use cli::{main, main_with};
 pub use signals::stop_on_signal;
 
-/// Registers an application's handlers on a worker the CLI builds.
-pub type Register = fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder;
+/// Registers an application's handlers on a worker the CLI builds: the
+/// closure given to [`main_with`], shared by every command that builds a
+/// worker (`run`, `demo`, `bench`).
+pub type Register =
+    std::sync::Arc<dyn Fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder + Send + Sync>;

@@ -264,3 +264,40 @@ async fn retry_after_snoozes_without_counting_an_attempt() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn a_retry_due_soon_runs_at_its_due_time_not_at_the_next_poll() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(
+        &mut *db.conn().await,
+        Flaky {
+            give_up: false,
+            snooze_ms: Some(300),
+        },
+    )
+    .await
+    .unwrap();
+    let calls = Calls::default();
+    // No NOTIFY and a poll far longer than the test's wait: only the worker
+    // remembering when its own snooze comes due can run the task again.
+    let config = outbox::WorkerConfig {
+        listen: false,
+        poll_interval: Duration::from_secs(600),
+        ..outbox::WorkerConfig::default()
+    };
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config)
+            .handler::<Flaky>(calls.clone())
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Snoozed, 3, WAIT).await;
+    worker.stop().await;
+    assert!(calls.0.load(Ordering::SeqCst) >= 3);
+    assert_eq!(
+        row(&db, id).await.retry_count,
+        0,
+        "snoozes count no attempt"
+    );
+}

@@ -133,7 +133,7 @@ async fn a_handler_error_converts_with_question_mark_into_a_boxed_error()
 }
 
 #[tokio::test]
-async fn drain_runs_every_due_task_once_and_stops() {
+async fn drain_runs_retries_without_their_backoff_and_leaves_delayed_tasks() {
     let db = TestDb::migrated().await;
     let mut batch = outbox::Batch::new();
     for invoice in 0..4 {
@@ -150,18 +150,47 @@ async fn drain_runs_every_due_task_once_and_stops() {
             fail: true,
         })
         .unwrap();
-    batch.submit(&mut *db.conn().await).await.unwrap();
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let failing = ids[4];
+    let later = outbox::submit_with(
+        &mut *db.conn().await,
+        SendInvoice {
+            invoice: 100,
+            fail: false,
+        },
+        outbox::TaskOptions::new().delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
     let mailer = Mailer::default();
     let worker = Worker::builder(db.pool.clone())
         .handler::<SendInvoice>(mailer.clone())
         .build()
         .unwrap();
     let report = testing::drain(worker, Duration::from_secs(20)).await;
+
+    let failing = outbox::admin::get_task(&db.pool, failing)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failing.state, "dead", "every retry ran: {failing:?}");
+    let attempts = failing.max_attempts as usize;
+    assert!(attempts > 1, "the default retry table allows retries");
     assert_eq!(report.count(TaskEventKind::Completed), 4, "{report:?}");
-    assert_eq!(report.count(TaskEventKind::Failed), 1, "{report:?}");
     assert_eq!(
-        mailer.0.load(Ordering::SeqCst),
-        5,
-        "the failed task's retry is scheduled later, not run now"
+        report.count(TaskEventKind::Failed),
+        attempts - 1,
+        "{report:?}"
+    );
+    assert_eq!(report.count(TaskEventKind::Dead), 1, "{report:?}");
+    assert_eq!(mailer.0.load(Ordering::SeqCst), 4 + attempts);
+    let later = outbox::admin::get_task(&db.pool, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (later.state.as_str(), later.claims),
+        ("pending", 0),
+        "a task submitted with a delay is left for later"
     );
 }

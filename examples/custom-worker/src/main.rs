@@ -16,25 +16,33 @@ struct SendInvoice {
     invoice_id: i64,
 }
 
-/// The handler, with its state (here just the sender address).
+/// The handler, with its state: the sender address, built once in `main`,
+/// and the pool the operator's `--database-url` opened.
 struct Billing {
     from: String,
+    pool: outbox::sqlx::PgPool,
 }
 
 impl TaskHandler<SendInvoice> for Billing {
     async fn handle(&self, ctx: TaskContext, task: SendInvoice) -> HandlerResult {
         // Log lines inside a handler carry task_id, task_type and attempt.
-        tracing::info!(from = %self.from, key = %format!("outbox-task-{}", ctx.id()), "invoice {} sent", task.invoice_id);
+        let server: String = outbox::sqlx::query_scalar("SELECT current_setting('server_version')")
+            .fetch_one(&self.pool)
+            .await?;
+        tracing::info!(from = %self.from, %server, key = %format!("outbox-task-{}", ctx.id()), "invoice {} sent", task.invoice_id);
         Ok(Outcome::Success)
     }
 }
 
-fn register(worker: WorkerBuilder) -> WorkerBuilder {
-    worker.handler::<SendInvoice>(Billing {
-        from: "billing@example.com".to_owned(),
-    })
-}
-
 fn main() -> std::process::ExitCode {
-    outbox_worker::main_with(register)
+    // State built once and captured by the registration closure, which runs
+    // for every worker the CLI builds.
+    let from = std::env::var("BILLING_FROM").unwrap_or_else(|_| "billing@example.com".to_owned());
+    outbox_worker::main_with(move |worker: WorkerBuilder| {
+        let pool = worker.pool().clone();
+        worker.handler::<SendInvoice>(Billing {
+            from: from.clone(),
+            pool,
+        })
+    })
 }

@@ -4,7 +4,7 @@
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-use crate::admin::{QueueHealth, TaskRecord, TypeStateCount};
+use crate::records::{QueueHealth, TaskRecord, TypeStateCount};
 
 fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
     let payload: String = r.try_get("payload")?;

@@ -15,6 +15,7 @@
 //! the database stays away, left to stuck-task recovery.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
@@ -225,6 +226,14 @@ fn publish(
             continue;
         }
         shared.holdings.done(id, &d.finish.token);
+        if let Some(queue) = &d.due_later_on
+            && ids.contains(&id)
+            && let Some(waker) = shared.wakers.get(queue)
+        {
+            // Written just now, so due no earlier than this.
+            let delay = Duration::from_micros(u64::try_from(d.finish.delay_us).unwrap_or(0));
+            waker.due_at(tokio::time::Instant::now() + delay);
+        }
         let kind = if ids.contains(&id) {
             d.kind
         } else if rejected.contains(&id) {

@@ -23,6 +23,9 @@ pub(crate) struct Done {
     pub(crate) finish: Finish,
     pub(crate) kind: TaskEventKind,
     pub(crate) task_type: Arc<str>,
+    /// The task's queue, for an outcome that makes it due again later (a
+    /// retry's backoff, a snooze): its producer wakes at that time.
+    pub(crate) due_later_on: Option<String>,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -63,7 +66,14 @@ pub(crate) async fn execute(
             TaskEventKind::Released => tracing::info!("task stopped at shutdown; releasing it"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
-        if done.send(Done { finish, kind, task_type }).await.is_err() {
+        let due_later_on = (finish.delay_us > 0).then(|| task.queue.clone());
+        let done_msg = Done {
+            finish,
+            kind,
+            task_type,
+            due_later_on,
+        };
+        if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");
         }
         drop(permit);

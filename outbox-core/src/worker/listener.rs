@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::outage::Outage;
+use super::wake::{QueueWaker, Wakers};
 use crate::db::NOTIFY_CHANNEL;
 use crate::db::classify::deadline_exceeded;
 use crate::db::session::listener_pool;
@@ -25,7 +25,7 @@ pub(crate) async fn run(
     options: PgConnectOptions,
     deadline: Duration,
     ping_every: Duration,
-    wakers: Arc<HashMap<String, Arc<Notify>>>,
+    wakers: Wakers,
     stop: CancellationToken,
 ) {
     let wake_all = || wakers.values().for_each(|w| w.notify_one());
@@ -51,7 +51,7 @@ async fn listen(
     options: &PgConnectOptions,
     deadline: Duration,
     ping_every: Duration,
-    wakers: &HashMap<String, Arc<Notify>>,
+    wakers: &HashMap<String, Arc<QueueWaker>>,
     outage: &mut Outage,
 ) -> sqlx::Error {
     // A pool of its own per connection: dropping it (and the listener)

@@ -35,13 +35,13 @@ mod outage;
 mod producer;
 pub(crate) mod registry;
 mod shutdown;
+mod wake;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -74,6 +74,15 @@ pub struct WorkerBuilder {
 }
 
 impl WorkerBuilder {
+    /// The pool the worker was built on: the one handlers reach through
+    /// [`TaskContext::pool`](crate::TaskContext::pool), here for handlers
+    /// that keep a pool of their own (a binary built with
+    /// `outbox_worker::main_with` gets the pool the operator's
+    /// `--database-url` opened).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Registers the handler for task type `T`.
     pub fn handler<T: Task>(mut self, handler: impl TaskHandler<T>) -> Self {
         self.handlers.insert(
@@ -182,6 +191,8 @@ pub(crate) struct Shared {
     pub(crate) handler_cancel: CancellationToken,
     pub(crate) holdings: holdings::Holdings,
     pub(crate) counters: Arc<WorkerCounters>,
+    /// What wakes each queue's producer.
+    pub(crate) wakers: wake::Wakers,
 }
 
 impl Worker {
@@ -229,7 +240,9 @@ impl Worker {
         let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 3;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
         let listen_options = engine.options().clone();
+        let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
         let shared = Arc::new(Shared {
+            wakers: Arc::clone(&wakers),
             pool: self.pool.clone(),
             engine,
             deadline: limits.deadline(),
@@ -253,12 +266,6 @@ impl Worker {
             give_up.clone(),
         ));
 
-        let wakers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
-            self.queues
-                .iter()
-                .map(|(q, _)| (q.clone(), Arc::new(Notify::new())))
-                .collect(),
-        );
         let stop_claiming = shutdown.child_token();
         let listener = shared.config.listen.then(|| {
             tokio::spawn(listener::run(

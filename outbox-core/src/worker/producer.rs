@@ -1,6 +1,7 @@
 //! One producer per queue: waits for free executor slots, claims that many
 //! due tasks in one TX1, and hands them to the executor. It sleeps until a
-//! NOTIFY for its queue or the fallback poll, whichever comes first.
+//! NOTIFY for its queue, the fallback poll, or the due time of a retry it
+//! wrote itself, whichever comes first (see `wake`).
 //!
 //! A claim whose answer never arrived (connection lost, deadline missed)
 //! may still have committed: before claiming again, the producer releases
@@ -10,13 +11,14 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::executor::{self, Done};
 use super::outage::Outage;
+use super::wake::QueueWaker;
 use crate::db::{self, classify::is_transient, session::call};
 
 /// The claiming loop of one queue.
@@ -26,7 +28,7 @@ pub(crate) struct Producer {
     /// The queue's executor slots (its concurrency).
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) concurrency: usize,
-    pub(crate) waker: Arc<Notify>,
+    pub(crate) waker: Arc<QueueWaker>,
     pub(crate) stop: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) done: mpsc::Sender<Done>,
@@ -123,8 +125,7 @@ pub(crate) async fn run(p: Producer) {
             shared.config.poll_interval
         };
         tokio::select! {
-            () = waker.notified() => {}
-            () = tokio::time::sleep(wait) => {}
+            () = waker.wait(wait) => {}
             () = stop.cancelled() => return,
         }
     }

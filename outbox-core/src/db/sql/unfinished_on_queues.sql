@@ -1,5 +1,8 @@
--- Test helper: tasks on these queues that are due now or running.
+-- Test helper (testing::drain): tasks on these queues that are due now,
+-- running, or waiting to run again after an attempt (backoff, snooze).
+-- Tasks submitted with a delay and never claimed are not counted.
 SELECT count(*) FROM outbox_tasks
 WHERE queue = ANY($1::text[])
-  AND ((state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at <= now())
+  AND ((state IN ('pending', 'failed') AND dead_at IS NULL
+        AND (execute_at <= now() OR claims > 0))
        OR state = 'processing')
