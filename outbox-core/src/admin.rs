@@ -8,7 +8,10 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::task::TaskId;
 
-pub use crate::records::{QueueHealth, TaskRecord, TypeStateCount};
+pub use crate::records::{
+    MinuteThroughput, Overview, QueueHealth, QueueOverview, TaskFilter, TaskPage, TaskRecord,
+    TypeStateCount,
+};
 
 /// The states an operator can filter on. `dead` is FAILED with no attempts
 /// left (or given up, or cancelled); `failed` is FAILED and waiting for its
@@ -23,14 +26,7 @@ pub async fn list_tasks(
     task_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    if let Some(s) = state
-        && !STATES.contains(&s)
-    {
-        return Err(Error::InvalidOption(format!(
-            "unknown state {s:?}: use one of {}",
-            STATES.join(", ")
-        )));
-    }
+    check_state(state)?;
     Ok(db::admin::list_tasks(pool, state, task_type, limit.max(0)).await?)
 }
 
@@ -82,4 +78,67 @@ pub async fn count_by_type_and_state(pool: &PgPool) -> Result<Vec<TypeStateCount
 /// oldest claimable task, answered from partial indexes.
 pub async fn queue_health(pool: &PgPool) -> Result<QueueHealth> {
     Ok(db::admin::queue_health(pool).await?)
+}
+
+fn check_state(state: Option<&str>) -> Result<()> {
+    match state {
+        Some(s) if !STATES.contains(&s) => Err(Error::InvalidOption(format!(
+            "unknown state {s:?}: use one of {}",
+            STATES.join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The largest page [`search_tasks`] returns.
+pub const MAX_PAGE: i64 = 500;
+
+/// One page of tasks matching `filter`, newest first. Paging is by id
+/// (pass the page's `next_before` as the next filter's `before`), so every
+/// page costs the same however deep it is. The text filter is matched
+/// literally (`%` and `_` are not wildcards).
+pub async fn search_tasks(pool: &PgPool, filter: &TaskFilter) -> Result<TaskPage> {
+    check_state(filter.state.as_deref())?;
+    let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let pattern = filter
+        .text
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(|t| format!("%{}%", like_escaped(t)));
+    let tasks = db::admin::search_tasks(pool, filter, pattern, limit).await?;
+    let next_before = (tasks.len() as i64 == limit)
+        .then(|| tasks.last().map(|t| t.id))
+        .flatten();
+    Ok(TaskPage { tasks, next_before })
+}
+
+/// `text` with LIKE's wildcards and escape character made literal.
+fn like_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every queue's live, running and dead tasks and last hour, the last hour
+/// minute by minute, and an estimate of the completed history: answered
+/// from partial indexes, the per-minute table and the planner's
+/// statistics, so its cost does not grow with completed history.
+pub async fn overview(pool: &PgPool) -> Result<Overview> {
+    Ok(db::admin::overview(pool).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_wildcards_are_matched_literally() {
+        assert_eq!(like_escaped("50%_off\\"), "50\\%\\_off\\\\");
+        assert_eq!(like_escaped("plain"), "plain");
+    }
 }

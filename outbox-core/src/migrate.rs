@@ -37,6 +37,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0002_leases.up.sql"),
         down: include_str!("../../migrations/0002_leases.down.sql"),
     },
+    Migration {
+        version: 3,
+        name: "throughput",
+        up: include_str!("../../migrations/0003_throughput.up.sql"),
+        down: include_str!("../../migrations/0003_throughput.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -75,3 +75,81 @@ pub struct QueueHealth {
     /// whose tasks recovery has not reclaimed yet.
     pub oldest_heartbeat_age_s: f64,
 }
+
+/// One queue on the operator overview.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueOverview {
+    /// The queue.
+    pub queue: String,
+    /// Tasks due now and waiting for a worker (new or retrying).
+    pub available: i64,
+    /// Tasks submitted for later, or snoozed.
+    pub scheduled: i64,
+    /// Tasks waiting out a failed attempt's backoff.
+    pub retrying: i64,
+    /// Tasks being run.
+    pub processing: i64,
+    /// Dead tasks waiting for an operator.
+    pub dead: i64,
+    /// Tasks completed in the last hour (as workers counted them).
+    pub completed_last_hour: i64,
+    /// Failed attempts in the last hour, deaths included.
+    pub failed_last_hour: i64,
+    /// How long the oldest available task has been due, in seconds.
+    pub oldest_available_age_s: f64,
+}
+
+/// Outcomes of one minute on one queue, summed over every worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MinuteThroughput {
+    /// The start of the minute.
+    pub minute: DateTime<Utc>,
+    /// The queue.
+    pub queue: String,
+    /// Tasks completed.
+    pub completed: i64,
+    /// Failed attempts, deaths included.
+    pub failed: i64,
+}
+
+/// The operator overview: every queue, the last hour minute by minute, and
+/// the size of the completed history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overview {
+    /// Every queue with a live, dead or recently finished task, by name.
+    pub queues: Vec<QueueOverview>,
+    /// The last hour's outcomes per minute and queue, oldest first
+    /// (minutes without outcomes are absent).
+    pub last_hour: Vec<MinuteThroughput>,
+    /// Completed tasks kept, estimated from the planner's statistics.
+    pub completed_estimate: i64,
+}
+
+/// Which tasks [`crate::admin::search_tasks`] returns; every filter is
+/// optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// A state of [`crate::admin::STATES`].
+    pub state: Option<String>,
+    /// An exact task type.
+    pub task_type: Option<String>,
+    /// An exact queue.
+    pub queue: Option<String>,
+    /// One task id.
+    pub id: Option<i64>,
+    /// Text to find (case-insensitively) in the payload or the last error.
+    pub text: Option<String>,
+    /// Only tasks with a smaller id: the `next_before` of the previous page.
+    pub before: Option<i64>,
+    /// Page size (1 to 500; default 50).
+    pub limit: Option<i64>,
+}
+
+/// One page of tasks, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskPage {
+    /// The tasks.
+    pub tasks: Vec<TaskRecord>,
+    /// Where the next page starts (its `before`), if there may be one.
+    pub next_before: Option<i64>,
+}

@@ -72,6 +72,8 @@ enum Command {
     Demo(DemoArgs),
     /// Burn-down benchmark: insert, submit, drain and pickup-latency figures.
     Bench(crate::bench::BenchArgs),
+    /// Serve the web dashboard (authenticated; see --help).
+    Dashboard(crate::dashboard_cmd::DashboardArgs),
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +215,7 @@ pub fn main_with(
             Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
             Command::Demo(args) => crate::demo::run(args, &register).await,
             Command::Bench(args) => crate::bench::run(args, register.clone()).await,
+            Command::Dashboard(args) => crate::dashboard_cmd::run(args).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection

@@ -9,6 +9,8 @@ mod bench;
 pub mod builtin;
 pub mod cli;
 mod connect;
+pub mod dashboard;
+mod dashboard_cmd;
 mod demo;
 mod failure;
 mod flags;

@@ -4,7 +4,9 @@
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-use crate::records::{QueueHealth, TaskRecord, TypeStateCount};
+use crate::records::{
+    MinuteThroughput, Overview, QueueHealth, QueueOverview, TaskFilter, TaskRecord, TypeStateCount,
+};
 
 fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
     let payload: String = r.try_get("payload")?;
@@ -97,5 +99,66 @@ pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
         dead,
         oldest_claimable_age_s,
         oldest_heartbeat_age_s,
+    })
+}
+
+pub(crate) async fn search_tasks(
+    pool: &PgPool,
+    filter: &TaskFilter,
+    pattern: Option<String>,
+    limit: i64,
+) -> sqlx::Result<Vec<TaskRecord>> {
+    let rows = sqlx::query(include_str!("sql/search_tasks.sql"))
+        .bind(filter.state.as_deref())
+        .bind(filter.task_type.as_deref())
+        .bind(filter.queue.as_deref())
+        .bind(filter.id)
+        .bind(pattern)
+        .bind(filter.before)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(record).collect()
+}
+
+pub(crate) async fn overview(pool: &PgPool) -> sqlx::Result<Overview> {
+    let queues = sqlx::query(include_str!("sql/overview_queues.sql"))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(QueueOverview {
+                queue: r.try_get("queue")?,
+                available: r.try_get("available")?,
+                scheduled: r.try_get("scheduled")?,
+                retrying: r.try_get("retrying")?,
+                processing: r.try_get("processing")?,
+                dead: r.try_get("dead")?,
+                completed_last_hour: r.try_get("completed_last_hour")?,
+                failed_last_hour: r.try_get("failed_last_hour")?,
+                oldest_available_age_s: r.try_get("oldest_available_age_s")?,
+            })
+        })
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    let last_hour = sqlx::query(include_str!("sql/throughput_last_hour.sql"))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(MinuteThroughput {
+                minute: r.try_get("minute")?,
+                queue: r.try_get("queue")?,
+                completed: r.try_get("completed")?,
+                failed: r.try_get("failed")?,
+            })
+        })
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    let completed_estimate = sqlx::query_scalar(include_str!("sql/completed_estimate.sql"))
+        .fetch_one(pool)
+        .await?;
+    Ok(Overview {
+        queues,
+        last_hour,
+        completed_estimate,
     })
 }

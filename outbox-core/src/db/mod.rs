@@ -4,6 +4,7 @@
 pub(crate) mod admin;
 pub(crate) mod classify;
 pub(crate) mod session;
+pub(crate) mod throughput;
 
 use std::sync::Arc;
 

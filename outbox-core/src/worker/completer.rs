@@ -226,9 +226,9 @@ fn publish(
             continue;
         }
         shared.holdings.done(id, &d.finish.token);
-        if let Some(queue) = &d.due_later_on
+        if d.finish.delay_us > 0
             && ids.contains(&id)
-            && let Some(waker) = shared.wakers.get(queue)
+            && let Some(waker) = shared.wakers.get(&*d.queue)
         {
             // Written just now, so due no earlier than this.
             let delay = Duration::from_micros(u64::try_from(d.finish.delay_us).unwrap_or(0));
@@ -251,6 +251,23 @@ fn publish(
             });
         }
     }
+    shared.throughput.record(
+        shared.config.clock.now().unwrap_or_else(chrono::Utc::now),
+        batch.iter().filter_map(|d| {
+            let id = d.finish.id;
+            if rejected.contains(&id) {
+                Some((&d.queue, false))
+            } else if ids.contains(&id) {
+                match d.kind {
+                    TaskEventKind::Completed => Some((&d.queue, true)),
+                    TaskEventKind::Failed | TaskEventKind::Dead => Some((&d.queue, false)),
+                    _ => None,
+                }
+            } else {
+                None
+            }
+        }),
+    );
     if !written.unwritten.is_empty() {
         tracing::error!(
             task_ids = ?written.unwritten,

@@ -23,9 +23,9 @@ pub(crate) struct Done {
     pub(crate) finish: Finish,
     pub(crate) kind: TaskEventKind,
     pub(crate) task_type: Arc<str>,
-    /// The task's queue, for an outcome that makes it due again later (a
-    /// retry's backoff, a snooze): its producer wakes at that time.
-    pub(crate) due_later_on: Option<String>,
+    /// The task's queue: counted in the throughput, and woken when an
+    /// outcome makes the task due again later (a retry's backoff, a snooze).
+    pub(crate) queue: Arc<str>,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -66,12 +66,11 @@ pub(crate) async fn execute(
             TaskEventKind::Released => tracing::info!("task stopped at shutdown; releasing it"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
-        let due_later_on = (finish.delay_us > 0).then(|| task.queue.clone());
         let done_msg = Done {
             finish,
             kind,
             task_type,
-            due_later_on,
+            queue: Arc::from(task.queue.as_str()),
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");

@@ -163,6 +163,12 @@ async fn maintain(
             );
         }
         if finished {
+            // The per-minute outcome counts are a small table; one statement.
+            let now = config.clock.now();
+            call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+                crate::db::throughput::delete_old(conn, now).await
+            })
+            .await?;
             *last_cleanup = Some(Instant::now());
         }
     }

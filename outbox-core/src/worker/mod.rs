@@ -35,6 +35,7 @@ mod outage;
 mod producer;
 pub(crate) mod registry;
 mod shutdown;
+mod throughput;
 mod wake;
 
 use std::sync::Arc;
@@ -193,6 +194,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Arc<WorkerCounters>,
     /// What wakes each queue's producer.
     pub(crate) wakers: wake::Wakers,
+    /// Outcome counts per minute not yet written.
+    pub(crate) throughput: throughput::Throughput,
 }
 
 impl Worker {
@@ -243,6 +246,7 @@ impl Worker {
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
         let shared = Arc::new(Shared {
             wakers: Arc::clone(&wakers),
+            throughput: throughput::Throughput::default(),
             pool: self.pool.clone(),
             engine,
             deadline: limits.deadline(),
@@ -278,6 +282,10 @@ impl Worker {
         });
         let stop_background = CancellationToken::new();
         let heartbeat = tokio::spawn(heartbeat::run(Arc::clone(&shared), stop_background.clone()));
+        let throughput = tokio::spawn(throughput::run(
+            Arc::clone(&shared),
+            stop_background.clone(),
+        ));
         let maintainer = shared
             .config
             .maintenance
@@ -331,6 +339,7 @@ impl Worker {
         shutdown::release_remaining(&shared, flush_over).await;
         stop_background.cancel();
         let _ = heartbeat.await;
+        let _ = throughput.await;
         // Both stopped with the claims; the maintainer may still be handing
         // its lease over (bounded by its own deadline).
         for task in listener.into_iter().chain(maintainer) {

@@ -1,0 +1,45 @@
+-- Operator overview, one row per queue. Every part reads a partial index
+-- or the small per-minute table, never the completed history:
+-- live tasks from outbox_tasks_claimable_idx, running ones from
+-- outbox_tasks_processing_idx, dead ones from outbox_tasks_dead_queue_idx,
+-- the last hour's outcomes from outbox_throughput.
+WITH live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE execute_at <= now()) AS available,
+           count(*) FILTER (WHERE execute_at > now() AND state = 'pending') AS scheduled,
+           count(*) FILTER (WHERE execute_at > now() AND state = 'failed') AS retrying,
+           coalesce(extract(epoch FROM now() - min(execute_at) FILTER (WHERE execute_at <= now())), 0)::float8 AS oldest
+    FROM outbox_tasks
+    WHERE state IN ('pending', 'failed') AND dead_at IS NULL
+    GROUP BY queue
+), running AS (
+    SELECT queue, count(*) AS processing
+    FROM outbox_tasks WHERE state = 'processing'
+    GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead
+    FROM outbox_tasks WHERE dead_at IS NOT NULL
+    GROUP BY queue
+), hour AS (
+    SELECT queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
+    FROM outbox_throughput WHERE minute > now() - interval '1 hour'
+    GROUP BY queue
+), queues AS (
+    SELECT queue FROM live UNION SELECT queue FROM running
+    UNION SELECT queue FROM dead UNION SELECT queue FROM hour
+)
+SELECT q.queue,
+       coalesce(l.available, 0) AS available,
+       coalesce(l.scheduled, 0) AS scheduled,
+       coalesce(l.retrying, 0) AS retrying,
+       coalesce(r.processing, 0) AS processing,
+       coalesce(d.dead, 0) AS dead,
+       coalesce(h.completed, 0) AS completed_last_hour,
+       coalesce(h.failed, 0) AS failed_last_hour,
+       coalesce(l.oldest, 0) AS oldest_available_age_s
+FROM queues q
+LEFT JOIN live l USING (queue)
+LEFT JOIN running r USING (queue)
+LEFT JOIN dead d USING (queue)
+LEFT JOIN hour h USING (queue)
+ORDER BY q.queue

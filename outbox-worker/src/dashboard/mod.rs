@@ -1,0 +1,171 @@
+//! The web dashboard: server-rendered pages over the same operator queries
+//! the CLI uses (`outbox::admin`), served by `outbox-worker dashboard` or
+//! mounted in an application's own axum app with [`router`].
+//!
+//! ```no_run
+//! # async fn f(pool: outbox::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_worker::dashboard::{self, DashboardConfig};
+//! let config = DashboardConfig::from_env()?.base_path("/outbox");
+//! let app = axum::Router::new().nest("/outbox", dashboard::router(pool, config));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! Security: every page needs authentication unless the dashboard was
+//! started in the insecure local mode ([`Auth::None`]); every state-changing
+//! request needs the page's CSRF token (a bearer-token client is exempt: a
+//! browser never adds that header on its own); everything shown is
+//! HTML-escaped by the templates; request text only ever reaches SQL as a
+//! bound parameter. [`DashboardConfig::read_only`] hides and refuses every
+//! action.
+
+mod auth;
+mod pages;
+mod views;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use sqlx::PgPool;
+
+pub use auth::Auth;
+
+/// The environment variable holding the bearer token.
+pub const TOKEN_ENV: &str = "OUTBOX_DASHBOARD_TOKEN";
+/// The environment variable holding the basic-auth user name.
+pub const USER_ENV: &str = "OUTBOX_DASHBOARD_USER";
+/// The environment variable holding the basic-auth password.
+pub const PASSWORD_ENV: &str = "OUTBOX_DASHBOARD_PASSWORD";
+
+/// How long one page may wait for the database before it shows an error.
+pub const QUERY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How the dashboard is protected and where it is mounted.
+#[derive(Clone, Debug)]
+pub struct DashboardConfig {
+    /// Who may see it.
+    pub auth: Auth,
+    /// Show everything, change nothing: no action buttons, every POST
+    /// refused.
+    pub read_only: bool,
+    /// The path the router is nested under ("" at the root, "/outbox" for
+    /// `Router::nest("/outbox", ..)`), for the links it renders.
+    pub base_path: String,
+}
+
+/// Why a dashboard configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No credentials in the environment and no insecure mode asked for.
+    #[error(
+        "the dashboard needs credentials: set {TOKEN_ENV} (a bearer token), or {USER_ENV} and {PASSWORD_ENV} (basic auth); or start it without authentication on a loopback address with --insecure-no-auth"
+    )]
+    NoCredentials,
+    /// Half of the basic-auth pair.
+    #[error("set both {USER_ENV} and {PASSWORD_ENV}, or neither")]
+    HalfBasicAuth,
+    /// A token and basic auth at once: which one was meant?
+    #[error("set either {TOKEN_ENV} or {USER_ENV} and {PASSWORD_ENV}, not both")]
+    Both,
+    /// A credential too short to resist guessing.
+    #[error("{0} must be at least 16 characters")]
+    TooShort(&'static str),
+}
+
+impl DashboardConfig {
+    /// Credentials from the environment: [`TOKEN_ENV`], or [`USER_ENV`] and
+    /// [`PASSWORD_ENV`]. Secrets come from the environment only, never from
+    /// flags (which other users of the machine can read).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let auth = match (var(TOKEN_ENV), var(USER_ENV), var(PASSWORD_ENV)) {
+            (Some(token), None, None) => {
+                if token.len() < 16 {
+                    return Err(ConfigError::TooShort(TOKEN_ENV));
+                }
+                Auth::Token(token)
+            }
+            (None, Some(user), Some(password)) => {
+                if password.len() < 16 {
+                    return Err(ConfigError::TooShort(PASSWORD_ENV));
+                }
+                Auth::Basic { user, password }
+            }
+            (None, None, None) => return Err(ConfigError::NoCredentials),
+            (None, _, _) => return Err(ConfigError::HalfBasicAuth),
+            (Some(_), _, _) => return Err(ConfigError::Both),
+        };
+        Ok(Self::new(auth))
+    }
+
+    /// A configuration with `auth`, read-write, mounted at the root.
+    pub fn new(auth: Auth) -> Self {
+        Self {
+            auth,
+            read_only: false,
+            base_path: String::new(),
+        }
+    }
+
+    /// Sets read-only mode.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
+    /// Sets the path the router is nested under.
+    pub fn base_path(mut self, base: impl Into<String>) -> Self {
+        self.base_path = base.into().trim_end_matches('/').to_owned();
+        self
+    }
+}
+
+/// What every request handler shares.
+pub(crate) struct Dashboard {
+    pub(crate) pool: PgPool,
+    pub(crate) config: DashboardConfig,
+    pub(crate) sessions: auth::Sessions,
+}
+
+/// The dashboard's routes, to serve alone or nest in an application's
+/// router.
+pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
+    let state = Arc::new(Dashboard {
+        pool,
+        config,
+        sessions: auth::Sessions::default(),
+    });
+    let protected = Router::new()
+        .route("/", get(pages::overview))
+        .route("/tasks", get(pages::tasks))
+        .route("/tasks/{id}", get(pages::task))
+        .route("/tasks/{id}/retry", post(pages::retry_one))
+        .route("/tasks/{id}/cancel", post(pages::cancel_one))
+        .route("/tasks/bulk", post(pages::bulk))
+        .route("/dead/retry", post(pages::retry_all_dead))
+        .route("/logout", post(auth::logout))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            auth::require,
+        ));
+    Router::new()
+        .route("/login", get(auth::login_page).post(auth::login))
+        .route("/assets/style.css", get(pages::style))
+        .merge(protected)
+        .layer(axum::middleware::from_fn(auth::headers))
+        .with_state(state)
+}
+
+/// Serves the dashboard on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    pool: PgPool,
+    config: DashboardConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(pool, config))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

@@ -1,0 +1,225 @@
+//! The dashboard's protections seen from plain HTTP clients: what a script,
+//! another site's page or a curl user can and cannot do.
+
+use base64::Engine;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use outbox::admin;
+use outbox_tests::TestDb;
+use outbox_tests::browser::ServedDashboard;
+use outbox_worker::dashboard::{Auth, DashboardConfig};
+
+use super::{Mail, TOKEN, dead, state_of, token_auth};
+
+struct Reply {
+    status: StatusCode,
+    headers: hyper::HeaderMap,
+    body: String,
+}
+
+async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut request = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = client
+        .request(request)
+        .await
+        .expect("the dashboard answers");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
+
+#[tokio::test]
+async fn a_bearer_client_needs_no_csrf_token_and_a_wrong_bearer_gets_nothing() {
+    let db = TestDb::migrated().await;
+    let id = dead(
+        &db,
+        Mail {
+            to: "api@example.com".into(),
+        },
+    )
+    .await;
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let wrong = send(
+        Method::POST,
+        &format!("{}/tasks/{id}/retry", served.url),
+        &[("authorization", "Bearer nope"), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(state_of(&db, id).await.state, "dead");
+    let ok = send(
+        Method::POST,
+        &format!("{}/tasks/{id}/retry", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+    assert_eq!(state_of(&db, id).await.state, "pending");
+}
+
+#[tokio::test]
+async fn a_request_from_another_sites_page_is_refused_even_with_the_token() {
+    let db = TestDb::migrated().await;
+    let id = dead(
+        &db,
+        Mail {
+            to: "csrf@example.com".into(),
+        },
+    )
+    .await;
+    let served = ServedDashboard::start(db.pool.clone(), DashboardConfig::new(Auth::None)).await;
+    let csrf = "a".repeat(64);
+    let cookie = format!("outbox_csrf={csrf}");
+    let body = format!("csrf={csrf}");
+    let url = format!("{}/tasks/{id}/retry", served.url);
+    let foreign = send(
+        Method::POST,
+        &url,
+        &[("cookie", &cookie), ("origin", "http://evil.example"), FORM],
+        &body,
+    )
+    .await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN);
+    assert!(foreign.body.contains("another site"), "{}", foreign.body);
+    let missing = send(Method::POST, &url, &[FORM], &body).await;
+    assert_eq!(missing.status, StatusCode::FORBIDDEN, "no cookie to match");
+    assert_eq!(state_of(&db, id).await.state, "dead");
+    let own = send(Method::POST, &url, &[("cookie", &cookie), FORM], &body).await;
+    assert_eq!(own.status, StatusCode::SEE_OTHER, "{}", own.body);
+    assert_eq!(state_of(&db, id).await.state, "pending");
+}
+
+#[tokio::test]
+async fn basic_auth_is_asked_for_and_checked() {
+    let db = TestDb::migrated().await;
+    let config = DashboardConfig::new(Auth::Basic {
+        user: "ops".into(),
+        password: "correct-horse-battery".into(),
+    });
+    let served = ServedDashboard::start(db.pool.clone(), config).await;
+    let anonymous = send(Method::GET, &served.url, &[], "").await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        anonymous.headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic ")
+    );
+    let basic = |user: &str, password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let wrong = send(
+        Method::GET,
+        &served.url,
+        &[("authorization", &basic("ops", "wrong"))],
+        "",
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let right = send(
+        Method::GET,
+        &served.url,
+        &[("authorization", &basic("ops", "correct-horse-battery"))],
+        "",
+    )
+    .await;
+    assert_eq!(right.status, StatusCode::OK);
+    assert!(right.body.contains("<h1>Queues</h1>"));
+    let policy = right.headers["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+}
+
+#[tokio::test]
+async fn a_read_only_dashboard_refuses_every_change() {
+    let db = TestDb::migrated().await;
+    let id = dead(
+        &db,
+        Mail {
+            to: "ro-http@example.com".into(),
+        },
+    )
+    .await;
+    let served = ServedDashboard::start(db.pool.clone(), token_auth().read_only(true)).await;
+    let bearer = format!("Bearer {TOKEN}");
+    for path in [
+        format!("/tasks/{id}/retry"),
+        "/dead/retry".to_owned(),
+        "/tasks/bulk".to_owned(),
+    ] {
+        let reply = send(
+            Method::POST,
+            &format!("{}{path}", served.url),
+            &[("authorization", &bearer), FORM],
+            &format!("action=retry&id={id}"),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::FORBIDDEN,
+            "{path}: {}",
+            reply.body
+        );
+    }
+    assert_eq!(state_of(&db, id).await.state, "dead");
+    let dead_count = admin::queue_health(&db.pool).await.unwrap().dead;
+    assert_eq!(dead_count, 1);
+}
+
+#[tokio::test]
+async fn bad_request_values_get_a_clear_error_page() {
+    let db = TestDb::migrated().await;
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    for (path, status, expected) in [
+        (
+            "/tasks?state=bogus",
+            StatusCode::BAD_REQUEST,
+            "unknown state",
+        ),
+        (
+            "/tasks?id=12x",
+            StatusCode::BAD_REQUEST,
+            "must be a task id",
+        ),
+        (
+            "/tasks?before=-",
+            StatusCode::BAD_REQUEST,
+            "must be a task id",
+        ),
+        ("/tasks/99999999", StatusCode::NOT_FOUND, "no task 99999999"),
+        ("/tasks/abc", StatusCode::BAD_REQUEST, "must be a task id"),
+    ] {
+        let reply = send(
+            Method::GET,
+            &format!("{}{path}", served.url),
+            &[("authorization", &bearer)],
+            "",
+        )
+        .await;
+        assert_eq!(reply.status, status, "{path}");
+        assert!(reply.body.contains(expected), "{path}: {}", reply.body);
+    }
+}
