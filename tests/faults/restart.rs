@@ -198,3 +198,59 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
             .unwrap();
     assert_eq!(processing, 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
+    const N: i64 = 300;
+    let (cluster, url) = private_cluster().await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
+    outbox::migrate(&pool).await.unwrap();
+    outbox::submit_batch(
+        &mut pool.acquire().await.unwrap(),
+        (0..N).map(|_| Count {}),
+    )
+    .await
+    .unwrap();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        statement_timeout: Duration::from_secs(1),
+        ..WorkerConfig::default()
+    };
+    let worker = RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(config)
+            .handler::<Count>(Counter::default())
+            .queue("restart", 16)
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &pool,
+        &format!("SELECT count(*) = {N} FROM outbox_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    // The counts are written every few seconds: most likely they are still
+    // in the worker now. The writes during the outage fail; the counts must
+    // be kept for the write after it.
+    on(&cluster, LocalPostgres::stop_server).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    on(&cluster, LocalPostgres::start_again).await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
+    wait_until(
+        &pool,
+        &format!(
+            "SELECT coalesce(sum(completed), 0) = {N} FROM outbox_throughput WHERE queue = 'restart'"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.stop().await;
+    let failed: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(failed), 0)::bigint FROM outbox_throughput WHERE queue = 'restart'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(failed, 0);
+}

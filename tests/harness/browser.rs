@@ -35,7 +35,7 @@ impl Driver {
         assert!(
             std::path::Path::new(&binary).exists(),
             "{binary} is missing: the dashboard's browser tests need Debian's chromium and \
-             chromium-driver (bash .ci/install-deps installs them)"
+             chromium-driver (bash .ci/install-browser installs them)"
         );
         let port = free_port();
         let child = Command::new(&binary)

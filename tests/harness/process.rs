@@ -159,10 +159,10 @@ impl Drop for WorkerProcess {
 /// Polls `sql` (a query returning one boolean) until it is true, at most
 /// `within`. For waiting on another process's effect on the database, where
 /// no in-process signal exists.
-pub async fn wait_until(pool: &PgPool, sql: &'static str, within: Duration) {
+pub async fn wait_until(pool: &PgPool, sql: &str, within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let done: bool = sqlx::query_scalar(sql)
+        let done: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_one(pool)
             .await
             .expect("poll query");
