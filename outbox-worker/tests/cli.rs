@@ -763,3 +763,122 @@ async fn bench_smoke_run_prints_every_figure() {
     assert_eq!(report["pickup_latency_ms"]["samples"], 5);
     assert_eq!(db.task_count().await, 0, "the bench cleans up after itself");
 }
+
+#[tokio::test]
+async fn dashboard_refuses_to_start_without_credentials_or_open_to_the_network() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    refused(
+        &["dashboard", "--database-url", url, "--addr", "127.0.0.1:0"],
+        2,
+        "OUTBOX_DASHBOARD_TOKEN",
+    )
+    .await;
+    refused(
+        &[
+            "dashboard",
+            "--database-url",
+            url,
+            "--addr",
+            "0.0.0.0:0",
+            "--insecure-no-auth",
+        ],
+        2,
+        "only allowed on a loopback address",
+    )
+    .await;
+    refused(
+        &[
+            "dashboard",
+            "--database-url",
+            url,
+            "--insecure-no-auth",
+            "--base-path",
+            "//evil.example",
+        ],
+        2,
+        "is not a path prefix",
+    )
+    .await;
+    refused(
+        &[
+            "dashboard",
+            "--database-url",
+            url,
+            "--addr",
+            "localhost:99999",
+        ],
+        2,
+        "--addr",
+    )
+    .await;
+    let short = tokio::process::Command::new(BIN)
+        .args(["dashboard", "--database-url", url, "--addr", "127.0.0.1:0"])
+        .env("OUTBOX_DASHBOARD_TOKEN", "short")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(short.status.code(), Some(2));
+    assert!(
+        stderr(&short).contains("at least 16 characters"),
+        "{}",
+        stderr(&short)
+    );
+}
+
+#[tokio::test]
+async fn dashboard_serves_pages_with_a_token_and_stops_on_sigterm() {
+    let db = TestDb::migrated().await;
+    outbox::submit(&mut *db.conn().await, outbox_worker::builtin::Noop {})
+        .await
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["dashboard", "--database-url", &db.url, "--addr", &addr])
+        .env("OUTBOX_DASHBOARD_TOKEN", "a-token-of-twenty-chars")
+        .env("OUTBOX_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let anonymous = loop {
+        if let Some(reply) = http_get(port, "/").await {
+            break reply;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dashboard never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(anonymous.starts_with("HTTP/1.1 303"), "{anonymous}");
+    assert!(anonymous.contains("location: /login"), "{anonymous}");
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer a-token-of-twenty-chars\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("data-queue=\"default\""), "{page}");
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the dashboard stops on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -205,12 +205,9 @@ async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
     let (cluster, url) = private_cluster().await;
     let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
     outbox::migrate(&pool).await.unwrap();
-    outbox::submit_batch(
-        &mut pool.acquire().await.unwrap(),
-        (0..N).map(|_| Count {}),
-    )
-    .await
-    .unwrap();
+    outbox::submit_batch(&mut pool.acquire().await.unwrap(), (0..N).map(|_| Count {}))
+        .await
+        .unwrap();
     let config = WorkerConfig {
         poll_interval: Duration::from_millis(50),
         statement_timeout: Duration::from_secs(1),

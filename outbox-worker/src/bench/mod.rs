@@ -9,8 +9,10 @@
 //!    statements per task, peak resident memory);
 //! 4. pickup latency on an idle queue (submit one task, time until its
 //!    handler starts);
-//! 5. with `--history-completed/--history-dead`: the same burn-down again
-//!    with that much history in the table, and the ratio to step 3.
+//! 5. with `--history-completed/--history-dead`: the operator views'
+//!    queries (dashboard overview, task pages) timed on that much history
+//!    plus N pending tasks, then the same burn-down again with the history
+//!    in the table, and the ratio to step 3.
 //!
 //! Without DATABASE_URL it starts a private PostgreSQL with fsync on (as
 //! a production server would run), in a temporary directory.
@@ -27,6 +29,8 @@ use sqlx::PgPool;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+mod operator_views;
 
 use crate::Register;
 use crate::builtin::{Builtins, Noop};
@@ -134,6 +138,8 @@ struct Report {
     history_dead: u64,
     drain_with_history_tasks_per_s: Option<f64>,
     history_ratio: Option<f64>,
+    /// The operator views' query times with the history in the table.
+    operator_views: Option<operator_views::OperatorViews>,
     /// What the peer printed, run on the same database in the same run.
     peer: Option<serde_json::Value>,
     /// Our history-kept burn-down over the peer's.
@@ -343,6 +349,12 @@ impl Bench {
                 "history: {filled} rows pre-filled ({completed} completed, {dead} dead)"
             ));
             self.insert(n).await?;
+            let views = operator_views::measure(&self.pool).await?;
+            self.say(format!(
+                "operator views with the history and {n} pending tasks: overview {}\n  tasks, first page: {}\n  completed, page 20: {}\n  dead, first page: {}",
+                views.overview_ms, views.tasks_first_page_ms, views.completed_page_20_ms, views.dead_page_ms
+            ));
+            self.report.operator_views = Some(views);
             let with_history = self.drain(false).await?;
             let ratio = with_history.rate / drain.rate.max(1e-9);
             self.report.drain_with_history_tasks_per_s = Some(with_history.rate);
