@@ -1,0 +1,189 @@
+//! docs/guide.md, sections 2 to 4.
+
+use std::error::Error;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+
+// Section 2: a task type and its handler.
+use outbox::{outbox_task, HandlerResult, Outcome, TaskContext, TaskHandler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "report.generate", queue = "reports", priority = 3,
+              retry_delays = ["30s", "5m", "1h"])]
+struct GenerateReport { from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc> }
+
+/// Stands for the application's own storage client.
+#[derive(Clone, Default)]
+pub struct MyStorageClient;
+
+async fn build_report(
+    pool: &PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT $1::timestamptz < $2::timestamptz")
+        .bind(from)
+        .bind(to)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+struct Reports { pool: sqlx::PgPool, storage: MyStorageClient }
+
+impl TaskHandler<GenerateReport> for Reports {
+    async fn handle(&self, ctx: TaskContext, task: GenerateReport) -> HandlerResult {
+        // ctx.id(), ctx.attempt(), ctx.max_attempts(), ctx.task_type(),
+        // ctx.cancellation() (fires at shutdown), ctx.pool()
+        let _ = (ctx.id(), &self.storage);
+        build_report(&self.pool, task.from, task.to).await?;   // any error: retry
+        Ok(Outcome::Success)
+    }
+}
+
+impl Reports {
+    /// The handler, on `pool`.
+    pub(crate) fn new(pool: PgPool) -> Self {
+        Self { pool, storage: MyStorageClient }
+    }
+}
+
+// Section 3: submitting.
+
+/// An order, as the application stores it.
+pub struct Order {
+    /// Who placed it.
+    pub email: String,
+}
+
+/// The task that follows an order.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[outbox_task(task_type = "order.created", queue = "orders")]
+pub struct OrderCreated {
+    /// The order.
+    pub order_id: i64,
+}
+
+/// A task the tests of section 8 expect not to see.
+#[derive(Debug, Serialize, Deserialize)]
+#[outbox_task(task_type = "refund.issued", queue = "orders")]
+pub struct RefundIssued {
+    /// The order refunded.
+    pub order_id: i64,
+}
+
+async fn insert_order(conn: &mut PgConnection, order: &Order) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("INSERT INTO orders (email) VALUES ($1) RETURNING id")
+        .bind(&order.email)
+        .fetch_one(conn)
+        .await
+}
+
+/// Submit in the order's transaction.
+pub async fn submit_with_the_order(pool: PgPool, order: Order) -> Result<(), Box<dyn Error>> {
+let mut tx = pool.begin().await?;
+let order_id = insert_order(&mut tx, &order).await?;
+outbox::submit(&mut tx, OrderCreated { order_id }).await?;
+tx.commit().await?;
+    Ok(())
+}
+
+/// Options.
+pub async fn submit_with_options(pool: PgPool, task: OrderCreated) -> Result<(), Box<dyn Error>> {
+    let mut tx = pool.begin().await?;
+use outbox::TaskOptions;
+use std::time::Duration;
+
+outbox::submit_with(&mut tx, task, TaskOptions::new()
+    .delay(Duration::from_secs(300))      // or .run_at(chrono::Utc::now() + ...)
+    .priority(1)                          // 0 first .. 9 last
+    .queue("reports-bulk")).await?;       // instead of the type's queue
+    tx.commit().await?;
+    Ok(())
+}
+
+/// An invoice to send.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "invoice.send", queue = "billing")]
+pub struct SendInvoice {
+    /// The invoice.
+    pub id: i64,
+}
+
+/// An invoice, as the application stores it.
+pub struct Invoice {
+    /// Its id.
+    pub id: i64,
+}
+
+/// Batches.
+pub async fn submit_batches(
+    pool: PgPool,
+    invoices: Vec<Invoice>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<(), Box<dyn Error>> {
+    use outbox::TaskOptions;
+    let mut tx = pool.begin().await?;
+outbox::submit_batch(&mut tx, invoices.iter().map(|i| SendInvoice { id: i.id })).await?;
+
+let mut batch = outbox::Batch::new();         // mixed types and options
+batch.push(&SendInvoice { id: 1 })?;
+batch.push_with(&GenerateReport { from, to }, TaskOptions::new().priority(5))?;
+let ids = batch.submit(&mut tx).await?;       // ids in push order
+    assert_eq!(ids.len(), 2);
+    tx.commit().await?;
+    Ok(())
+}
+
+// Section 4: a retry table of its own.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "webhook.deliver", retry_delays = ["10s", "1m", "10m", "1h", "6h"])]
+struct DeliverWebhook { url: String, body: String }
+
+// Section 6's handlers.
+
+/// Delivers `order.created` to a webhook.
+pub struct DeliverOrderCreated {
+    url: String,
+}
+
+impl DeliverOrderCreated {
+    /// A deliverer posting to `url`.
+    pub fn new(url: String) -> Self {
+        Self { url }
+    }
+}
+
+impl TaskHandler<OrderCreated> for DeliverOrderCreated {
+    async fn handle(&self, ctx: TaskContext, task: OrderCreated) -> HandlerResult {
+        tracing_free_log(&self.url, ctx.id().0, task.order_id);
+        Ok(Outcome::Success)
+    }
+}
+
+fn tracing_free_log(url: &str, id: i64, order_id: i64) {
+    let _ = (url, id, order_id);
+}
+
+/// Where webhooks go, from the application's settings.
+pub fn webhook_url() -> String {
+    "https://hooks.example.com/orders".to_owned()
+}
+
+/// Section 6: a worker binary's whole `main` (here in a module, so that it
+/// sees this module's private task types).
+mod worker_binary {
+    use super::{DeliverOrderCreated, GenerateReport, OrderCreated, Reports, webhook_url};
+
+fn main() -> std::process::ExitCode {
+    let webhook = webhook_url();                  // your own settings, read once
+    outbox_worker::main_with(move |w: outbox::WorkerBuilder| {
+        let pool = w.pool().clone();              // the pool --database-url opened
+        w.handler::<OrderCreated>(DeliverOrderCreated::new(webhook.clone()))
+         .handler::<GenerateReport>(Reports::new(pool))
+    })
+}
+}
