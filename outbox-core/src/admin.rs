@@ -27,7 +27,12 @@ pub async fn list_tasks(
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
     check_state(state)?;
-    Ok(db::admin::list_tasks(pool, state, task_type, limit.max(0)).await?)
+    let filter = TaskFilter {
+        state: state.map(str::to_owned),
+        task_type: task_type.map(str::to_owned),
+        ..TaskFilter::default()
+    };
+    Ok(db::admin::search_tasks(pool, &filter, None, limit.max(0)).await?)
 }
 
 /// One task, if it exists.

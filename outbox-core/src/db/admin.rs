@@ -31,21 +31,6 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
     })
 }
 
-pub(crate) async fn list_tasks(
-    pool: &PgPool,
-    state: Option<&str>,
-    task_type: Option<&str>,
-    limit: i64,
-) -> sqlx::Result<Vec<TaskRecord>> {
-    let rows = sqlx::query(include_str!("sql/list_tasks.sql"))
-        .bind(state.map(str::to_owned))
-        .bind(task_type.map(str::to_owned))
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(record).collect()
-}
-
 pub(crate) async fn get_task(pool: &PgPool, id: i64) -> sqlx::Result<Option<TaskRecord>> {
     let row = sqlx::query(include_str!("sql/get_task.sql"))
         .bind(id)

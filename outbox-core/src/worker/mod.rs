@@ -239,8 +239,8 @@ impl Worker {
             keepalive: self.config.keepalive,
         };
         // A claim in flight per queue, the outcome lanes, the heartbeat, the
-        // maintainer, and one to spare for releases.
-        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 3;
+        // maintainer, the throughput counts, and one to spare for releases.
+        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 4;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
         let listen_options = engine.options().clone();
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
@@ -340,6 +340,7 @@ impl Worker {
         stop_background.cancel();
         let _ = heartbeat.await;
         let _ = throughput.await;
+        throughput::last_flush(&shared, flush_over).await;
         // Both stopped with the claims; the maintainer may still be handing
         // its lease over (bounded by its own deadline).
         for task in listener.into_iter().chain(maintainer) {

@@ -24,8 +24,7 @@ use crate::db::throughput::{self, MinuteCount};
 /// How often counts are written.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
-/// The longest the last write at shutdown may take (shutdown stays bounded
-/// with the database gone).
+/// The longest the last write at shutdown may take.
 const LAST_FLUSH: Duration = Duration::from_secs(1);
 
 /// (completed, failed) by (minute, queue).
@@ -82,28 +81,33 @@ impl Throughput {
     }
 }
 
-/// Writes the counts every [`FLUSH_EVERY`] until `stop`, then once more.
+/// Writes the counts every [`FLUSH_EVERY`] until `stop`.
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut outage = Outage::new("throughput");
     loop {
-        let stopping = tokio::select! {
-            () = tokio::time::sleep(FLUSH_EVERY) => false,
-            () = stop.cancelled() => true,
-        };
-        let deadline = if stopping {
-            LAST_FLUSH.min(shared.deadline)
-        } else {
-            shared.deadline
-        };
-        match flush(&shared, deadline).await {
+        tokio::select! {
+            () = tokio::time::sleep(FLUSH_EVERY) => {}
+            () = stop.cancelled() => return,
+        }
+        match flush(&shared, shared.deadline).await {
             Ok(()) => outage.ok(),
             Err(error) => {
                 let _ = outage.failed(&error);
             }
         }
-        if stopping {
-            return;
-        }
+    }
+}
+
+/// The last write at shutdown, within the flush deadline (so shutdown
+/// stays within its documented bound): skipped when that has passed, as it
+/// has when the database is away.
+pub(crate) async fn last_flush(shared: &Shared, flush_over: tokio::time::Instant) {
+    let left = flush_over.saturating_duration_since(tokio::time::Instant::now());
+    if left.is_zero() {
+        return;
+    }
+    if let Err(error) = flush(shared, left.min(LAST_FLUSH)).await {
+        tracing::debug!(%error, "outcome counts of the last seconds not written at shutdown");
     }
 }
 

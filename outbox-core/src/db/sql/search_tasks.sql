@@ -1,9 +1,11 @@
--- Tasks for operators, newest first, one page at a time: keyset paging on
--- the primary key ($6: ids below this one), so page 1000 costs what page 1
--- does. Filters, each null for "any": $1 state (as in list_tasks.sql), $2
--- task type, $3 queue, $4 id, $5 a LIKE pattern (already escaped and
--- wrapped in %) matched against the payload text and the last error. $7
--- page size. Every value is bound; nothing here is built from request text.
+-- Tasks for operators (the CLI's tasks list, the dashboard), newest first,
+-- one page at a time: keyset paging on the primary key ($6: ids below this
+-- one), so page 1000 costs what page 1 does. Filters, each null for "any":
+-- $1 state (a state name, or 'dead' for dead tasks, which are excluded
+-- from 'failed'), $2 task type, $3 queue, $4 id, $5 a LIKE pattern (already
+-- escaped and wrapped in %) matched against the payload text and the last
+-- error. $7 page size. Every value is bound; nothing here is built from
+-- request text.
 SELECT id, task_type, queue,
        CASE WHEN dead_at IS NOT NULL THEN 'dead' ELSE state::text END AS state,
        priority, retry_count, max_attempts, claims, execute_at, created_at, updated_at,
