@@ -75,9 +75,9 @@ pub use handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler
 pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, schema_status,
 };
-pub use options::{MAX_DELAY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions};
+pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique};
 pub use outbox_macros::outbox_task;
-pub use submit::{Batch, submit, submit_batch, submit_with};
+pub use submit::{Batch, Submitted, submit, submit_batch, submit_detailed, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
 pub use wakeup::NOTIFY_DEBOUNCE;
 pub use worker::{
@@ -88,7 +88,8 @@ pub use worker::{
 /// What `#[outbox_task]` expands to refers to; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::task::check_payload;
+    pub use crate::options::unique_from_fields;
+    pub use crate::task::{check_payload, unique_of};
     pub use inventory;
     pub use std::time::Duration;
 }

@@ -43,6 +43,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0003_throughput.up.sql"),
         down: include_str!("../../migrations/0003_throughput.down.sql"),
     },
+    Migration {
+        version: 4,
+        name: "unique_tasks",
+        up: include_str!("../../migrations/0004_unique_tasks.up.sql"),
+        down: include_str!("../../migrations/0004_unique_tasks.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -1,4 +1,5 @@
-//! Per-submission options: when, how urgent, which queue.
+//! Per-submission options: when, how urgent, which queue, and what makes
+//! the task unique.
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ pub struct TaskOptions {
     pub(crate) delay: Option<Duration>,
     pub(crate) priority: Option<i16>,
     pub(crate) queue: Option<String>,
+    pub(crate) unique: Option<Unique>,
 }
 
 impl TaskOptions {
@@ -54,9 +56,25 @@ impl TaskOptions {
         self
     }
 
+    /// Makes the task unique (replacing what its type declares): while a
+    /// task with the same key is in a state the uniqueness covers, this one
+    /// is not inserted and the submit returns that task's id instead.
+    pub fn unique(mut self, unique: Unique) -> Self {
+        self.unique = Some(unique);
+        self
+    }
+
+    /// Shorthand for `.unique(Unique::key(key))`.
+    pub fn unique_key(self, key: impl Into<String>) -> Self {
+        self.unique(Unique::key(key))
+    }
+
     /// Checks every value, so that a bad option fails before anything is
     /// written.
     pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(u) = &self.unique {
+            u.validate()?;
+        }
         if let Some(p) = self.priority {
             validate_priority(p)?;
         }
@@ -68,6 +86,110 @@ impl TaskOptions {
         }
         Ok(())
     }
+}
+
+/// What makes a task unique, and for how long.
+///
+/// Two tasks of the same type with the same key cannot both be in a state
+/// the uniqueness covers: by default pending, processing, and failed with
+/// attempts left (a task moves between these and back, so they always go
+/// together); [`Unique::including_completed`] and
+/// [`Unique::including_dead`] extend it. [`Unique::per`] limits it to a
+/// period ("at most one per hour"): the key is combined with the period the
+/// database clock is in at insert. A unique index enforces all of it, so
+/// concurrent submits can never both insert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unique {
+    pub(crate) key: String,
+    pub(crate) period: Option<Duration>,
+    pub(crate) states: i16,
+}
+
+/// The states every uniqueness covers: pending, processing, failed with
+/// attempts left.
+pub(crate) const UNIQUE_ALWAYS: i16 = 1 | 2 | 4;
+const UNIQUE_COMPLETED: i16 = 8;
+const UNIQUE_DEAD: i16 = 16;
+/// The longest unique key accepted, in bytes.
+pub const MAX_UNIQUE_KEY: usize = 1024;
+
+impl Unique {
+    /// Unique by `key` (within the task type).
+    pub fn key(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            period: None,
+            states: UNIQUE_ALWAYS,
+        }
+    }
+
+    /// At most one task with this key per `period` (1 second or more),
+    /// periods counted from the Unix epoch on the database clock.
+    pub fn per(mut self, period: Duration) -> Self {
+        self.period = Some(period);
+        self
+    }
+
+    /// Also covers completed tasks (until cleanup deletes them).
+    pub fn including_completed(mut self) -> Self {
+        self.states |= UNIQUE_COMPLETED;
+        self
+    }
+
+    /// Also covers dead tasks (until an operator retries them).
+    pub fn including_dead(mut self) -> Self {
+        self.states |= UNIQUE_DEAD;
+        self
+    }
+
+    /// The key as given.
+    pub fn key_str(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.key.len() > MAX_UNIQUE_KEY {
+            return Err(Error::InvalidOption(format!(
+                "unique key of {} bytes is too long: the most is {MAX_UNIQUE_KEY}",
+                self.key.len()
+            )));
+        }
+        if self.key.contains('\0') {
+            return Err(Error::InvalidOption(
+                "a unique key cannot contain the character U+0000".to_owned(),
+            ));
+        }
+        if let Some(p) = self.period
+            && (p < Duration::from_secs(1) || p > MAX_DELAY)
+        {
+            return Err(Error::InvalidOption(format!(
+                "unique period {p:?} is out of range: use 1 second to 100 years"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The period in whole microseconds.
+    pub(crate) fn period_us(&self) -> Option<i64> {
+        self.period.map(clamped_delay_micros)
+    }
+}
+
+/// Builds a type's uniqueness from its payload fields (what
+/// `#[outbox_task(unique_by = [...])]` generates): the key is the fields'
+/// values as JSON.
+#[doc(hidden)]
+pub fn unique_from_fields<T: serde::Serialize + ?Sized>(
+    fields: &T,
+    period_ms: Option<u64>,
+    states: i16,
+) -> std::result::Result<Unique, String> {
+    let key = serde_json::to_string(fields).map_err(|e| e.to_string())?;
+    Ok(Unique {
+        key,
+        period: period_ms.map(Duration::from_millis),
+        states: states | UNIQUE_ALWAYS,
+    })
 }
 
 /// Checks a priority is within 0..=9.
@@ -136,6 +258,27 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn unique_options_are_checked_and_always_cover_the_live_states() {
+        let u = Unique::key("order-7").including_dead();
+        assert_eq!(u.states, UNIQUE_ALWAYS | 16);
+        assert!(TaskOptions::new().unique(u).validate().is_ok());
+        let long = Unique::key("k".repeat(MAX_UNIQUE_KEY + 1));
+        assert!(TaskOptions::new().unique(long).validate().is_err());
+        let short = Unique::key("k").per(Duration::from_millis(10));
+        assert!(
+            short
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("1 second")
+        );
+        let from_fields = unique_from_fields(&(7, "a"), Some(3_600_000), 8).unwrap();
+        assert_eq!(from_fields.key, r#"[7,"a"]"#);
+        assert_eq!(from_fields.states, UNIQUE_ALWAYS | 8);
+        assert_eq!(from_fields.period_us(), Some(3_600_000_000));
     }
 
     #[test]

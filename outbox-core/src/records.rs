@@ -41,6 +41,9 @@ pub struct TaskRecord {
     pub heartbeat_at: Option<DateTime<Utc>>,
     /// The last failure's message.
     pub last_error: Option<String>,
+    /// Its unique key (`task_type:key`, with `:period` for a per-period
+    /// uniqueness), if it is unique.
+    pub unique_key: Option<String>,
     /// The payload.
     pub payload: serde_json::Value,
 }

@@ -6,9 +6,9 @@
 
 use sqlx::PgConnection;
 
-use crate::db::{self, NewTask};
+use crate::db::{self, NewTask, UniqueRow};
 use crate::error::{Error, Result};
-use crate::options::{TaskOptions, delay_micros, validate_priority, validate_queue};
+use crate::options::{TaskOptions, Unique, delay_micros, validate_priority, validate_queue};
 use crate::retry::max_attempts;
 use crate::task::{RegisteredTask, Task, TaskId};
 
@@ -36,16 +36,53 @@ pub async fn submit<T: Task>(conn: &mut PgConnection, task: T) -> Result<TaskId>
     submit_with(conn, task, TaskOptions::new()).await
 }
 
-/// Submits one task with options (delay or run-at, priority, queue).
+/// Submits one task with options (delay or run-at, priority, queue,
+/// uniqueness). For a unique task that is a duplicate, nothing is written
+/// and the id is the existing task's; [`submit_detailed`] tells the two
+/// apart.
 pub async fn submit_with<T: Task>(
     conn: &mut PgConnection,
     task: T,
     options: TaskOptions,
 ) -> Result<TaskId> {
+    Ok(submit_detailed(conn, task, options).await?.id)
+}
+
+/// What a submit did with one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Submitted {
+    /// The new task's id, or for a duplicate the id of the task that holds
+    /// its unique key.
+    pub id: TaskId,
+    /// True when nothing was written: a task with the same unique key is in
+    /// a state the uniqueness covers.
+    pub duplicate: bool,
+}
+
+/// Like [`submit_with`], saying whether the task was a duplicate.
+///
+/// ```no_run
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize)]
+/// # #[outbox::outbox_task(task_type = "invoice.send")]
+/// # struct SendInvoice { invoice_id: i64 }
+/// # async fn f(conn: &mut sqlx::PgConnection) -> outbox::Result<()> {
+/// use outbox::{TaskOptions, Unique};
+/// let options = TaskOptions::new().unique(Unique::key("invoice-7"));
+/// let first = outbox::submit_detailed(conn, SendInvoice { invoice_id: 7 }, options.clone()).await?;
+/// let again = outbox::submit_detailed(conn, SendInvoice { invoice_id: 7 }, options).await?;
+/// assert!(!first.duplicate && again.duplicate && again.id == first.id);
+/// # Ok(()) }
+/// ```
+pub async fn submit_detailed<T: Task>(
+    conn: &mut PgConnection,
+    task: T,
+    options: TaskOptions,
+) -> Result<Submitted> {
     let mut batch = Batch::new();
     batch.push_with(&task, options)?;
-    let ids = batch.submit(conn).await?;
-    Ok(ids[0])
+    let done = batch.submit_detailed(conn).await?;
+    Ok(done[0])
 }
 
 /// Submits many tasks of one type in one round trip.
@@ -112,11 +149,17 @@ impl Batch {
     }
 
     /// Adds a task with options.
-    pub fn push_with<T: Task>(&mut self, task: &T, options: TaskOptions) -> Result<&mut Self> {
+    pub fn push_with<T: Task>(&mut self, task: &T, mut options: TaskOptions) -> Result<&mut Self> {
         let payload = serde_json::to_string(task).map_err(|source| Error::Serialize {
             task_type: T::TASK_TYPE.to_owned(),
             source,
         })?;
+        if options.unique.is_none() {
+            options.unique = task.unique().map_err(|reason| Error::InvalidPayload {
+                task_type: T::TASK_TYPE.to_owned(),
+                reason: format!("its unique key cannot be built: {reason}"),
+            })?;
+        }
         self.push_row(
             T::TASK_TYPE,
             T::QUEUE,
@@ -133,9 +176,16 @@ impl Batch {
         &mut self,
         task: &RegisteredTask,
         payload: &serde_json::Value,
-        options: TaskOptions,
+        mut options: TaskOptions,
     ) -> Result<&mut Self> {
         let payload = payload.to_string();
+        if options.unique.is_none() {
+            options.unique =
+                (task.unique_of)(&payload).map_err(|reason| Error::InvalidPayload {
+                    task_type: task.task_type.to_owned(),
+                    reason: format!("its unique key cannot be built: {reason}"),
+                })?;
+        }
         self.push_row(
             task.task_type,
             task.queue,
@@ -164,6 +214,11 @@ impl Batch {
                     .to_owned(),
             });
         }
+        let unique = options.unique.as_ref().map(|u: &Unique| UniqueRow {
+            key: format!("{task_type}:{}", u.key),
+            states: u.states,
+            period_us: u.period_us(),
+        });
         let queue = options.queue.unwrap_or_else(|| default_queue.to_owned());
         let priority = options.priority.unwrap_or(default_priority);
         // The type's own defaults are checked too: a hand-written `impl Task`
@@ -178,19 +233,51 @@ impl Batch {
             max_attempts: max_attempts(retry_delays),
             run_at: options.run_at,
             delay_us: options.delay.map(delay_micros).transpose()?,
+            unique,
         });
         Ok(self)
     }
 
     /// Writes the batch on `conn` in one statement and returns the task ids
-    /// in the order the tasks were pushed.
+    /// in the order the tasks were pushed (for a duplicate unique task, the
+    /// id of the task holding its key).
     pub async fn submit(self, conn: &mut PgConnection) -> Result<Vec<TaskId>> {
+        Ok(self
+            .submit_detailed(conn)
+            .await?
+            .into_iter()
+            .map(|s| s.id)
+            .collect())
+    }
+
+    /// Like [`Batch::submit`], saying for each task whether it was a
+    /// duplicate. Duplicates within the batch count too: the first task
+    /// with a key is inserted, the later ones get its id.
+    pub async fn submit_detailed(self, conn: &mut PgConnection) -> Result<Vec<Submitted>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
         }
         let notify = crate::wakeup::queues_to_notify(&self.rows);
-        let ids = db::insert_tasks(conn, self.rows, notify).await?;
-        Ok(ids.into_iter().map(TaskId).collect())
+        let done = if self.rows.iter().all(|r| r.unique.is_none()) {
+            db::insert_tasks(conn, self.rows, notify)
+                .await?
+                .into_iter()
+                .map(|id| Submitted {
+                    id: TaskId(id),
+                    duplicate: false,
+                })
+                .collect()
+        } else {
+            db::unique::insert(conn, self.rows, notify)
+                .await?
+                .into_iter()
+                .map(|(id, duplicate)| Submitted {
+                    id: TaskId(id),
+                    duplicate,
+                })
+                .collect()
+        };
+        Ok(done)
     }
 }
 

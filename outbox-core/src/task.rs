@@ -24,6 +24,13 @@ pub trait Task: Serialize + DeserializeOwned + Send + 'static {
     /// The retry table: the delay after the 1st, 2nd, ... failure. Its length
     /// is the maximum number of attempts.
     const RETRY_DELAYS: &'static [Duration] = DEFAULT_RETRY_DELAYS;
+
+    /// What makes this task unique, if anything (`#[outbox_task(unique_by
+    /// = [...])]`); a submit's [`crate::TaskOptions::unique`] replaces it.
+    /// An error is a key that could not be built from the payload.
+    fn unique(&self) -> Result<Option<crate::Unique>, String> {
+        Ok(None)
+    }
 }
 
 /// The id of a task: assigned by the database, unique within it, stable
@@ -91,6 +98,10 @@ pub struct RegisteredTask {
     /// Checks that a JSON payload decodes into the payload type, so that a
     /// submission by name (the CLI) is refused before it is written.
     pub check_payload: fn(&str) -> Result<(), String>,
+    /// The uniqueness a JSON payload has by the type's declaration
+    /// (`unique_by`), so that a submission by name is unique like one from
+    /// code.
+    pub unique_of: fn(&str) -> Result<Option<crate::Unique>, String>,
 }
 
 /// The `check_payload` of task type `T`.
@@ -99,6 +110,14 @@ pub fn check_payload<T: Task>(json: &str) -> Result<(), String> {
     serde_json::from_str::<T>(json)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// The `unique_of` of task type `T`.
+#[doc(hidden)]
+pub fn unique_of<T: Task>(json: &str) -> Result<Option<crate::Unique>, String> {
+    serde_json::from_str::<T>(json)
+        .map_err(|e| e.to_string())?
+        .unique()
 }
 
 inventory::collect!(RegisteredTask);

@@ -19,6 +19,20 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 &[#(::outbox::__private::Duration::from_millis(#ms)),*];
         }
     });
+    let unique = task.unique.as_ref().map(|u| {
+        let fields = &u.fields;
+        let period = match u.period_ms {
+            Some(ms) => quote!(::core::option::Option::Some(#ms)),
+            None => quote!(::core::option::Option::None),
+        };
+        let states = u.extra_states;
+        quote! {
+            fn unique(&self) -> ::core::result::Result<::core::option::Option<::outbox::Unique>, ::std::string::String> {
+                ::outbox::__private::unique_from_fields(&(#(&self.#fields,)*), #period, #states)
+                    .map(::core::option::Option::Some)
+            }
+        }
+    });
     quote! {
         #item
 
@@ -27,6 +41,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
             #queue
             #priority
             #delays
+            #unique
         }
 
         ::outbox::__private::inventory::submit! {
@@ -37,6 +52,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 retry_delays: <#ident as ::outbox::Task>::RETRY_DELAYS,
                 rust_type: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
                 check_payload: ::outbox::__private::check_payload::<#ident>,
+                unique_of: ::outbox::__private::unique_of::<#ident>,
             }
         }
     }

@@ -9,7 +9,8 @@ use syn::{Expr, ExprArray, ExprLit, Ident, Item, Lit, LitStr, Meta, Token};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: &str = "task_type, queue, priority, retry_delays";
+const OPTIONS: &str =
+    "task_type, queue, priority, retry_delays, unique_by, unique_period, unique_states";
 
 /// A checked task declaration.
 pub(crate) struct TaskDecl {
@@ -18,15 +19,29 @@ pub(crate) struct TaskDecl {
     pub(crate) queue: Option<String>,
     pub(crate) priority: Option<i16>,
     pub(crate) retry_delays_ms: Option<Vec<u64>>,
+    /// Set when the type is unique.
+    pub(crate) unique: Option<UniqueDecl>,
+}
+
+/// `unique_by`, `unique_period` and `unique_states`.
+pub(crate) struct UniqueDecl {
+    /// Payload fields whose values make the key (empty: one per type).
+    pub(crate) fields: Vec<Ident>,
+    pub(crate) period_ms: Option<u64>,
+    /// State bits beyond the always-covered ones (8 completed, 16 dead).
+    pub(crate) extra_states: i16,
 }
 
 pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDecl> {
-    let ident = struct_ident(item)?;
+    let (ident, fields) = struct_ident(item)?;
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(args)?;
     let mut task_type = None;
     let mut queue = None;
     let mut priority = None;
     let mut retry_delays_ms = None;
+    let mut unique_by: Option<Vec<Ident>> = None;
+    let mut unique_period = None;
+    let mut unique_states = None;
     for meta in metas {
         let Meta::NameValue(nv) = &meta else {
             return Err(syn::Error::new(
@@ -52,6 +67,24 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             }
             "priority" => set_once(&mut priority, priority_value(&nv.value)?, &meta)?,
             "retry_delays" => set_once(&mut retry_delays_ms, delays(&nv.value)?, &meta)?,
+            "unique_by" => set_once(&mut unique_by, unique_fields(&nv.value, &fields)?, &meta)?,
+            "unique_period" => {
+                let lit = string(&nv.value, "unique_period")?;
+                let ms = parse_millis(&lit.value()).map_err(|m| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!("bad unique_period {:?}: {m}", lit.value()),
+                    )
+                })?;
+                if ms < 1000 {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`unique_period` must be at least 1s",
+                    ));
+                }
+                set_once(&mut unique_period, ms, &meta)?;
+            }
+            "unique_states" => set_once(&mut unique_states, states(&nv.value)?, &meta)?,
             _ => {
                 return Err(syn::Error::new(
                     nv.path.span(),
@@ -69,16 +102,26 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             "missing `task_type`: write #[outbox_task(task_type = \"area.action\")]",
         )
     })?;
+    let unique =
+        (unique_by.is_some() || unique_period.is_some() || unique_states.is_some()).then(|| {
+            UniqueDecl {
+                fields: unique_by.unwrap_or_default(),
+                period_ms: unique_period,
+                extra_states: unique_states.unwrap_or(0),
+            }
+        });
     Ok(TaskDecl {
         ident,
         task_type,
         queue,
         priority,
         retry_delays_ms,
+        unique,
     })
 }
 
-fn struct_ident(item: TokenStream) -> syn::Result<Ident> {
+/// The struct's name and its named fields.
+fn struct_ident(item: TokenStream) -> syn::Result<(Ident, Vec<Ident>)> {
     match syn::parse2::<Item>(item)? {
         Item::Struct(s) => {
             if !s.generics.params.is_empty() {
@@ -87,7 +130,8 @@ fn struct_ident(item: TokenStream) -> syn::Result<Ident> {
                     "#[outbox_task] payload structs cannot be generic: a task type names one concrete payload",
                 ));
             }
-            Ok(s.ident)
+            let fields = s.fields.iter().filter_map(|f| f.ident.clone()).collect();
+            Ok((s.ident, fields))
         }
         Item::Enum(e) => Err(not_a_struct(e.enum_token.span(), "an enum")),
         Item::Fn(f) => Err(not_a_struct(f.sig.fn_token.span(), "a function")),
@@ -179,4 +223,66 @@ fn delays(expr: &Expr) -> syn::Result<Vec<u64>> {
             })
         })
         .collect()
+}
+
+fn unique_fields(expr: &Expr, fields: &[Ident]) -> syn::Result<Vec<Ident>> {
+    let Expr::Array(ExprArray { elems, .. }) = expr else {
+        return Err(syn::Error::new(
+            expr.span(),
+            "`unique_by` takes a list of payload field names, like unique_by = [\"order_id\"]",
+        ));
+    };
+    let mut out: Vec<Ident> = Vec::new();
+    for e in elems {
+        let lit = string(e, "unique_by")?;
+        let name = lit.value();
+        let Some(field) = fields.iter().find(|f| **f == name) else {
+            let known: Vec<String> = fields.iter().map(Ident::to_string).collect();
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`unique_by` names {name:?}, which is not a field of this struct (its fields: {})",
+                    known.join(", ")
+                ),
+            ));
+        };
+        if out.contains(field) {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("{name:?} is named twice"),
+            ));
+        }
+        out.push(field.clone());
+    }
+    Ok(out)
+}
+
+/// `unique_states`: must list pending, processing and retrying (a task
+/// moves between them and back); may add completed and dead.
+fn states(expr: &Expr) -> syn::Result<i16> {
+    let message = "`unique_states` lists \"pending\", \"processing\" and \"retrying\" (always covered together), and may add \"completed\" and \"dead\"";
+    let Expr::Array(ExprArray { elems, .. }) = expr else {
+        return Err(syn::Error::new(expr.span(), message));
+    };
+    let mut bits = 0i16;
+    for e in elems {
+        let lit = string(e, "unique_states")?;
+        bits |= match lit.value().as_str() {
+            "pending" => 1,
+            "processing" => 2,
+            "retrying" => 4,
+            "completed" => 8,
+            "dead" => 16,
+            other => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!("unknown state {other:?}: {message}"),
+                ));
+            }
+        };
+    }
+    if bits & 7 != 7 {
+        return Err(syn::Error::new(expr.span(), message));
+    }
+    Ok(bits & !7)
 }

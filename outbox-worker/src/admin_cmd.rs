@@ -45,6 +45,18 @@ pub(crate) struct SubmitArgs {
     /// Queue, instead of the task type's own.
     #[arg(long)]
     queue: Option<String>,
+    /// Make the task unique by this key (within its type): while a task with
+    /// the key is pending, running or waiting for a retry, nothing is
+    /// written and the existing task's id is printed with "duplicate".
+    #[arg(long)]
+    unique_key: Option<String>,
+    /// With --unique-key: at most one task with the key per period (1s to
+    /// 100 years), e.g. 1h.
+    #[arg(long, requires = "unique_key", value_parser = flags::duration(Duration::from_secs(1), 36_500 * DAY))]
+    unique_period: Option<Duration>,
+    /// Print {"id": N, "duplicate": BOOL} instead of the id.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -154,12 +166,28 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     if let Some(q) = args.queue {
         options = options.queue(q);
     }
+    if let Some(key) = args.unique_key {
+        let mut unique = outbox::Unique::key(key);
+        if let Some(period) = args.unique_period {
+            unique = unique.per(period);
+        }
+        options = options.unique(unique);
+    }
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;
     let pool = connect_migrated(&args.db.database_url, 1).await?;
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
-    let ids = batch.submit(&mut conn).await?;
-    println!("{}", ids[0]);
+    let done = batch.submit_detailed(&mut conn).await?[0];
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"id": done.id, "duplicate": done.duplicate})
+        );
+    } else if done.duplicate {
+        println!("{} duplicate", done.id);
+    } else {
+        println!("{}", done.id);
+    }
     Ok(())
 }
 
@@ -284,6 +312,7 @@ fn print_task(t: &TaskRecord) {
     println!("claimed by    {}", t.claimed_by.as_deref().unwrap_or("-"));
     println!("heartbeat at  {}", time(t.heartbeat_at));
     println!("last error    {}", t.last_error.as_deref().unwrap_or("-"));
+    println!("unique key    {}", t.unique_key.as_deref().unwrap_or("-"));
     println!(
         "payload       {}",
         serde_json::to_string_pretty(&t.payload).unwrap_or_default()

@@ -882,3 +882,48 @@ async fn dashboard_serves_pages_with_a_token_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn submit_with_a_unique_key_prints_the_holder_and_says_duplicate() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let submit = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "tasks",
+            "submit",
+            "--database-url",
+            url,
+            "outbox.noop",
+            "{}",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let first = ok(&cli(&submit(&["--unique-key", "nightly"])).await);
+    let id: i64 = first
+        .trim()
+        .parse()
+        .expect("a fresh submit prints just the id");
+    let again = ok(&cli(&submit(&["--unique-key", "nightly"])).await);
+    assert_eq!(again.trim(), format!("{id} duplicate"));
+    let printed: Value = json(&submit(&["--unique-key", "nightly", "--json"])).await;
+    assert_eq!(printed, serde_json::json!({"id": id, "duplicate": true}));
+    let other: Value = json(&submit(&["--unique-key", "weekly", "--json"])).await;
+    assert_eq!(other["duplicate"], false);
+    assert_ne!(other["id"], id);
+    let hourly = ok(&cli(&submit(&["--unique-key", "h", "--unique-period", "1h"])).await);
+    assert!(!hourly.contains("duplicate"));
+    refused(&submit(&["--unique-period", "1h"]), 2, "--unique-key").await;
+    refused(
+        &submit(&["--unique-key", "x", "--unique-period", "10ms"]),
+        2,
+        "--unique-period",
+    )
+    .await;
+    assert_eq!(db.task_count().await, 3);
+    let shown = ok(&cli(&["tasks", "show", "--database-url", url, &id.to_string()]).await);
+    assert!(
+        shown.contains("unique key    outbox.noop:nightly"),
+        "{shown}"
+    );
+}

@@ -8,3 +8,4 @@ mod poison;
 mod startup;
 mod submit;
 mod testing_helpers;
+mod unique;

@@ -138,6 +138,38 @@ let ids = batch.submit(&mut tx).await?;       // ids in push order
     Ok(())
 }
 
+// Section 3: unique tasks.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "invoice.remind", unique_by = ["invoice_id"], unique_period = "1d")]
+struct RemindInvoice { invoice_id: i64, attempt_note: String }
+
+/// A task unique per user and hour.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "user.sync", queue = "sync")]
+pub struct SyncUser {
+    /// The user.
+    pub user_id: i64,
+}
+
+/// Unique submits.
+pub async fn submit_unique(pool: PgPool, user_id: i64) -> Result<(), Box<dyn Error>> {
+    use outbox::{TaskOptions, Unique};
+    use std::time::Duration;
+    let mut tx = pool.begin().await?;
+    let reminder = RemindInvoice { invoice_id: 7, attempt_note: String::new() };
+    let sync = SyncUser { user_id };
+let done = outbox::submit_detailed(&mut tx, reminder, TaskOptions::new()).await?;
+if done.duplicate { /* a reminder for this invoice is already queued today */ }
+
+// Or per submit, whatever the type declares:
+let options = TaskOptions::new().unique(Unique::key(format!("user-{user_id}"))
+    .per(Duration::from_secs(3600))   // at most one per hour
+    .including_completed());          // also while a completed one is kept
+outbox::submit_with(&mut tx, sync, options).await?;   // the existing id if a duplicate
+    tx.commit().await?;
+    Ok(())
+}
+
 // Section 4: a retry table of its own.
 #[derive(Serialize, Deserialize)]
 #[outbox_task(task_type = "webhook.deliver", retry_delays = ["10s", "1m", "10m", "1h", "6h"])]

@@ -27,6 +27,7 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
         claimed_by: r.try_get("claimed_by")?,
         heartbeat_at: r.try_get("heartbeat_at")?,
         last_error: r.try_get("last_error")?,
+        unique_key: r.try_get("unique_key")?,
         payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
     })
 }

@@ -5,6 +5,7 @@ pub(crate) mod admin;
 pub(crate) mod classify;
 pub(crate) mod session;
 pub(crate) mod throughput;
+pub(crate) mod unique;
 
 use std::sync::Arc;
 
@@ -25,6 +26,16 @@ pub(crate) struct NewTask {
     pub(crate) max_attempts: i32,
     pub(crate) run_at: Option<DateTime<Utc>>,
     pub(crate) delay_us: Option<i64>,
+    pub(crate) unique: Option<UniqueRow>,
+}
+
+/// A row's uniqueness, ready to write.
+#[derive(Debug, Clone)]
+pub(crate) struct UniqueRow {
+    /// `task_type:key`; the period bucket is appended by the database.
+    pub(crate) key: String,
+    pub(crate) states: i16,
+    pub(crate) period_us: Option<i64>,
 }
 
 /// Inserts `tasks` in one statement on the caller's connection (and so in

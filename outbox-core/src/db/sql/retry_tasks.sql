@@ -1,5 +1,7 @@
 -- Operator retry: FAILED tasks (dead, or waiting for their next attempt)
--- become claimable now with a fresh attempt budget. $1 ids (null = every
+-- become claimable now with a fresh attempt budget. A unique task whose key
+-- another live task holds meanwhile is left dead (retrying it would be the
+-- duplicate its uniqueness forbids). $1 ids (null = every
 -- dead task), $2 task type filter for the dead-task form (null = any).
 UPDATE outbox_tasks
 SET state = 'pending',
@@ -11,4 +13,9 @@ SET state = 'pending',
 WHERE state = 'failed'
   AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
        OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+  AND (unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM outbox_tasks AS holder
+        WHERE holder.unique_key = outbox_tasks.unique_key
+          AND holder.id <> outbox_tasks.id
+          AND outbox_unique_covers(holder.unique_states, holder.state, holder.dead_at IS NOT NULL)))
 RETURNING id
