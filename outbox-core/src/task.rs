@@ -24,6 +24,11 @@ pub trait Task: Serialize + DeserializeOwned + Send + 'static {
     /// The retry table: the delay after the 1st, 2nd, ... failure. Its length
     /// is the maximum number of attempts.
     const RETRY_DELAYS: &'static [Duration] = DEFAULT_RETRY_DELAYS;
+    /// How long one attempt may run: at the timeout the handler's
+    /// cancellation token fires and the attempt fails with "timed out after
+    /// ..." (then the retry table applies). A handler that ignores its token
+    /// is aborted after the worker's `cancel_grace`. `None`: no limit.
+    const TIMEOUT: Option<Duration> = None;
 
     /// What makes this task unique, if anything (`#[outbox_task(unique_by
     /// = [...])]`); a submit's [`crate::TaskOptions::unique`] replaces it.

@@ -19,6 +19,12 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 &[#(::outbox::__private::Duration::from_millis(#ms)),*];
         }
     });
+    let timeout = task.timeout_ms.map(|ms| {
+        quote! {
+            const TIMEOUT: ::core::option::Option<::outbox::__private::Duration> =
+                ::core::option::Option::Some(::outbox::__private::Duration::from_millis(#ms));
+        }
+    });
     let unique = task.unique.as_ref().map(|u| {
         let fields = &u.fields;
         let period = match u.period_ms {
@@ -41,6 +47,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
             #queue
             #priority
             #delays
+            #timeout
             #unique
         }
 

@@ -10,7 +10,7 @@ use syn::{Expr, ExprArray, ExprLit, Ident, Item, Lit, LitStr, Meta, Token};
 use crate::duration::parse_millis;
 
 const OPTIONS: &str =
-    "task_type, queue, priority, retry_delays, unique_by, unique_period, unique_states";
+    "task_type, queue, priority, retry_delays, timeout, unique_by, unique_period, unique_states";
 
 /// A checked task declaration.
 pub(crate) struct TaskDecl {
@@ -19,6 +19,7 @@ pub(crate) struct TaskDecl {
     pub(crate) queue: Option<String>,
     pub(crate) priority: Option<i16>,
     pub(crate) retry_delays_ms: Option<Vec<u64>>,
+    pub(crate) timeout_ms: Option<u64>,
     /// Set when the type is unique.
     pub(crate) unique: Option<UniqueDecl>,
 }
@@ -39,6 +40,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
     let mut queue = None;
     let mut priority = None;
     let mut retry_delays_ms = None;
+    let mut timeout_ms = None;
     let mut unique_by: Option<Vec<Ident>> = None;
     let mut unique_period = None;
     let mut unique_states = None;
@@ -67,6 +69,16 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             }
             "priority" => set_once(&mut priority, priority_value(&nv.value)?, &meta)?,
             "retry_delays" => set_once(&mut retry_delays_ms, delays(&nv.value)?, &meta)?,
+            "timeout" => {
+                let lit = string(&nv.value, "timeout")?;
+                let ms = parse_millis(&lit.value()).map_err(|m| {
+                    syn::Error::new(lit.span(), format!("bad timeout {:?}: {m}", lit.value()))
+                })?;
+                if ms == 0 {
+                    return Err(syn::Error::new(lit.span(), "`timeout` must be above zero"));
+                }
+                set_once(&mut timeout_ms, ms, &meta)?;
+            }
             "unique_by" => set_once(&mut unique_by, unique_fields(&nv.value, &fields)?, &meta)?,
             "unique_period" => {
                 let lit = string(&nv.value, "unique_period")?;
@@ -116,6 +128,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
         queue,
         priority,
         retry_delays_ms,
+        timeout_ms,
         unique,
     })
 }

@@ -8,4 +8,5 @@ mod poison;
 mod startup;
 mod submit;
 mod testing_helpers;
+mod timeouts;
 mod unique;

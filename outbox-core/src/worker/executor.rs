@@ -96,13 +96,14 @@ async fn run_handler(
             shared.handlers.known_types()
         )));
     };
+    let cancel = shared.handler_cancel.child_token();
     let ctx = TaskContext {
         id: TaskId(task.id),
         task_type,
         queue: Arc::from(task.queue.as_str()),
         attempt,
         max_attempts: task.max_attempts,
-        cancel: shared.handler_cancel.child_token(),
+        cancel: cancel.clone(),
         pool: shared.pool.clone(),
     };
     let future = match entry.handler.start(ctx, &task.payload) {
@@ -117,11 +118,30 @@ async fn run_handler(
     };
     // Its own tokio task, so a panic fails this attempt instead of the
     // worker, and shutdown can abort it.
-    let handle = tokio::spawn(future.instrument(tracing::Span::current()));
+    let mut handle = tokio::spawn(future.instrument(tracing::Span::current()));
     shared
         .holdings
         .running(task.id, &task.token, handle.abort_handle());
-    match handle.await {
+    let joined = match entry.timeout {
+        None => handle.await,
+        Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                // Out of time: ask the handler to stop, give it the cancel
+                // grace, then abort it. Whatever it returns now, the
+                // attempt timed out.
+                cancel.cancel();
+                if tokio::time::timeout(shared.config.cancel_grace, &mut handle)
+                    .await
+                    .is_err()
+                {
+                    handle.abort();
+                }
+                return Some(Err(format!("timed out after {}", short_duration(limit))));
+            }
+        },
+    };
+    match joined {
         Ok(Ok(outcome)) => Some(Ok(outcome)),
         Ok(Err(error)) => Some(Err(error.message().to_owned())),
         Err(e) if e.is_cancelled() => None,
@@ -129,6 +149,15 @@ async fn run_handler(
             "handler panicked: {}",
             panic_message(&*e.into_panic())
         ))),
+    }
+}
+
+/// `30s`, `1500ms`: how a timeout was declared.
+fn short_duration(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
     }
 }
 

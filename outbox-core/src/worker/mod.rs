@@ -91,6 +91,7 @@ impl WorkerBuilder {
             HandlerEntry {
                 handler: Arc::new(TypedHandler::<T, _>::new(handler)),
                 retry_delays: T::RETRY_DELAYS,
+                timeout: T::TIMEOUT,
                 queue: T::QUEUE,
                 rust_type: std::any::type_name::<T>(),
             },

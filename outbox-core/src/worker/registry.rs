@@ -14,6 +14,8 @@ use crate::task::{RegisteredTask, find_registered};
 pub(crate) struct HandlerEntry {
     pub(crate) handler: Arc<dyn ErasedHandler>,
     pub(crate) retry_delays: &'static [Duration],
+    /// How long one attempt may run (`#[outbox_task(timeout = ..)]`).
+    pub(crate) timeout: Option<Duration>,
     pub(crate) queue: &'static str,
     pub(crate) rust_type: &'static str,
 }

@@ -17,4 +17,8 @@ struct NoAttempts {}
 #[outbox_task(task_type = "has spaces")]
 struct BadName {}
 
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.e", timeout = "0s")]
+struct NoTime {}
+
 fn main() {}
