@@ -39,6 +39,15 @@ pub enum Error {
     #[error("the worker cannot start:\n{0}")]
     Startup(StartupProblems),
 
+    /// A task's stored result does not decode into the type asked for.
+    #[error("the result of task {id} does not decode into the type asked for: {reason}")]
+    ResultDecode {
+        /// The task.
+        id: crate::TaskId,
+        /// What serde said, and the stored JSON.
+        reason: String,
+    },
+
     /// The database schema is older or newer than this build expects.
     #[error("migration error: {0}")]
     Migration(String),

@@ -35,12 +35,44 @@ pub type HandlerResult = Result<Outcome, HandlerError>;
 pub enum Outcome {
     /// Done: the task is COMPLETED.
     Success,
+    /// Done, with a result stored on the task (read it back with
+    /// [`crate::result`]). Build it with [`Outcome::success_with`], which
+    /// checks the size.
+    SuccessWith(serde_json::Value),
     /// Run again after this delay without counting an attempt (for "not
     /// yet", such as a rate limit or a resource that is not ready).
     RetryAfter(Duration),
     /// Stop: the task is dead now (FAILED, no further attempts), with this
     /// reason as its last error.
     GiveUp(String),
+}
+
+/// The largest result a task keeps, as JSON text.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+impl Outcome {
+    /// Success with `result` stored on the task as JSON. An error (a result
+    /// that does not serialise, is larger than [`MAX_RESULT_BYTES`], or
+    /// holds U+0000, which PostgreSQL's jsonb cannot) is meant for `?`: the
+    /// attempt fails with the reason, so it shows up in development.
+    pub fn success_with<R: serde::Serialize + ?Sized>(result: &R) -> Result<Self, HandlerError> {
+        let text = serde_json::to_string(result)
+            .map_err(|e| HandlerError::msg(format!("the task's result does not serialise: {e}")))?;
+        if text.len() > MAX_RESULT_BYTES {
+            return Err(HandlerError::msg(format!(
+                "the task's result is {} bytes of JSON; the most a task keeps is {MAX_RESULT_BYTES}: store large results elsewhere and return a reference",
+                text.len()
+            )));
+        }
+        if crate::submit::contains_nul_escape(&text) {
+            return Err(HandlerError::msg(
+                "the task's result contains U+0000, which PostgreSQL's jsonb cannot hold",
+            ));
+        }
+        let value = serde_json::from_str(&text)
+            .map_err(|e| HandlerError::msg(format!("the task's result does not serialise: {e}")))?;
+        Ok(Outcome::SuccessWith(value))
+    }
 }
 
 /// A failed attempt. Any error converts into it with `?`; its message and

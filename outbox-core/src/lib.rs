@@ -56,6 +56,7 @@ mod records;
 pub mod retry;
 mod submit;
 mod task;
+mod task_result;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wakeup;
@@ -71,7 +72,9 @@ pub use clock::Clock;
 pub use db::classify::is_transient;
 pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};
 pub use error::{Error, Result, StartupProblems};
-pub use handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler};
+pub use handler::{
+    HandlerError, HandlerResult, MAX_RESULT_BYTES, Outcome, TaskContext, TaskHandler,
+};
 pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, schema_status,
 };
@@ -79,6 +82,7 @@ pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOpt
 pub use outbox_macros::outbox_task;
 pub use submit::{Batch, Submitted, submit, submit_batch, submit_detailed, submit_with};
 pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
+pub use task_result::result;
 pub use wakeup::NOTIFY_DEBOUNCE;
 pub use worker::{
     CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_LEASE, MAX_CONCURRENCY, TaskEvent,

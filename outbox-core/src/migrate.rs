@@ -49,6 +49,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0004_unique_tasks.up.sql"),
         down: include_str!("../../migrations/0004_unique_tasks.down.sql"),
     },
+    Migration {
+        version: 5,
+        name: "results",
+        up: include_str!("../../migrations/0005_results.up.sql"),
+        down: include_str!("../../migrations/0005_results.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -44,6 +44,8 @@ pub struct TaskRecord {
     /// Its unique key (`task_type:key`, with `:period` for a per-period
     /// uniqueness), if it is unique.
     pub unique_key: Option<String>,
+    /// What its handler returned ([`crate::Outcome::success_with`]).
+    pub result: Option<serde_json::Value>,
     /// The payload.
     pub payload: serde_json::Value,
 }

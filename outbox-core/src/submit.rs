@@ -100,7 +100,7 @@ where
 
 /// True when JSON text `json` holds the escape `\u0000` (an encoded NUL),
 /// not merely an escaped backslash followed by `u0000`.
-fn contains_nul_escape(json: &str) -> bool {
+pub(crate) fn contains_nul_escape(json: &str) -> bool {
     let bytes = json.as_bytes();
     let mut from = 0;
     while let Some(found) = json[from..].find("u0000") {

@@ -313,6 +313,12 @@ fn print_task(t: &TaskRecord) {
     println!("heartbeat at  {}", time(t.heartbeat_at));
     println!("last error    {}", t.last_error.as_deref().unwrap_or("-"));
     println!("unique key    {}", t.unique_key.as_deref().unwrap_or("-"));
+    if let Some(result) = &t.result {
+        println!(
+            "result        {}",
+            serde_json::to_string_pretty(result).unwrap_or_default()
+        );
+    }
     println!(
         "payload       {}",
         serde_json::to_string_pretty(&t.payload).unwrap_or_default()

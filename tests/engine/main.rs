@@ -5,6 +5,7 @@ mod dispatch;
 mod failures;
 mod migrations;
 mod poison;
+mod results;
 mod startup;
 mod submit;
 mod testing_helpers;

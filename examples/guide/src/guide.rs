@@ -50,6 +50,27 @@ impl Reports {
     }
 }
 
+/// A report's result.
+#[derive(Serialize, Deserialize)]
+pub struct ReportReady {
+    /// Rows in the report.
+    pub rows: u64,
+    /// Where it is.
+    pub url: String,
+}
+
+async fn finish_report(rows: u64, url: String) -> HandlerResult {
+    Outcome::success_with(&ReportReady { rows, url })   // an oversized result fails the attempt
+}
+
+/// Reading a result back.
+pub async fn read_result(pool: PgPool, id: outbox::TaskId) -> Result<(), Box<dyn Error>> {
+// Elsewhere, by task id (None until the task completed):
+let ready: Option<ReportReady> = outbox::result(&mut *pool.acquire().await?, id).await?;
+    let _ = ready;
+    Ok(())
+}
+
 // Section 3: submitting.
 
 /// An order, as the application stores it.

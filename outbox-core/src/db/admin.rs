@@ -28,6 +28,9 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
         heartbeat_at: r.try_get("heartbeat_at")?,
         last_error: r.try_get("last_error")?,
         unique_key: r.try_get("unique_key")?,
+        result: r
+            .try_get::<Option<String>, _>("result")?
+            .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))),
         payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
     })
 }

@@ -157,6 +157,8 @@ pub(crate) struct Finish {
     pub(crate) delay_us: i64,
     pub(crate) dead: bool,
     pub(crate) error: Option<String>,
+    /// A handler's result, as JSON text.
+    pub(crate) result: Option<String>,
 }
 
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
@@ -202,6 +204,12 @@ pub(crate) async fn finish_tasks(
         .bind(batch.iter().map(|f| f.dead).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.error.as_deref()).collect::<Vec<_>>())
         .bind(now)
+        .bind(
+            batch
+                .iter()
+                .map(|f| f.result.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(conn)
         .await?;
     rows.iter().map(|r| r.try_get("id")).collect()

@@ -93,7 +93,9 @@ impl Writer {
         let (successes, others): (Vec<&Finish>, Vec<&Finish>) = batch
             .iter()
             .map(|d| &d.finish)
-            .partition(|f| f.state == NextState::Completed);
+            // Successes with a result go through the general statement,
+            // which stores it.
+            .partition(|f| f.state == NextState::Completed && f.result.is_none());
         let mut written = Written::default();
         for part in [successes, others] {
             if !part.is_empty() {
@@ -189,7 +191,10 @@ impl Writer {
         shared.counters.finished(part.len());
         let now = config.clock.now();
         call(&shared.engine, shared.deadline, "outcome", async |conn| {
-            if part.iter().all(|f| f.state == NextState::Completed) {
+            if part
+                .iter()
+                .all(|f| f.state == NextState::Completed && f.result.is_none())
+            {
                 db::complete_tasks(conn, part, config.delete_completed, now).await
             } else {
                 db::finish_tasks(conn, part, now).await

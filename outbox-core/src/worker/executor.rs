@@ -183,8 +183,11 @@ fn outcome_to_finish(
         delay_us: 0,
         dead: false,
         error: None,
+        result: None,
     };
-    if shared.handler_cancel.is_cancelled() && !matches!(result, Ok(Outcome::Success)) {
+    if shared.handler_cancel.is_cancelled()
+        && !matches!(result, Ok(Outcome::Success | Outcome::SuccessWith(_)))
+    {
         // The handler stopped because shutdown cancelled it, not because
         // the task failed: put it back without counting an attempt.
         let finish = Finish {
@@ -195,6 +198,13 @@ fn outcome_to_finish(
     }
     match result {
         Ok(Outcome::Success) => (base, TaskEventKind::Completed),
+        Ok(Outcome::SuccessWith(value)) => (
+            Finish {
+                result: Some(value.to_string()),
+                ..base
+            },
+            TaskEventKind::Completed,
+        ),
         Ok(Outcome::RetryAfter(delay)) => (
             Finish {
                 state: NextState::Pending,

@@ -171,6 +171,10 @@ pub(crate) async fn task(
             return Err(Refusal::new(StatusCode::NOT_FOUND, format!("no task {id}")));
         };
         let payload = serde_json::to_string_pretty(&t.payload).unwrap_or_default();
+        let result = t
+            .result
+            .as_ref()
+            .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
         let can_retry = matches!(t.state.as_str(), "failed" | "dead");
         let can_cancel = matches!(t.state.as_str(), "pending" | "failed");
         Ok(render(
@@ -181,6 +185,7 @@ pub(crate) async fn task(
                 read_only: d.config.read_only,
                 t,
                 payload,
+                result,
                 can_retry,
                 can_cancel,
             },

@@ -257,6 +257,7 @@ pub(crate) struct TaskPage<'a> {
     pub(crate) read_only: bool,
     pub(crate) t: TaskRecord,
     pub(crate) payload: String,
+    pub(crate) result: Option<String>,
     pub(crate) can_retry: bool,
     pub(crate) can_cancel: bool,
 }

@@ -7,7 +7,7 @@
 -- text[] ('completed', 'failed' or 'pending'), $5 add to retry_count int[],
 -- $6 delay before the next attempt in microseconds bigint[], $7 dead
 -- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
--- clock (tests).
+-- clock (tests). $10 result text[] (JSON; null keeps none).
 UPDATE outbox_tasks AS t
 SET state = o.state::outbox_task_state,
     retry_count = t.retry_count + o.add_retry,
@@ -15,13 +15,14 @@ SET state = o.state::outbox_task_state,
                       ELSE coalesce($9::timestamptz, now()) + o.delay_us * interval '1 microsecond' END,
     dead_at = CASE WHEN o.dead THEN coalesce($9::timestamptz, now()) END,
     last_error = coalesce(o.error, t.last_error),
+    result = o.result::jsonb,
     finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE coalesce($9::timestamptz, now()) END,
     claimed_by = NULL,
     heartbeat_at = NULL,
     updated_at = coalesce($9::timestamptz, now())
 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[],
-            $7::bool[], $8::text[])
-     AS o(id, claims, token, state, add_retry, delay_us, dead, error)
+            $7::bool[], $8::text[], $10::text[])
+     AS o(id, claims, token, state, add_retry, delay_us, dead, error, result)
 WHERE t.id = o.id
   AND t.claims = o.claims
   -- The claim token is unique to the claim statement (only PROCESSING rows
