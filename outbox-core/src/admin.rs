@@ -62,9 +62,13 @@ pub async fn retry_dead(pool: &PgPool, task_type: Option<&str>) -> Result<Vec<Ta
         .collect())
 }
 
-/// Cancels tasks that are not running (PENDING, or FAILED and waiting to
-/// retry): they become dead with the error "cancelled by an operator".
-/// Returns the ids that were cancelled.
+/// Cancels tasks: those not running (PENDING, or FAILED and waiting to
+/// retry) become dead at once with the error "cancelled by an operator";
+/// running ones are marked and the worker holding each is told (NOTIFY on
+/// the control channel, with its heartbeat as the fallback), which fires
+/// that task's cancellation token; whatever the attempt returns afterwards,
+/// the task ends dead with the same error, never retried. Returns the ids
+/// cancelled or asked to cancel (finished and dead tasks are left alone).
 pub async fn cancel_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
     let ids = ids.iter().map(|id| id.0).collect();
     Ok(db::admin::cancel_tasks(pool, ids)

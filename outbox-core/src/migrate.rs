@@ -55,6 +55,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0005_results.up.sql"),
         down: include_str!("../../migrations/0005_results.down.sql"),
     },
+    Migration {
+        version: 6,
+        name: "cancel_running",
+        up: include_str!("../../migrations/0006_cancel_running.up.sql"),
+        down: include_str!("../../migrations/0006_cancel_running.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

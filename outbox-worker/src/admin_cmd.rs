@@ -23,7 +23,9 @@ pub(crate) enum TasksCommand {
     Show(ShowArgs),
     /// Make FAILED tasks claimable now with a fresh attempt budget.
     Retry(RetryArgs),
-    /// Cancel tasks that are not running (they become dead).
+    /// Cancel tasks: waiting ones become dead at once; running ones are
+    /// stopped (their worker fires the task's cancellation token) and end
+    /// dead, never retried.
     Cancel(CancelArgs),
 }
 
@@ -350,7 +352,7 @@ async fn cancel(args: CancelArgs) -> Result<(), Failure> {
         "cancelled",
         &wanted,
         &done,
-        "running, finished, already dead, or no such task",
+        "finished, already dead, already being cancelled, or no such task",
     )
 }
 

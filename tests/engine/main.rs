@@ -1,5 +1,6 @@
 //! End-to-end tests of the core engine against a real PostgreSQL.
 
+mod cancel;
 mod crash_safety;
 mod dispatch;
 mod failures;

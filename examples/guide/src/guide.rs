@@ -36,7 +36,7 @@ struct Reports { pool: sqlx::PgPool, storage: MyStorageClient }
 impl TaskHandler<GenerateReport> for Reports {
     async fn handle(&self, ctx: TaskContext, task: GenerateReport) -> HandlerResult {
         // ctx.id(), ctx.attempt(), ctx.max_attempts(), ctx.task_type(),
-        // ctx.cancellation() (fires at shutdown), ctx.pool()
+        // ctx.cancellation() (fires at shutdown, timeout, cancel), ctx.pool()
         let _ = (ctx.id(), &self.storage);
         build_report(&self.pool, task.from, task.to).await?;   // any error: retry
         Ok(Outcome::Success)

@@ -16,6 +16,9 @@ use sqlx::{PgConnection, Row};
 /// queue name.
 pub(crate) const NOTIFY_CHANNEL: &str = "outbox_tasks";
 
+/// The channel operators' requests to workers go on: `cancel:<task id>`.
+pub(crate) const CONTROL_CHANNEL: &str = "outbox_control";
+
 /// One row to insert, already validated and serialised.
 #[derive(Debug)]
 pub(crate) struct NewTask {
@@ -234,20 +237,26 @@ pub(crate) async fn fail_unwritable(
 }
 
 /// Bumps heartbeat_at of `ids` still held under one of `tokens`; returns
-/// the count.
+/// those an operator asked to cancel.
 pub(crate) async fn heartbeat(
     conn: &mut PgConnection,
     ids: &[i64],
     tokens: &[Arc<str>],
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<u64> {
-    let done = sqlx::query(include_str!("sql/heartbeat.sql"))
+) -> sqlx::Result<Vec<i64>> {
+    let rows = sqlx::query(include_str!("sql/heartbeat.sql"))
         .bind(ids)
         .bind(tokens.iter().map(|t| &**t).collect::<Vec<_>>())
         .bind(now)
-        .execute(conn)
+        .fetch_all(conn)
         .await?;
-    Ok(done.rows_affected())
+    let mut cancel = Vec::new();
+    for r in &rows {
+        if r.try_get::<bool, _>("cancel")? {
+            cancel.push(r.try_get("id")?);
+        }
+    }
+    Ok(cancel)
 }
 
 /// Puts every task still held under one of `tokens` back to PENDING without

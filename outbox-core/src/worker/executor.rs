@@ -59,6 +59,12 @@ pub(crate) async fn execute(
             // released with the rest.
             return;
         };
+        // An operator's cancel wins over whatever the handler said.
+        let result = if shared.holdings.cancel_requested(task.id) {
+            Ok(Outcome::GiveUp(CANCELLED.to_owned()))
+        } else {
+            result
+        };
         let (finish, kind) = outcome_to_finish(&shared, &task, result);
         match kind {
             TaskEventKind::Completed => tracing::debug!("task completed"),
@@ -121,7 +127,7 @@ async fn run_handler(
     let mut handle = tokio::spawn(future.instrument(tracing::Span::current()));
     shared
         .holdings
-        .running(task.id, &task.token, handle.abort_handle());
+        .running(task.id, &task.token, handle.abort_handle(), cancel.clone());
     let joined = match entry.timeout {
         None => handle.await,
         Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
@@ -246,6 +252,10 @@ fn outcome_to_finish(
         }
     }
 }
+
+/// The last error of a task an operator cancelled (the database writes the
+/// same when it finds the request first).
+const CANCELLED: &str = "cancelled by an operator";
 
 /// Longest error message kept on a row.
 const MAX_ERROR_BYTES: usize = 16 * 1024;

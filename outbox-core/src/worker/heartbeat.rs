@@ -3,6 +3,9 @@
 //! tasks whose handler has returned but whose outcome is still waiting to
 //! be written (the database may be away): they are still this worker's,
 //! and recovery must not hand them to another worker meanwhile.
+//!
+//! Its answer also names held tasks an operator asked to cancel: the
+//! fallback when the cancel's NOTIFY did not reach this worker.
 
 use std::sync::Arc;
 
@@ -33,7 +36,18 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             () = stop.cancelled() => return,
         };
         match result {
-            Ok(_) => outage.ok(),
+            Ok(cancel) => {
+                outage.ok();
+                // The fallback for a cancel whose NOTIFY this worker missed.
+                for id in cancel {
+                    if shared.holdings.request_cancel(id) {
+                        tracing::info!(
+                            task_id = id,
+                            "cancel requested by an operator (seen by the heartbeat)"
+                        );
+                    }
+                }
+            }
             // The next interval tries again; recovery only steps in after
             // the (much longer) heartbeat timeout.
             Err(error) => {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::db::ClaimedTask;
 
@@ -24,6 +25,10 @@ struct Inner {
     /// Claims that failed in a way that leaves their fate unknown: they may
     /// have committed without us seeing it.
     lost: HashSet<Arc<str>>,
+    /// The cancellation tokens of running handlers, by task id.
+    tokens: HashMap<i64, CancellationToken>,
+    /// Held tasks an operator asked to cancel.
+    cancel_requested: HashSet<i64>,
 }
 
 /// Shared between the producers, executor, completer and heartbeat.
@@ -98,24 +103,62 @@ impl Holdings {
         }
     }
 
-    /// The handler of an attempt started; shutdown may abort it.
-    pub(crate) fn running(&self, id: i64, token: &Arc<str>, abort: AbortHandle) {
-        if let Some(a) = self.lock().attempts.get_mut(&(id, Arc::clone(token))) {
+    /// The handler of an attempt started; shutdown may abort it, and an
+    /// operator's cancel fires `cancel`.
+    pub(crate) fn running(
+        &self,
+        id: i64,
+        token: &Arc<str>,
+        abort: AbortHandle,
+        cancel: CancellationToken,
+    ) {
+        let mut inner = self.lock();
+        if let Some(a) = inner.attempts.get_mut(&(id, Arc::clone(token))) {
             *a = Some(abort);
+            if inner.cancel_requested.contains(&id) {
+                cancel.cancel();
+            }
+            inner.tokens.insert(id, cancel);
         }
     }
 
     /// The handler of an attempt returned; its outcome is on its way.
     pub(crate) fn ran(&self, id: i64, token: &Arc<str>) {
-        if let Some(a) = self.lock().attempts.get_mut(&(id, Arc::clone(token))) {
+        let mut inner = self.lock();
+        if let Some(a) = inner.attempts.get_mut(&(id, Arc::clone(token))) {
             *a = None;
         }
+        inner.tokens.remove(&id);
+    }
+
+    /// An operator asked to cancel task `id`: if this worker holds it, its
+    /// handler's token fires and its outcome will be "cancelled". Returns
+    /// whether the task is held here.
+    pub(crate) fn request_cancel(&self, id: i64) -> bool {
+        let mut inner = self.lock();
+        if !inner.attempts.keys().any(|(held, _)| *held == id) {
+            return false;
+        }
+        inner.cancel_requested.insert(id);
+        if let Some(token) = inner.tokens.get(&id) {
+            token.cancel();
+        }
+        true
+    }
+
+    /// Whether an operator asked to cancel task `id`.
+    pub(crate) fn cancel_requested(&self, id: i64) -> bool {
+        self.lock().cancel_requested.contains(&id)
     }
 
     /// The attempt's outcome was written (or fenced out, or given up): the
     /// worker no longer holds the task.
     pub(crate) fn done(&self, id: i64, token: &Arc<str>) {
-        self.lock().attempts.remove(&(id, Arc::clone(token)));
+        let mut inner = self.lock();
+        inner.attempts.remove(&(id, Arc::clone(token)));
+        if !inner.attempts.keys().any(|(held, _)| *held == id) {
+            inner.cancel_requested.remove(&id);
+        }
     }
 
     /// Held attempts: task ids and the distinct claim tokens, for the

@@ -1,4 +1,5 @@
-//! LISTENs for the NOTIFY that submit sends at commit and wakes the
+//! LISTENs for the NOTIFY that submit sends at commit (and for operators'
+//! cancels of running tasks, on the control channel) and wakes the
 //! producer of the named queue. A lost connection is re-established, and
 //! every producer is woken then, since notifications sent meanwhile are lost
 //! (the fallback poll would find those tasks too, only later).
@@ -17,7 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::outage::Outage;
 use super::wake::{QueueWaker, Wakers};
-use crate::db::NOTIFY_CHANNEL;
+use crate::db::{CONTROL_CHANNEL, NOTIFY_CHANNEL};
+
+/// What the listener does with an operator's cancel of a task.
+pub(crate) type OnCancel = Arc<dyn Fn(i64) + Send + Sync>;
 use crate::db::classify::deadline_exceeded;
 use crate::db::session::listener_pool;
 
@@ -26,13 +30,14 @@ pub(crate) async fn run(
     deadline: Duration,
     ping_every: Duration,
     wakers: Wakers,
+    on_cancel: OnCancel,
     stop: CancellationToken,
 ) {
     let wake_all = || wakers.values().for_each(|w| w.notify_one());
     let mut outage = Outage::new("listener");
     loop {
         let error = tokio::select! {
-            e = listen(&options, deadline, ping_every, &wakers, &mut outage) => e,
+            e = listen(&options, deadline, ping_every, &wakers, &on_cancel, &mut outage) => e,
             () = stop.cancelled() => return,
         };
         // Whatever was notified while we were away is found by this wake-up.
@@ -52,6 +57,7 @@ async fn listen(
     deadline: Duration,
     ping_every: Duration,
     wakers: &HashMap<String, Arc<QueueWaker>>,
+    on_cancel: &OnCancel,
     outage: &mut Outage,
 ) -> sqlx::Error {
     // A pool of its own per connection: dropping it (and the listener)
@@ -59,7 +65,9 @@ async fn listen(
     let pool = listener_pool(options, deadline);
     let connected = tokio::time::timeout(deadline, async {
         let mut listener = PgListener::connect_with(&pool).await?;
-        listener.listen(NOTIFY_CHANNEL).await?;
+        listener
+            .listen_all([NOTIFY_CHANNEL, CONTROL_CHANNEL])
+            .await?;
         Ok::<_, sqlx::Error>(listener)
     })
     .await;
@@ -77,7 +85,15 @@ async fn listen(
     loop {
         match tokio::time::timeout(ping_every, listener.try_recv()).await {
             Ok(Ok(Some(notification))) => {
-                if let Some(waker) = wakers.get(notification.payload()) {
+                if notification.channel() == CONTROL_CHANNEL {
+                    if let Some(id) = notification
+                        .payload()
+                        .strip_prefix("cancel:")
+                        .and_then(|id| id.parse().ok())
+                    {
+                        on_cancel(id);
+                    }
+                } else if let Some(waker) = wakers.get(notification.payload()) {
                     waker.notify_one();
                 }
             }

@@ -273,11 +273,18 @@ impl Worker {
 
         let stop_claiming = shutdown.child_token();
         let listener = shared.config.listen.then(|| {
+            let held = Arc::clone(&shared);
+            let on_cancel: listener::OnCancel = Arc::new(move |id| {
+                if held.holdings.request_cancel(id) {
+                    tracing::info!(task_id = id, "cancel requested by an operator");
+                }
+            });
             tokio::spawn(listener::run(
                 listen_options,
                 shared.deadline,
                 shared.config.keepalive / 2,
                 Arc::clone(&wakers),
+                on_cancel,
                 stop_claiming.clone(),
             ))
         });

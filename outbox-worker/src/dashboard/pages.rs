@@ -176,7 +176,7 @@ pub(crate) async fn task(
             .as_ref()
             .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
         let can_retry = matches!(t.state.as_str(), "failed" | "dead");
-        let can_cancel = matches!(t.state.as_str(), "pending" | "failed");
+        let can_cancel = matches!(t.state.as_str(), "pending" | "failed" | "processing");
         Ok(render(
             StatusCode::OK,
             &TaskPage {

@@ -1,13 +1,33 @@
--- Operator cancel of tasks that are not running: they become dead (FAILED,
--- never claimed again, kept for the record). Running, finished and already
--- dead tasks are left alone. $1 ids.
-UPDATE outbox_tasks
-SET state = 'failed',
-    dead_at = now(),
-    finished_at = now(),
-    last_error = 'cancelled by an operator',
-    updated_at = now()
-WHERE id = ANY($1::bigint[])
-  AND state IN ('pending', 'failed')
-  AND dead_at IS NULL
-RETURNING id
+-- Operator cancel. Tasks that are not running (PENDING, or FAILED and
+-- waiting to retry) become dead at once (FAILED, never claimed again, kept
+-- for the record). Running (PROCESSING) tasks are marked, and the worker
+-- holding each is told on the control channel; whatever their attempt
+-- writes afterwards, they end dead. Finished and already dead tasks are
+-- left alone. $1 ids. Returns the ids cancelled or asked to cancel.
+WITH waiting AS (
+    UPDATE outbox_tasks
+    SET state = 'failed',
+        dead_at = now(),
+        finished_at = now(),
+        last_error = 'cancelled by an operator',
+        updated_at = now()
+    WHERE id = ANY($1::bigint[])
+      AND state IN ('pending', 'failed')
+      AND dead_at IS NULL
+    RETURNING id
+),
+running AS (
+    UPDATE outbox_tasks
+    SET cancel_requested_at = now(),
+        updated_at = now()
+    WHERE id = ANY($1::bigint[])
+      AND state = 'processing'
+      AND cancel_requested_at IS NULL
+    RETURNING id
+),
+told AS (
+    SELECT pg_notify('outbox_control', 'cancel:' || id) FROM running
+)
+SELECT id FROM waiting
+UNION ALL
+SELECT id FROM running WHERE (SELECT count(*) FROM told) >= 0

@@ -3,7 +3,11 @@
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
 -- override (tests).
 UPDATE outbox_tasks AS t
-SET state = 'completed',
+SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'completed' END::outbox_task_state,
+    -- An operator asked to cancel it: it ends dead, whatever it returned.
+    dead_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN coalesce($4::timestamptz, now()) END,
+    last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                      ELSE t.last_error END,
     finished_at = coalesce($4::timestamptz, now()),
     claimed_by = NULL,
     heartbeat_at = NULL,

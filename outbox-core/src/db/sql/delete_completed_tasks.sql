@@ -1,14 +1,38 @@
 -- TX2 fast path with a retention of zero: successful tasks are deleted at
 -- once instead of being kept as COMPLETED history. Fenced like
--- finish_tasks.sql. $1 id bigint[], $2 claims int[], $3 claim token
--- text[].
-DELETE FROM outbox_tasks AS t
-USING unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
-WHERE t.id = o.id
-  AND t.claims = o.claims
-  -- The claim token is unique to the claim statement (only PROCESSING rows
-  -- have one: a CHECK constraint says so). Testing claimed_by rather than
-  -- state keeps the planner from walking outbox_tasks_processing_idx and
-  -- re-scanning the batch for every row.
-  AND t.claimed_by = o.token
-RETURNING t.id
+-- finish_tasks.sql. A task an operator asked to cancel is kept, dead, as
+-- the record of the cancel. $1 id bigint[], $2 claims int[], $3 claim
+-- token text[].
+WITH batch AS (
+    SELECT t.id, t.cancel_requested_at IS NOT NULL AS cancelled
+    FROM outbox_tasks AS t
+    JOIN unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
+      ON t.id = o.id
+    WHERE t.claims = o.claims
+      -- The claim token is unique to the claim statement (only PROCESSING
+      -- rows have one: a CHECK constraint says so).
+      AND t.claimed_by = o.token
+    FOR UPDATE OF t
+),
+gone AS (
+    DELETE FROM outbox_tasks AS t
+    USING batch
+    WHERE t.id = batch.id AND NOT batch.cancelled
+    RETURNING t.id
+),
+cancelled AS (
+    UPDATE outbox_tasks AS t
+    SET state = 'failed',
+        dead_at = now(),
+        finished_at = now(),
+        last_error = 'cancelled by an operator',
+        claimed_by = NULL,
+        heartbeat_at = NULL,
+        updated_at = now()
+    FROM batch
+    WHERE t.id = batch.id AND batch.cancelled
+    RETURNING t.id
+)
+SELECT id FROM gone
+UNION ALL
+SELECT id FROM cancelled

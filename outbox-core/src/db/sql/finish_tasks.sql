@@ -2,21 +2,25 @@
 -- Each outcome is fenced on the claim it belongs to: if the task was
 -- recovered and claimed again meanwhile (or the claim was lost in a server
 -- crash and the task claimed anew), claims or the claim token has moved on
--- and the stale outcome changes nothing.
+-- and the stale outcome changes nothing. A task an operator asked to cancel
+-- (cancel_requested_at) ends dead whatever the outcome says.
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 new state
 -- text[] ('completed', 'failed' or 'pending'), $5 add to retry_count int[],
 -- $6 delay before the next attempt in microseconds bigint[], $7 dead
 -- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
 -- clock (tests). $10 result text[] (JSON; null keeps none).
 UPDATE outbox_tasks AS t
-SET state = o.state::outbox_task_state,
+SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'failed'
+                 ELSE o.state::outbox_task_state END,
     retry_count = t.retry_count + o.add_retry,
-    execute_at = CASE WHEN o.state = 'completed' THEN t.execute_at
+    execute_at = CASE WHEN o.state = 'completed' OR t.cancel_requested_at IS NOT NULL THEN t.execute_at
                       ELSE coalesce($9::timestamptz, now()) + o.delay_us * interval '1 microsecond' END,
-    dead_at = CASE WHEN o.dead THEN coalesce($9::timestamptz, now()) END,
-    last_error = coalesce(o.error, t.last_error),
-    result = o.result::jsonb,
-    finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE coalesce($9::timestamptz, now()) END,
+    dead_at = CASE WHEN o.dead OR t.cancel_requested_at IS NOT NULL THEN coalesce($9::timestamptz, now()) END,
+    last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                      ELSE coalesce(o.error, t.last_error) END,
+    result = CASE WHEN t.cancel_requested_at IS NULL THEN o.result::jsonb END,
+    finished_at = CASE WHEN o.state = 'pending' AND t.cancel_requested_at IS NULL THEN NULL
+                       ELSE coalesce($9::timestamptz, now()) END,
     claimed_by = NULL,
     heartbeat_at = NULL,
     updated_at = coalesce($9::timestamptz, now())

@@ -21,10 +21,12 @@ WITH stuck AS (
 UPDATE outbox_tasks AS t
 SET state = 'failed',
     retry_count = t.retry_count + 1,
-    dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts THEN coalesce($3::timestamptz, now()) END,
+    dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts OR t.cancel_requested_at IS NOT NULL
+                   THEN coalesce($3::timestamptz, now()) END,
     execute_at = coalesce($3::timestamptz, now()),
-    last_error = 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
-                 || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never'),
+    last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                 ELSE 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
+                      || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never') END,
     finished_at = coalesce($3::timestamptz, now()),
     claimed_by = NULL,
     heartbeat_at = NULL,

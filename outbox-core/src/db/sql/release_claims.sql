@@ -5,7 +5,12 @@
 -- $1 claim tokens text[]. Reads only PROCESSING rows
 -- (outbox_tasks_processing_idx).
 UPDATE outbox_tasks
-SET state = 'pending',
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
+    -- An operator asked to cancel it: dead, not released.
+    dead_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+    last_error = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                      ELSE last_error END,
     claimed_by = NULL,
     heartbeat_at = NULL,
     execute_at = least(execute_at, now()),

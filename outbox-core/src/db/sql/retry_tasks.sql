@@ -7,6 +7,7 @@ UPDATE outbox_tasks
 SET state = 'pending',
     retry_count = 0,
     dead_at = NULL,
+    cancel_requested_at = NULL,
     finished_at = NULL,
     execute_at = now(),
     updated_at = now()

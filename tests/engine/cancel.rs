@@ -1,0 +1,162 @@
+//! Cancelling a running task: the worker holding it is told (NOTIFY, or its
+//! heartbeat without one), fires the task's token, and the task ends dead
+//! "cancelled by an operator", never retried, whatever the handler returns.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, TaskId, Worker, WorkerConfig,
+    admin, outbox_task,
+};
+use outbox_tests::process::wait_until;
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.cancel.long", queue = "cancel-tests")]
+struct Long {
+    /// Whether the handler watches its token.
+    polite: bool,
+}
+
+#[derive(Clone, Default)]
+struct Worked {
+    saw_token: Arc<AtomicBool>,
+}
+
+impl TaskHandler<Long> for Worked {
+    async fn handle(&self, ctx: TaskContext, task: Long) -> HandlerResult {
+        if task.polite {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(120)) => {}
+                () = ctx.cancellation().cancelled() => self.saw_token.store(true, Ordering::SeqCst),
+            }
+        } else {
+            // Ignores the token, then claims success.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+/// Runs one task until it is PROCESSING, cancels it, and waits for it to be
+/// dead; returns the row, whether the handler saw its token, and how long
+/// from the cancel call to the dead row.
+async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecord, bool, Duration) {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&mut *db.conn().await, Long { polite })
+        .await
+        .unwrap();
+    let worked = Worked::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config)
+            .handler::<Long>(worked.clone())
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'processing' FROM outbox_tasks WHERE id = {id}"),
+        Duration::from_secs(20),
+    )
+    .await;
+    let asked = Instant::now();
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &[id]).await.unwrap(),
+        vec![id]
+    );
+    worker
+        .wait_for(TaskEventKind::Dead, 1, Duration::from_secs(20))
+        .await;
+    let took = asked.elapsed();
+    worker.stop().await;
+    let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
+    (row, worked.saw_token.load(Ordering::SeqCst), took)
+}
+
+fn assert_cancelled(row: &admin::TaskRecord) {
+    assert_eq!(row.state, "dead", "{row:?}");
+    assert_eq!(row.last_error.as_deref(), Some("cancelled by an operator"));
+    assert!(row.claimed_by.is_none());
+}
+
+#[tokio::test]
+async fn a_running_task_is_cancelled_through_notify_and_never_retried() {
+    let (row, saw_token, took) = cancel_running(true, WorkerConfig::default()).await;
+    eprintln!("cancel with NOTIFY: {took:?} from the cancel call to the dead row");
+    assert_cancelled(&row);
+    assert!(saw_token, "the handler's token fired");
+    assert!(
+        took < Duration::from_secs(5),
+        "NOTIFY, not the 10 s heartbeat, delivered it: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_notify_the_heartbeat_delivers_the_cancel() {
+    let config = WorkerConfig {
+        listen: false,
+        heartbeat_interval: Duration::from_millis(300),
+        ..WorkerConfig::default()
+    };
+    let (row, saw_token, took) = cancel_running(true, config).await;
+    eprintln!("cancel through the heartbeat (interval 300 ms): {took:?}");
+    assert_cancelled(&row);
+    assert!(saw_token);
+}
+
+#[tokio::test]
+async fn a_handler_that_ignores_the_cancel_and_succeeds_still_ends_cancelled() {
+    let (row, saw_token, _) = cancel_running(false, WorkerConfig::default()).await;
+    assert_cancelled(&row);
+    assert!(!saw_token);
+}
+
+#[tokio::test]
+async fn a_cancel_the_worker_never_heard_of_is_applied_by_the_database() {
+    for delete_completed in [false, true] {
+        never_heard_of(delete_completed).await;
+    }
+}
+
+/// The worker is not told at all (no LISTEN, a heartbeat far away): the
+/// outcome it writes meets the request in the database, whether successes
+/// are kept or deleted at once.
+async fn never_heard_of(delete_completed: bool) {
+    let db = TestDb::migrated().await;
+    let id: TaskId = outbox::submit(&mut *db.conn().await, Long { polite: false })
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        listen: false,
+        heartbeat_interval: Duration::from_secs(60),
+        delete_completed,
+        ..WorkerConfig::default()
+    };
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config)
+            .handler::<Long>(Worked::default())
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'processing' FROM outbox_tasks WHERE id = {id}"),
+        Duration::from_secs(20),
+    )
+    .await;
+    admin::cancel_tasks(&db.pool, &[id]).await.unwrap();
+    worker
+        .wait_for(TaskEventKind::Completed, 1, Duration::from_secs(20))
+        .await;
+    worker.stop().await;
+    assert_cancelled(&admin::get_task(&db.pool, id).await.unwrap().unwrap());
+    // Retried by an operator, it runs again (the request is cleared).
+    assert_eq!(admin::retry_tasks(&db.pool, &[id]).await.unwrap(), vec![id]);
+    let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(row.state, "pending");
+}
