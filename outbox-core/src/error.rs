@@ -39,6 +39,14 @@ pub enum Error {
     #[error("the worker cannot start:\n{0}")]
     Startup(StartupProblems),
 
+    /// A handler's transactional completion found the task no longer held
+    /// by its attempt (recovered and claimed again, or cancelled): roll the
+    /// transaction back.
+    #[error(
+        "task {0} is no longer held by this attempt (recovered, claimed again or cancelled): roll the transaction back"
+    )]
+    NotHeld(crate::TaskId),
+
     /// A task's stored result does not decode into the type asked for.
     #[error("the result of task {id} does not decode into the type asked for: {reason}")]
     ResultDecode {

@@ -161,6 +161,12 @@ pub struct TaskContext {
     pub(crate) max_attempts: i32,
     pub(crate) cancel: CancellationToken,
     pub(crate) pool: PgPool,
+    /// The claim this attempt runs under: (claims, claim token), the fence
+    /// of [`TaskContext::complete_in`]. `None` outside a worker (tests).
+    pub(crate) claim: Option<(i32, Arc<str>)>,
+    /// Set once `complete_in` wrote the completion (in a transaction that
+    /// may still roll back).
+    pub(crate) completed_in: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TaskContext {
@@ -205,6 +211,72 @@ impl TaskContext {
     /// database.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Completes this task inside the handler's own transaction, so that
+    /// the handler's database effects and the task's completion commit
+    /// together (exactly once for database-side effects; tasks submitted in
+    /// `tx` commit with it, which chains tasks). Fenced like every outcome:
+    /// if this attempt no longer holds the task (it was recovered and
+    /// claimed again, or an operator cancelled it), it returns
+    /// [`crate::Error::NotHeld`] and the caller must roll back. After the
+    /// commit, whatever the handler returns leaves the row alone; if `tx`
+    /// rolls back instead, the handler's return value is written as usual.
+    ///
+    /// ```no_run
+    /// # use outbox::{HandlerResult, Outcome, TaskContext};
+    /// # async fn handle(ctx: TaskContext, order_id: i64) -> HandlerResult {
+    /// let mut tx = ctx.pool().begin().await?;
+    /// outbox::sqlx::query("UPDATE orders SET shipped = true WHERE id = $1")
+    ///     .bind(order_id)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// ctx.complete_in(&mut tx).await?;
+    /// tx.commit().await?;
+    /// Ok(Outcome::Success)
+    /// # }
+    /// ```
+    pub async fn complete_in(&self, conn: &mut sqlx::PgConnection) -> crate::Result<()> {
+        self.complete_in_with(conn, None).await
+    }
+
+    /// [`TaskContext::complete_in`] with a result stored on the task (see
+    /// [`Outcome::success_with`] for the limits).
+    pub async fn complete_in_with_result<R: serde::Serialize + ?Sized>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        result: &R,
+    ) -> crate::Result<()> {
+        let value = match Outcome::success_with(result) {
+            Ok(Outcome::SuccessWith(v)) => v,
+            Ok(_) => serde_json::Value::Null,
+            Err(e) => return Err(crate::Error::InvalidOption(e.message().to_owned())),
+        };
+        self.complete_in_with(conn, Some(value.to_string())).await
+    }
+
+    async fn complete_in_with(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        result: Option<String>,
+    ) -> crate::Result<()> {
+        let Some((claims, token)) = &self.claim else {
+            return Err(crate::Error::NotHeld(self.id));
+        };
+        let written: Option<i64> =
+            sqlx::query_scalar(include_str!("db/sql/complete_in_transaction.sql"))
+                .bind(self.id.0)
+                .bind(claims)
+                .bind(&**token)
+                .bind(result)
+                .fetch_optional(conn)
+                .await?;
+        if written.is_none() {
+            return Err(crate::Error::NotHeld(self.id));
+        }
+        self.completed_in
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 }
 

@@ -86,6 +86,8 @@ pub fn context<T: Task>(pool: &PgPool, id: TaskId, attempt: i32) -> TaskContext 
         max_attempts: crate::retry::max_attempts(T::RETRY_DELAYS),
         cancel: CancellationToken::new(),
         pool: pool.clone(),
+        claim: None,
+        completed_in: Arc::default(),
     }
 }
 

@@ -11,4 +11,5 @@ mod startup;
 mod submit;
 mod testing_helpers;
 mod timeouts;
+mod txcomplete;
 mod unique;

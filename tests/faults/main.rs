@@ -11,6 +11,7 @@ mod leader;
 mod restart;
 mod sigterm;
 mod terminate;
+mod txcomplete;
 
 /// The worker binary with the harness's task types linked in.
 const WORKER: &str = env!("CARGO_BIN_EXE_outbox-test-worker");

@@ -51,7 +51,56 @@ pub async fn create_executions_table(pool: &PgPool) {
     .expect("create the executions table");
 }
 
+/// Ships an order: writes a row to `shipments` and completes the task in
+/// the same transaction (`TaskContext::complete_in`). On its first attempt
+/// it can kill its own process: `crash = "before"` after the writes and
+/// before COMMIT, `"after"` right after COMMIT.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.ship", queue = "ship", retry_delays = ["1s", "1s", "1s"])]
+pub struct Ship {
+    /// The order shipped.
+    pub order_id: i64,
+    /// "before", "after" or "".
+    pub crash: String,
+}
+
+/// Runs [`Ship`].
+#[derive(Debug, Clone, Copy)]
+pub struct Shipper;
+
+impl TaskHandler<Ship> for Shipper {
+    async fn handle(&self, ctx: TaskContext, task: Ship) -> HandlerResult {
+        let mut tx = ctx.pool().begin().await?;
+        sqlx::query("INSERT INTO shipments (order_id, task_id, attempt) VALUES ($1, $2, $3)")
+            .bind(task.order_id)
+            .bind(ctx.id().0)
+            .bind(ctx.attempt())
+            .execute(&mut *tx)
+            .await?;
+        ctx.complete_in(&mut tx).await?;
+        if task.crash == "before" && ctx.attempt() == 1 {
+            std::process::abort();
+        }
+        tx.commit().await?;
+        if task.crash == "after" && ctx.attempt() == 1 {
+            std::process::abort();
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+/// Creates the table [`Ship`] writes to.
+pub async fn create_shipments_table(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS shipments (order_id bigint NOT NULL, task_id bigint NOT NULL, \
+         attempt int NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("create the shipments table");
+}
+
 /// Adds the harness's handlers to a worker.
 pub fn register(builder: WorkerBuilder) -> WorkerBuilder {
-    builder.handler::<Record>(Recorder)
+    builder.handler::<Record>(Recorder).handler::<Ship>(Shipper)
 }

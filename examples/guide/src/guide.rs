@@ -71,6 +71,36 @@ let ready: Option<ReportReady> = outbox::result(&mut *pool.acquire().await?, id)
     Ok(())
 }
 
+/// Ship an order (section 2, transactional completion).
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "order.ship", queue = "orders")]
+pub struct ShipOrder {
+    /// The order.
+    pub order_id: i64,
+}
+
+/// The step after shipping.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "customer.notify", queue = "orders")]
+pub struct NotifyCustomer {
+    /// The order.
+    pub order_id: i64,
+}
+
+struct Shipping;
+
+impl TaskHandler<ShipOrder> for Shipping {
+    async fn handle(&self, ctx: TaskContext, task: ShipOrder) -> HandlerResult {
+let mut tx = ctx.pool().begin().await?;
+sqlx::query("UPDATE orders SET shipped = true WHERE id = $1").bind(task.order_id)
+    .execute(&mut *tx).await?;
+outbox::submit(&mut tx, NotifyCustomer { order_id: task.order_id }).await?;   // the next step
+ctx.complete_in(&mut tx).await?;   // fenced: Error::NotHeld if this attempt lost the task
+tx.commit().await?;
+Ok(Outcome::Success)
+    }
+}
+
 // Section 3: submitting.
 
 /// An order, as the application stores it.

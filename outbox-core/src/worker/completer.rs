@@ -243,6 +243,9 @@ fn publish(
             d.kind
         } else if rejected.contains(&id) {
             TaskEventKind::Failed
+        } else if d.completed_in {
+            // Completed by the handler's own transaction, which committed.
+            TaskEventKind::Completed
         } else {
             TaskEventKind::Stale
         };
@@ -262,6 +265,8 @@ fn publish(
             let id = d.finish.id;
             if rejected.contains(&id) {
                 Some((&d.queue, false))
+            } else if !ids.contains(&id) && d.completed_in {
+                Some((&d.queue, true))
             } else if ids.contains(&id) {
                 match d.kind {
                     TaskEventKind::Completed => Some((&d.queue, true)),

@@ -26,6 +26,10 @@ pub(crate) struct Done {
     /// The task's queue: counted in the throughput, and woken when an
     /// outcome makes the task due again later (a retry's backoff, a snooze).
     pub(crate) queue: Arc<str>,
+    /// The handler completed the task in its own transaction
+    /// ([`TaskContext::complete_in`]): if this outcome finds the row no
+    /// longer held, that is why, and the task is completed.
+    pub(crate) completed_in: bool,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -50,7 +54,15 @@ pub(crate) async fn execute(
     async move {
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
         let started = std::time::Instant::now();
-        let result = run_handler(&shared, &task, Arc::clone(&task_type), attempt).await;
+        let completed_in = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let result = run_handler(
+            &shared,
+            &task,
+            Arc::clone(&task_type),
+            attempt,
+            &completed_in,
+        )
+        .await;
         metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());
         shared.holdings.ran(task.id, &task.token);
@@ -77,6 +89,7 @@ pub(crate) async fn execute(
             kind,
             task_type,
             queue: Arc::from(task.queue.as_str()),
+            completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");
@@ -93,6 +106,7 @@ async fn run_handler(
     task: &ClaimedTask,
     task_type: Arc<str>,
     attempt: i32,
+    completed_in: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Option<Result<Outcome, String>> {
     let Some(entry) = shared.handlers.get(&task.task_type) else {
         return Some(Err(format!(
@@ -111,6 +125,8 @@ async fn run_handler(
         max_attempts: task.max_attempts,
         cancel: cancel.clone(),
         pool: shared.pool.clone(),
+        claim: Some((task.claims, Arc::clone(&task.token))),
+        completed_in: Arc::clone(completed_in),
     };
     let future = match entry.handler.start(ctx, &task.payload) {
         Ok(f) => f,

@@ -1,0 +1,17 @@
+-- A handler completes its own task inside its own transaction (the
+-- transaction of the handler's database work). Fenced like the outcome
+-- writer: only while this attempt still holds the task (claims and claim
+-- token), and not once an operator asked to cancel it. $1 id, $2 claims,
+-- $3 claim token, $4 result (JSON text, or null).
+UPDATE outbox_tasks
+SET state = 'completed',
+    finished_at = now(),
+    claimed_by = NULL,
+    heartbeat_at = NULL,
+    result = $4::jsonb,
+    updated_at = now()
+WHERE id = $1
+  AND claims = $2
+  AND claimed_by = $3
+  AND cancel_requested_at IS NULL
+RETURNING id
