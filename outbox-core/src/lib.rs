@@ -52,6 +52,7 @@ mod handler;
 pub mod maintenance;
 mod migrate;
 mod options;
+pub mod periodic;
 mod records;
 pub mod retry;
 mod submit;

@@ -61,6 +61,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0006_cancel_running.up.sql"),
         down: include_str!("../../migrations/0006_cancel_running.down.sql"),
     },
+    Migration {
+        version: 7,
+        name: "periodic",
+        up: include_str!("../../migrations/0007_periodic.up.sql"),
+        down: include_str!("../../migrations/0007_periodic.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

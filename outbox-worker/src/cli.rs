@@ -72,6 +72,9 @@ enum Command {
     Demo(DemoArgs),
     /// Burn-down benchmark: insert, submit, drain and pickup-latency figures.
     Bench(crate::bench::BenchArgs),
+    /// List periodic tasks.
+    #[command(subcommand)]
+    Periodic(crate::periodic_cmd::PeriodicCommand),
     /// Serve the web dashboard (authenticated; see --help).
     Dashboard(crate::dashboard_cmd::DashboardArgs),
 }
@@ -136,6 +139,12 @@ struct RunArgs {
     /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// A periodic task, as 'NAME=SCHEDULE TYPE JSON' (repeatable): the
+    /// schedule is `every 30s` or a cron expression (seconds optional,
+    /// UTC, or `CRON_TZ=Europe/Paris 0 3 * * *`). The cluster's maintenance
+    /// leader enqueues each tick once.
+    #[arg(long = "periodic", value_parser = crate::periodic_cmd::parse_spec)]
+    periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
 }
 
 fn parse_queue(s: &str) -> Result<(String, usize), String> {
@@ -216,6 +225,7 @@ pub fn main_with(
             Command::Demo(args) => crate::demo::run(args, &register).await,
             Command::Bench(args) => crate::bench::run(args, register.clone()).await,
             Command::Dashboard(args) => crate::dashboard_cmd::run(args).await,
+            Command::Periodic(command) => within(limit, crate::periodic_cmd::run(command)).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection
@@ -309,6 +319,9 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     ));
     for (queue, concurrency) in args.queues {
         builder = builder.queue(queue, concurrency);
+    }
+    for spec in &args.periodic {
+        builder = builder.periodic(crate::periodic_cmd::resolve(spec)?);
     }
     let worker = builder.build()?;
     let shutdown = CancellationToken::new();

@@ -16,6 +16,7 @@ mod failure;
 mod flags;
 pub mod local_postgres;
 pub mod metrics;
+mod periodic_cmd;
 mod signals;
 
 pub use cli::{main, main_with};

@@ -927,3 +927,57 @@ async fn submit_with_a_unique_key_prints_the_holder_and_says_duplicate() {
         "{shown}"
     );
 }
+
+#[tokio::test]
+async fn periodic_declarations_are_checked_and_listed() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    for (spec, needle) in [
+        ("nightly", "no NAME="),
+        ("nightly=0 3 * * * outbox.noop", "JSON"),
+        ("nightly=0 3 * * * no.such.type {}", "unknown task type"),
+        ("nightly=0 99 * * * outbox.noop {}", "not a valid cron"),
+        (
+            "nightly=every 1s outbox.sleep {\"ms\": \"x\"}",
+            "outbox.sleep",
+        ),
+    ] {
+        refused(
+            &["run", "--database-url", url, "--periodic", spec],
+            2,
+            needle,
+        )
+        .await;
+    }
+    let empty = ok(&cli(&["periodic", "list", "--database-url", url]).await);
+    assert!(empty.contains("(none"), "{empty}");
+    let mut worker = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &[
+            "--maintenance-interval",
+            "100ms",
+            "--periodic",
+            "sweep=every 1s outbox.noop {}",
+        ],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let listed = json(&["periodic", "list", "--database-url", url, "--json"]).await;
+        if listed[0]["last_run"].is_string() {
+            break listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", worker.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(listed[0]["name"], "sweep");
+    assert_eq!(listed[0]["schedule"], "every 1s");
+    assert_eq!(listed[0]["task_type"], "outbox.noop");
+    let table = ok(&cli(&["periodic", "list", "--database-url", url]).await);
+    assert!(
+        table.contains("sweep") && table.contains("every 1s"),
+        "{table}"
+    );
+    worker.signal("TERM");
+    worker.wait(Duration::from_secs(20)).await;
+}

@@ -18,7 +18,7 @@ const ARGS: &[&str] = &[
 ];
 
 /// The OS pid of the worker holding the maintenance lease, if any.
-async fn leaders(db: &TestDb) -> Vec<u32> {
+pub(crate) async fn leaders(db: &TestDb) -> Vec<u32> {
     let holders: Vec<String> = sqlx::query_scalar(
         "SELECT holder FROM outbox_leases WHERE name = $1 AND expires_at > now()",
     )
@@ -38,7 +38,7 @@ async fn leaders(db: &TestDb) -> Vec<u32> {
         .collect()
 }
 
-async fn wait_for_one_leader(db: &TestDb, not: Option<u32>) -> u32 {
+pub(crate) async fn wait_for_one_leader(db: &TestDb, not: Option<u32>) -> u32 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let now = leaders(db).await;

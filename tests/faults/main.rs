@@ -8,6 +8,7 @@
 mod blackhole;
 mod kill;
 mod leader;
+mod periodic;
 mod restart;
 mod sigterm;
 mod terminate;

@@ -226,6 +226,22 @@ outbox::submit_with(&mut tx, sync, options).await?;   // the existing id if a du
 #[outbox_task(task_type = "webhook.deliver", retry_delays = ["10s", "1m", "10m", "1h", "6h"])]
 struct DeliverWebhook { url: String, body: String }
 
+/// Section 6: periodic tasks.
+pub fn periodic_tasks(
+    pool: PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<outbox::WorkerBuilder, Box<dyn Error>> {
+use outbox::periodic::{MissedTicks, PeriodicTask};
+
+let nightly = PeriodicTask::new("nightly-report", "CRON_TZ=Europe/Paris 0 3 * * *",
+                                &GenerateReport { from, to })?;
+let sweep = PeriodicTask::new("sweep", "every 30s", &SendInvoice { id: 0 })?
+    .missed_ticks(MissedTicks::Skip);       // after downtime, wait for the next tick
+let builder = outbox::Worker::builder(pool).periodic(nightly).periodic(sweep);
+    Ok(builder)
+}
+
 // Section 6's handlers.
 
 /// Delivers `order.created` to a webhook.

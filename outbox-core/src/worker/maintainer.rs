@@ -46,6 +46,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let holder = shared.holdings.run_id().to_owned();
     let mut outage = Outage::new("maintenance");
     let mut leading = false;
+    let mut declared = false;
     let mut last_cleanup: Option<Instant> = None;
     let settle = shared.config.heartbeat_interval * 2;
     // Since when this worker has reached the database without a failure.
@@ -69,9 +70,17 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 if !leading {
                     tracing::info!(worker_id = %shared.config.worker_id, "elected maintenance leader");
                     leading = true;
+                    declared = false;
                 }
                 let recover = since.elapsed() >= settle;
-                let work = maintain(&shared, &holder, recover, &mut last_cleanup);
+                let work = async {
+                    if !declared && !shared.periodic.is_empty() {
+                        declare_periodic(&shared).await?;
+                        declared = true;
+                    }
+                    enqueue_periodic(&shared, &holder).await?;
+                    maintain(&shared, &holder, recover, &mut last_cleanup).await
+                };
                 match tokio::select! { r = work => r, () = stop.cancelled() => break } {
                     Ok(()) => {}
                     Err(error) => {
@@ -113,6 +122,32 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             tracing::info!(%error, "could not hand the maintenance lease over; it runs out by itself");
         }
     }
+}
+
+/// Records this worker's periodic declarations (once per leadership).
+async fn declare_periodic(shared: &Shared) -> sqlx::Result<()> {
+    let now = shared.config.clock.now().unwrap_or_else(chrono::Utc::now);
+    call(&shared.engine, shared.deadline, "periodic", async |conn| {
+        crate::periodic::declare(conn, &shared.periodic, now).await
+    })
+    .await
+}
+
+/// Enqueues every periodic task's due tick not enqueued yet.
+async fn enqueue_periodic(shared: &Shared, holder: &str) -> sqlx::Result<()> {
+    if shared.periodic.is_empty() {
+        return Ok(());
+    }
+    let now = shared.config.clock.now().unwrap_or_else(chrono::Utc::now);
+    let round = shared.config.maintenance_interval;
+    let enqueued = call(&shared.engine, shared.deadline, "periodic", async |conn| {
+        crate::periodic::enqueue_due(conn, &shared.periodic, now, holder, round).await
+    })
+    .await?;
+    for (name, tick) in enqueued {
+        tracing::info!(periodic = %name, %tick, "enqueued a periodic task");
+    }
+    Ok(())
 }
 
 /// One round of maintenance as the lease holder; recovery only when

@@ -42,6 +42,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
+
+use crate::periodic::PeriodicTask;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -72,6 +74,7 @@ pub struct WorkerBuilder {
     handlers: Handlers,
     queues: Vec<(String, usize)>,
     config: WorkerConfig,
+    periodic: Vec<PeriodicTask>,
 }
 
 impl WorkerBuilder {
@@ -122,6 +125,16 @@ impl WorkerBuilder {
         self
     }
 
+    /// Declares a periodic task: the cluster's maintenance leader enqueues
+    /// it once per tick of its schedule (see [`crate::periodic`]). Every
+    /// worker of a cluster should declare the same periodic tasks; the
+    /// leader's declarations are the ones recorded.
+    pub fn periodic(mut self, task: PeriodicTask) -> Self {
+        self.periodic.retain(|p| p.name != task.name);
+        self.periodic.push(task);
+        self
+    }
+
     /// Sets the clock (tests).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.config.clock = clock;
@@ -165,6 +178,7 @@ impl WorkerBuilder {
             config: self.config,
             events,
             counters: Arc::default(),
+            periodic: Arc::new(self.periodic),
         })
     }
 }
@@ -177,6 +191,7 @@ pub struct Worker {
     config: WorkerConfig,
     events: broadcast::Sender<TaskEvent>,
     counters: Arc<WorkerCounters>,
+    periodic: Arc<Vec<PeriodicTask>>,
 }
 
 /// What the producers, executor and completer share.
@@ -197,6 +212,8 @@ pub(crate) struct Shared {
     pub(crate) wakers: wake::Wakers,
     /// Outcome counts per minute not yet written.
     pub(crate) throughput: throughput::Throughput,
+    /// Periodic tasks the maintenance leader enqueues.
+    pub(crate) periodic: Arc<Vec<PeriodicTask>>,
 }
 
 impl Worker {
@@ -207,6 +224,7 @@ impl Worker {
             handlers: Handlers::default(),
             queues: Vec::new(),
             config: WorkerConfig::default(),
+            periodic: Vec::new(),
         }
     }
 
@@ -248,6 +266,7 @@ impl Worker {
         let shared = Arc::new(Shared {
             wakers: Arc::clone(&wakers),
             throughput: throughput::Throughput::default(),
+            periodic: Arc::clone(&self.periodic),
             pool: self.pool.clone(),
             engine,
             deadline: limits.deadline(),

@@ -1,0 +1,252 @@
+//! Periodic tasks: declared on the worker (in code, or `run --periodic` on
+//! the CLI), enqueued by the maintenance leader once per tick across the
+//! whole cluster.
+//!
+//! Each maintenance round the leader takes the latest tick at or before
+//! now and enqueues it if it has not been: after downtime, only the latest
+//! missed tick runs (once), unless the task says [`MissedTicks::Skip`].
+//! Ticks are enqueued within one maintenance interval (5 s by default) of
+//! their time, and are due at their time.
+
+mod schedule;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+
+pub use schedule::Schedule;
+
+use crate::error::{Error, Result};
+use crate::options::{validate_priority, validate_queue};
+use crate::retry::max_attempts;
+use crate::task::{RegisteredTask, Task};
+
+/// What to do with ticks missed while no leader ran (all workers down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissedTicks {
+    /// Run the latest missed tick once (the default).
+    #[default]
+    RunLatest,
+    /// Run none: wait for the next tick.
+    Skip,
+}
+
+/// A periodic task as declared on a worker.
+#[derive(Debug, Clone)]
+pub struct PeriodicTask {
+    pub(crate) name: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) task_type: String,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) max_attempts: i32,
+    pub(crate) payload: String,
+    pub(crate) missed: MissedTicks,
+}
+
+impl PeriodicTask {
+    /// `task` every tick of `schedule` (`every 30s`, `0 3 * * *`,
+    /// `*/10 * * * * *` with seconds, `CRON_TZ=Europe/Paris 0 3 * * *`),
+    /// under `name`, unique in the cluster.
+    pub fn new<T: Task>(name: impl Into<String>, schedule: &str, task: &T) -> Result<Self> {
+        let payload = serde_json::to_string(task).map_err(|source| Error::Serialize {
+            task_type: T::TASK_TYPE.to_owned(),
+            source,
+        })?;
+        Self::build(
+            name.into(),
+            schedule,
+            T::TASK_TYPE,
+            T::QUEUE,
+            T::PRIORITY,
+            T::RETRY_DELAYS,
+            payload,
+        )
+    }
+
+    /// A periodic task of a registered type with a JSON payload (what `run
+    /// --periodic` declares). The payload is checked against the type.
+    pub fn from_json(
+        name: impl Into<String>,
+        schedule: &str,
+        task: &RegisteredTask,
+        payload: &str,
+    ) -> Result<Self> {
+        (task.check_payload)(payload).map_err(|reason| Error::InvalidPayload {
+            task_type: task.task_type.to_owned(),
+            reason,
+        })?;
+        Self::build(
+            name.into(),
+            schedule,
+            task.task_type,
+            task.queue,
+            task.priority,
+            task.retry_delays,
+            payload.to_owned(),
+        )
+    }
+
+    fn build(
+        name: String,
+        schedule: &str,
+        task_type: &str,
+        queue: &str,
+        priority: i16,
+        retry_delays: &[std::time::Duration],
+        payload: String,
+    ) -> Result<Self> {
+        let ok_name = !name.is_empty()
+            && name.len() <= 128
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+        if !ok_name {
+            return Err(Error::InvalidOption(format!(
+                "periodic task name {name:?} is invalid: use 1 to 128 ASCII letters, digits or _-.:"
+            )));
+        }
+        let schedule: Schedule = schedule
+            .parse()
+            .map_err(|e| Error::InvalidOption(format!("periodic task {name:?}: {e}")))?;
+        validate_queue(queue)?;
+        validate_priority(priority)?;
+        if crate::submit::contains_nul_escape(&payload) {
+            return Err(Error::InvalidPayload {
+                task_type: task_type.to_owned(),
+                reason: "it contains U+0000, which PostgreSQL's jsonb cannot hold".to_owned(),
+            });
+        }
+        Ok(Self {
+            name,
+            schedule,
+            task_type: task_type.to_owned(),
+            queue: queue.to_owned(),
+            priority,
+            max_attempts: max_attempts(retry_delays),
+            payload,
+            missed: MissedTicks::default(),
+        })
+    }
+
+    /// What to do with ticks missed while no worker ran.
+    pub fn missed_ticks(mut self, missed: MissedTicks) -> Self {
+        self.missed = missed;
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+}
+
+/// A periodic task as the cluster has recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PeriodicRecord {
+    /// Its name.
+    pub name: String,
+    /// Its schedule, as written.
+    pub schedule: String,
+    /// The task type it enqueues.
+    pub task_type: String,
+    /// The queue.
+    pub queue: String,
+    /// The payload.
+    pub payload: serde_json::Value,
+    /// The latest tick enqueued.
+    pub last_run: Option<DateTime<Utc>>,
+    /// The next tick.
+    pub next_run: Option<DateTime<Utc>>,
+    /// When a leader last recorded its declaration.
+    pub declared_at: DateTime<Utc>,
+}
+
+/// Every periodic task recorded in the database, by name.
+pub async fn list(pool: &PgPool) -> Result<Vec<PeriodicRecord>> {
+    let rows = sqlx::query(include_str!("../db/sql/list_periodic.sql"))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let payload: String = r.try_get("payload")?;
+            Ok(PeriodicRecord {
+                name: r.try_get("name")?,
+                schedule: r.try_get("schedule")?,
+                task_type: r.try_get("task_type")?,
+                queue: r.try_get("queue")?,
+                payload: serde_json::from_str(&payload)
+                    .unwrap_or(serde_json::Value::String(payload)),
+                last_run: r.try_get("last_tick")?,
+                next_run: r.try_get("next_tick")?,
+                declared_at: r.try_get("updated_at")?,
+            })
+        })
+        .collect::<sqlx::Result<_>>()
+        .map_err(Error::from)
+}
+
+/// Records the declarations (the leader, once per leadership).
+pub(crate) async fn declare(
+    conn: &mut PgConnection,
+    tasks: &[PeriodicTask],
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    for t in tasks {
+        sqlx::query(include_str!("../db/sql/declare_periodic.sql"))
+            .bind(&t.name)
+            .bind(t.schedule.as_str())
+            .bind(&t.task_type)
+            .bind(&t.queue)
+            .bind(&t.payload)
+            .bind(t.schedule.latest_at_or_before(now))
+            .bind(t.schedule.next_after(now))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Enqueues the due tick of each task, if not yet enqueued; returns the
+/// (name, tick) pairs enqueued.
+pub(crate) async fn enqueue_due(
+    conn: &mut PgConnection,
+    tasks: &[PeriodicTask],
+    now: DateTime<Utc>,
+    holder: &str,
+    round: std::time::Duration,
+) -> sqlx::Result<Vec<(String, DateTime<Utc>)>> {
+    let mut enqueued = Vec::new();
+    for t in tasks {
+        let Some(tick) = t.schedule.latest_at_or_before(now) else {
+            continue;
+        };
+        // Skip: a tick older than a couple of rounds was missed while no
+        // leader ran; move past it without running it.
+        let stale = chrono::TimeDelta::from_std(round * 2).unwrap_or(chrono::TimeDelta::MAX);
+        let run = t.missed == MissedTicks::RunLatest || now - tick <= stale;
+        let next = t.schedule.next_after(now);
+        let id: Option<i64> = sqlx::query_scalar(include_str!("../db/sql/enqueue_periodic.sql"))
+            .bind(&t.name)
+            .bind(tick)
+            .bind(next)
+            .bind(&t.task_type)
+            .bind(&t.queue)
+            .bind(&t.payload)
+            .bind(t.max_attempts)
+            .bind(t.priority)
+            .bind(holder)
+            .bind(run)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if id.is_some() {
+            enqueued.push((t.name.clone(), tick));
+        }
+    }
+    Ok(enqueued)
+}

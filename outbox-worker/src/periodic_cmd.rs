@@ -1,0 +1,150 @@
+//! Periodic tasks on the CLI: `run --periodic 'NAME=SCHEDULE TYPE JSON'`
+//! and `periodic list`.
+
+use clap::{Args, Subcommand};
+use outbox::periodic::PeriodicTask;
+
+use crate::connect::{DbArgs, connect_migrated};
+use crate::failure::Failure;
+
+/// A `--periodic` value, split but not yet checked against the registry.
+#[derive(Debug, Clone)]
+pub(crate) struct PeriodicSpec {
+    name: String,
+    schedule: String,
+    task_type: String,
+    payload: String,
+}
+
+/// Parses `NAME=SCHEDULE TYPE JSON`: the name up to the first `=`, the
+/// JSON payload from the first `{` or `[`, the task type the word before
+/// it, and the schedule everything between.
+pub(crate) fn parse_spec(s: &str) -> Result<PeriodicSpec, String> {
+    let usage = "write it as 'NAME=SCHEDULE TYPE JSON', for example 'nightly=0 3 * * * report.generate {\"days\": 1}' or 'sweep=every 30s cache.sweep {}'";
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} has no NAME= at the start: {usage}"))?;
+    let json_at = rest.find(['{', '[']).ok_or_else(|| {
+        format!("{s:?} does not end with a JSON object or array payload: {usage}")
+    })?;
+    let (before, payload) = rest.split_at(json_at);
+    let mut words: Vec<&str> = before.split_whitespace().collect();
+    let task_type = words
+        .pop()
+        .ok_or_else(|| format!("{s:?} has no task type before its payload: {usage}"))?;
+    if words.is_empty() {
+        return Err(format!("{s:?} has no schedule: {usage}"));
+    }
+    Ok(PeriodicSpec {
+        name: name.trim().to_owned(),
+        schedule: words.join(" "),
+        task_type: task_type.to_owned(),
+        payload: payload.trim().to_owned(),
+    })
+}
+
+/// Resolves a spec against the task types linked into this binary.
+pub(crate) fn resolve(spec: &PeriodicSpec) -> Result<PeriodicTask, Failure> {
+    let Some(registered) = outbox::find_registered(&spec.task_type) else {
+        let known: Vec<&str> = outbox::registered_tasks()
+            .iter()
+            .map(|r| r.task_type)
+            .collect();
+        return Err(Failure::config(format!(
+            "--periodic {:?}: unknown task type {:?}; this binary knows: {}",
+            spec.name,
+            spec.task_type,
+            known.join(", ")
+        )));
+    };
+    serde_json::from_str::<serde_json::Value>(&spec.payload).map_err(|e| {
+        Failure::config(format!(
+            "--periodic {:?}: the payload is not valid JSON: {e}",
+            spec.name
+        ))
+    })?;
+    PeriodicTask::from_json(&spec.name, &spec.schedule, registered, &spec.payload)
+        .map_err(|e| Failure::config(format!("--periodic {:?}: {e}", spec.name)))
+}
+
+/// `periodic` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PeriodicCommand {
+    /// Periodic tasks the cluster's leader recorded: name, schedule, last
+    /// and next run.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// One JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn run(command: PeriodicCommand) -> Result<(), Failure> {
+    let PeriodicCommand::List(args) = command;
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let all = outbox::periodic::list(&pool).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(Failure::runtime)?
+        );
+        return Ok(());
+    }
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map_or_else(
+            || "-".to_owned(),
+            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+        )
+    };
+    println!(
+        "{:<24} {:<28} {:<24} {:<20} {:<20}",
+        "NAME", "SCHEDULE", "TYPE", "LAST RUN (UTC)", "NEXT RUN (UTC)"
+    );
+    for p in &all {
+        println!(
+            "{:<24} {:<28} {:<24} {:<20} {:<20}",
+            p.name,
+            p.schedule,
+            p.task_type,
+            time(p.last_run),
+            time(p.next_run)
+        );
+    }
+    if all.is_empty() {
+        println!("(none: declare them with run --periodic, or on the worker builder)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_split_into_name_schedule_type_and_payload() {
+        let s = parse_spec(r#"nightly=CRON_TZ=Europe/Paris 0 3 * * * report.generate {"days": 1}"#)
+            .unwrap();
+        assert_eq!(s.name, "nightly");
+        assert_eq!(s.schedule, "CRON_TZ=Europe/Paris 0 3 * * *");
+        assert_eq!(s.task_type, "report.generate");
+        assert_eq!(s.payload, r#"{"days": 1}"#);
+        let s = parse_spec("sweep=every 30s outbox.noop {}").unwrap();
+        assert_eq!(
+            (s.schedule.as_str(), s.task_type.as_str()),
+            ("every 30s", "outbox.noop")
+        );
+        for bad in [
+            "no-equals",
+            "x=every 30s outbox.noop",
+            "x={}",
+            "x=outbox.noop {}",
+        ] {
+            assert!(parse_spec(bad).is_err(), "{bad}");
+        }
+    }
+}
