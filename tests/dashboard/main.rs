@@ -440,3 +440,32 @@ async fn an_injected_script_is_shown_as_text_and_never_runs() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_periodic_page_lists_what_the_leader_recorded() {
+    let db = TestDb::migrated().await;
+    sqlx::query(
+        "INSERT INTO outbox_periodic (name, schedule, task_type, queue, payload, last_tick, next_tick) \
+         VALUES ('nightly', '0 3 * * *', 'test.dashboard.report', 'reports', '{\"note\": \"n\"}', \
+                 '2026-11-22T03:00:00Z', '2026-11-23T03:00:00Z')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let url = served.url.clone();
+    with_browser("periodic", move |client| async move {
+        sign_in(&client, &url, TOKEN).await;
+        click(&client, "nav-periodic").await;
+        let row = client
+            .find(Locator::Css("tr.periodic-task[data-name=\"nightly\"]"))
+            .await
+            .expect("the nightly row")
+            .text()
+            .await
+            .unwrap();
+        assert!(row.contains("0 3 * * *"), "{row}");
+        assert!(row.contains("2026-11-23 03:00:00"), "{row}");
+    })
+    .await;
+}

@@ -140,6 +140,7 @@ pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
     let protected = Router::new()
         .route("/", get(pages::overview))
         .route("/tasks", get(pages::tasks))
+        .route("/periodic", get(pages::periodic))
         .route("/tasks/{id}", get(pages::task))
         .route("/tasks/{id}/retry", post(pages::retry_one))
         .route("/tasks/{id}/cancel", post(pages::cancel_one))

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::auth::{CsrfToken, Identity, check_csrf};
 use super::views::{
-    DonePage, FilterView, OverviewPage, Refusal, TaskPage, TaskRow, TasksPage, render,
+    DonePage, FilterView, OverviewPage, PeriodicPage, Refusal, TaskPage, TaskRow, TasksPage, render,
 };
 use super::{Dashboard, QUERY_DEADLINE};
 
@@ -69,6 +69,20 @@ pub(crate) async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
         Ok(o) => render(
             StatusCode::OK,
             &OverviewPage::new(&d.config.base_path, o, chrono::Utc::now()),
+        ),
+        Err(refused) => refused.page(&d.config),
+    }
+}
+
+/// Periodic tasks, as the cluster's leader recorded them.
+pub(crate) async fn periodic(State(d): State<Arc<Dashboard>>) -> Response {
+    match query("periodic tasks", outbox::periodic::list(&d.pool)).await {
+        Ok(rows) => render(
+            StatusCode::OK,
+            &PeriodicPage {
+                base: &d.config.base_path,
+                rows,
+            },
         ),
         Err(refused) => refused.page(&d.config),
     }

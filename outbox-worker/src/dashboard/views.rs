@@ -271,6 +271,13 @@ pub(crate) fn when(at: Option<&DateTime<Utc>>) -> String {
 }
 
 #[derive(Template)]
+#[template(path = "periodic.html")]
+pub(crate) struct PeriodicPage<'a> {
+    pub(crate) base: &'a str,
+    pub(crate) rows: Vec<outbox::periodic::PeriodicRecord>,
+}
+
+#[derive(Template)]
 #[template(path = "done.html")]
 pub(crate) struct DonePage<'a> {
     pub(crate) base: &'a str,
