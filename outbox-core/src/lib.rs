@@ -94,7 +94,7 @@ pub use worker::{
 #[doc(hidden)]
 pub mod __private {
     pub use crate::options::unique_from_fields;
-    pub use crate::task::{check_payload, unique_of};
+    pub use crate::task::{check_payload, no_unique, unique_of};
     pub use inventory;
     pub use std::time::Duration;
 }

@@ -117,7 +117,14 @@ pub fn check_payload<T: Task>(json: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The `unique_of` of task type `T`.
+/// The `unique_of` of a task type that is not unique: nothing to decode.
+#[doc(hidden)]
+pub fn no_unique(_json: &str) -> Result<Option<crate::Unique>, String> {
+    Ok(None)
+}
+
+/// The `unique_of` of a unique task type `T`: the payload must decode to
+/// build its key.
 #[doc(hidden)]
 pub fn unique_of<T: Task>(json: &str) -> Result<Option<crate::Unique>, String> {
     serde_json::from_str::<T>(json)

@@ -39,6 +39,11 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
             }
         }
     });
+    let unique_of = if task.unique.is_some() {
+        quote!(::outbox::__private::unique_of::<#ident>)
+    } else {
+        quote!(::outbox::__private::no_unique)
+    };
     quote! {
         #item
 
@@ -59,7 +64,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 retry_delays: <#ident as ::outbox::Task>::RETRY_DELAYS,
                 rust_type: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
                 check_payload: ::outbox::__private::check_payload::<#ident>,
-                unique_of: ::outbox::__private::unique_of::<#ident>,
+                unique_of: #unique_of,
             }
         }
     }
