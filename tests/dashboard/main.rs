@@ -9,7 +9,9 @@ use fantoccini::{Client, Locator};
 use outbox::TaskId;
 use outbox::admin;
 use outbox_tests::TestDb;
-use outbox_tests::browser::{ServedDashboard, click, sign_in, text_of, with_browser};
+use outbox_tests::browser::{
+    ServedDashboard, click, navigate_by_click, sign_in, text_of, with_browser,
+};
 use outbox_worker::dashboard::{Auth, DashboardConfig};
 use serde::{Deserialize, Serialize};
 
@@ -209,15 +211,8 @@ async fn tasks_are_filtered_by_type_and_text_and_open_in_full() {
         assert_eq!(text_of(&client, "no-tasks").await, "No task matches.");
 
         client.goto(&format!("{url}/tasks")).await.unwrap();
-        client
-            .find(Locator::Css(&format!(
-                "tr.task[data-id=\"{report}\"] a.task-link"
-            )))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        let link = format!("tr.task[data-id=\"{report}\"] a.task-link");
+        navigate_by_click(&client, Locator::Css(&link)).await;
         assert_eq!(text_of(&client, "task-type").await, "test.dashboard.report");
         assert_eq!(text_of(&client, "task-state").await, "pending");
         assert!(

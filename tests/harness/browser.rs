@@ -189,13 +189,7 @@ pub async fn sign_in(client: &Client, base_url: &str, token: &str) {
         .send_keys(token)
         .await
         .expect("type the token");
-    client
-        .find(Locator::Id("sign-in"))
-        .await
-        .expect("the sign-in button")
-        .click()
-        .await
-        .expect("sign in");
+    navigate_by_click(client, Locator::Id("sign-in")).await;
 }
 
 /// The text of the element with this id.
@@ -209,13 +203,38 @@ pub async fn text_of(client: &Client, id: &str) -> String {
         .expect("its text")
 }
 
-/// Clicks the element with this id.
+/// Clicks the element with this id, which loads a new page, and waits for
+/// that page.
 pub async fn click(client: &Client, id: &str) {
+    navigate_by_click(client, Locator::Id(id)).await;
+}
+
+/// Clicks what `target` finds (a link or a submit button) and waits until
+/// the browser has left the current page and loaded the next: WebDriver's
+/// click returns before a form's navigation completes, and looking for the
+/// next page's elements before then would search the old page.
+pub async fn navigate_by_click(client: &Client, target: Locator<'_>) {
+    let old = client.find(Locator::Css("html")).await.expect("a page");
     client
-        .find(Locator::Id(id))
+        .find(target)
         .await
-        .unwrap_or_else(|e| panic!("no element #{id}: {e}"))
+        .unwrap_or_else(|e| panic!("no element {target:?}: {e}"))
         .click()
         .await
-        .unwrap_or_else(|e| panic!("cannot click #{id}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot click {target:?}: {e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // The old page's root goes stale once the new page replaced it.
+    while old.tag_name().await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "clicking {target:?} loaded no new page"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("body"))
+        .await
+        .expect("the next page");
 }
