@@ -138,17 +138,7 @@ pub(crate) async fn tasks(command: TasksCommand) -> Result<(), Failure> {
 }
 
 async fn submit(args: SubmitArgs) -> Result<(), Failure> {
-    let Some(registered) = outbox::find_registered(&args.task_type) else {
-        let known: Vec<&str> = outbox::registered_tasks()
-            .iter()
-            .map(|r| r.task_type)
-            .collect();
-        return Err(Failure::config(format!(
-            "unknown task type {:?}; this binary knows: {}",
-            args.task_type,
-            known.join(", ")
-        )));
-    };
+    let registered = crate::task_types::registered(&args.task_type)?;
     let text = read_payload(&args.payload)?;
     let payload: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::config(format!("the payload is not valid JSON: {e}")))?;

@@ -18,6 +18,7 @@ pub mod local_postgres;
 pub mod metrics;
 mod periodic_cmd;
 mod signals;
+mod task_types;
 
 pub use cli::{main, main_with};
 pub use signals::stop_on_signal;

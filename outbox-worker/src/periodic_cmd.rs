@@ -45,18 +45,8 @@ pub(crate) fn parse_spec(s: &str) -> Result<PeriodicSpec, String> {
 
 /// Resolves a spec against the task types linked into this binary.
 pub(crate) fn resolve(spec: &PeriodicSpec) -> Result<PeriodicTask, Failure> {
-    let Some(registered) = outbox::find_registered(&spec.task_type) else {
-        let known: Vec<&str> = outbox::registered_tasks()
-            .iter()
-            .map(|r| r.task_type)
-            .collect();
-        return Err(Failure::config(format!(
-            "--periodic {:?}: unknown task type {:?}; this binary knows: {}",
-            spec.name,
-            spec.task_type,
-            known.join(", ")
-        )));
-    };
+    let registered = crate::task_types::registered(&spec.task_type)
+        .map_err(|f| Failure::config(format!("--periodic {:?}: {}", spec.name, f.message)))?;
     serde_json::from_str::<serde_json::Value>(&spec.payload).map_err(|e| {
         Failure::config(format!(
             "--periodic {:?}: the payload is not valid JSON: {e}",
