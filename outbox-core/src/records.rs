@@ -148,6 +148,9 @@ pub struct TaskFilter {
     pub before: Option<i64>,
     /// Page size (1 to 500; default 50).
     pub limit: Option<i64>,
+    /// Leave payloads and results out (JSON null), for lists that do not
+    /// show them: a payload can be megabytes.
+    pub without_payload: bool,
 }
 
 /// One page of tasks, newest first.

@@ -28,6 +28,17 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// then returns a pool of up to `max_connections` on it. Exit code 2 for a
 /// bad URL, credentials or database name; 3 when nothing usable answers.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    connect_limited(url, max_connections, None).await
+}
+
+/// Like [`connect`], with a server-side `statement_timeout` on every
+/// session of the pool: a query abandoned by its caller stops on the
+/// server too instead of holding a connection.
+pub(crate) async fn connect_limited(
+    url: &str,
+    max_connections: u32,
+    statement_timeout: Option<Duration>,
+) -> Result<PgPool, Failure> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(Failure::config(
             "DATABASE_URL must start with postgres:// or postgresql://",
@@ -36,6 +47,10 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
+    let options = match statement_timeout {
+        Some(t) => options.options([("statement_timeout", format!("{}ms", t.as_millis()))]),
+        None => options,
+    };
     let target = format!("{}:{}", options.get_host(), options.get_port());
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => {
@@ -129,7 +144,11 @@ pub(crate) async fn database_or_private(
 
 /// Connects and refuses to go on when the schema is behind this build.
 pub(crate) async fn connect_migrated(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
-    let pool = connect(url, max_connections).await?;
+    migrated(connect(url, max_connections).await?).await
+}
+
+/// `pool` if its schema is up to date; exit code 4 otherwise.
+pub(crate) async fn migrated(pool: PgPool) -> Result<PgPool, Failure> {
     let status = outbox::schema_status(&pool).await?;
     if !status.is_up_to_date() {
         return Err(Failure {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_limited, migrated};
 use crate::dashboard::{self, Auth, DashboardConfig};
 use crate::failure::Failure;
 
@@ -27,8 +27,8 @@ pub(crate) struct DashboardArgs {
     /// address. For a dashboard on your own machine only.
     #[arg(long)]
     insecure_no_auth: bool,
-    /// The path prefix a reverse proxy serves the dashboard under (for
-    /// example /outbox), for the links it renders.
+    /// Serve the dashboard under this path (for example /outbox), for a
+    /// reverse proxy that passes the path through unchanged.
     #[arg(long, default_value = "", value_parser = base_path)]
     base_path: String,
 }
@@ -36,7 +36,10 @@ pub(crate) struct DashboardArgs {
 fn base_path(s: &str) -> Result<String, String> {
     let ok = s.is_empty()
         || (s.starts_with('/')
-            && !s.starts_with("//")
+            && !s.contains("//")
+            && !s
+                .split('/')
+                .any(|segment| segment == "." || segment == "..")
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c)));
     if ok {
@@ -57,6 +60,9 @@ pub(crate) async fn run(args: DashboardArgs) -> Result<(), Failure> {
             )));
         }
         tracing::warn!("dashboard without authentication (--insecure-no-auth)");
+        if std::env::var_os(dashboard::TOKEN_ENV).is_some() || std::env::var_os(dashboard::USER_ENV).is_some() {
+            tracing::warn!("dashboard credentials are set in the environment but ignored: --insecure-no-auth asks for none");
+        }
         DashboardConfig::new(Auth::None)
     } else {
         DashboardConfig::from_env().map_err(|e| Failure::config(e.to_string()))?
@@ -68,7 +74,11 @@ pub(crate) async fn run(args: DashboardArgs) -> Result<(), Failure> {
         .map_err(|e| {
             Failure::config(format!("cannot serve the dashboard on {}: {e}", args.addr))
         })?;
-    let pool = connect_migrated(&args.db.database_url, 8).await?;
+    // The pages' deadline, enforced by the server too: a query a page gave
+    // up on must not keep running and hold a connection.
+    let pool =
+        migrated(connect_limited(&args.db.database_url, 8, Some(dashboard::QUERY_DEADLINE)).await?)
+            .await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(crate::stop_on_signal(shutdown.clone()));
     let addr = listener.local_addr().unwrap_or(args.addr);

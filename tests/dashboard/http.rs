@@ -223,3 +223,164 @@ async fn bad_request_values_get_a_clear_error_page() {
         assert!(reply.body.contains(expected), "{path}: {}", reply.body);
     }
 }
+
+#[tokio::test]
+async fn without_authentication_only_loopback_host_names_are_served() {
+    let db = TestDb::migrated().await;
+    let served = ServedDashboard::start(db.pool.clone(), DashboardConfig::new(Auth::None)).await;
+    let port = served.url.rsplit(':').next().unwrap().to_owned();
+    // A page that rebinds its own domain to 127.0.0.1 sends its own name.
+    let rebound = format!("attacker.example:{port}");
+    let refused = send(
+        Method::GET,
+        &format!("{}/tasks", served.url),
+        &[("host", &rebound)],
+        "",
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::MISDIRECTED_REQUEST,
+        "{}",
+        refused.body
+    );
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let ok = send(
+            Method::GET,
+            &format!("{}/tasks", served.url),
+            &[("host", &host)],
+            "",
+        )
+        .await;
+        assert_eq!(ok.status, StatusCode::OK, "{host}");
+    }
+}
+
+#[tokio::test]
+async fn scripts_with_a_wrong_token_get_401_and_proxies_may_rewrite_host() {
+    let db = TestDb::migrated().await;
+    let id = dead(
+        &db,
+        Mail {
+            to: "proxy@example.com".into(),
+        },
+    )
+    .await;
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let wrong = send(
+        Method::GET,
+        &format!("{}/tasks", served.url),
+        &[("authorization", "bearer nope")],
+        "",
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        wrong.headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer")
+    );
+    let lower = format!("bearer {TOKEN}");
+    let ok = send(
+        Method::GET,
+        &format!("{}/tasks", served.url),
+        &[("authorization", &lower)],
+        "",
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "the scheme is case-insensitive");
+
+    // A browser behind a proxy that rewrote Host: the name it used is in
+    // X-Forwarded-Host.
+    let csrf = "b".repeat(64);
+    let cookie = format!("outbox_csrf={csrf}");
+    let body = format!("csrf={csrf}&token={TOKEN}");
+    let signed_in = send(
+        Method::POST,
+        &format!("{}/login", served.url),
+        &[
+            ("cookie", &cookie),
+            ("origin", "https://ops.example.com"),
+            ("x-forwarded-host", "ops.example.com"),
+            FORM,
+        ],
+        &body,
+    )
+    .await;
+    assert_eq!(
+        signed_in.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        signed_in.body
+    );
+    assert_eq!(state_of(&db, id).await.state, "dead");
+}
+
+#[tokio::test]
+async fn served_under_a_base_path_every_link_stays_under_it() {
+    let db = TestDb::migrated().await;
+    let id = dead(
+        &db,
+        Mail {
+            to: "base@example.com".into(),
+        },
+    )
+    .await;
+    let served =
+        ServedDashboard::start(db.pool.clone(), token_auth().base_path("/ops/outbox")).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let home = send(
+        Method::GET,
+        &format!("{}/ops/outbox", served.url),
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(home.status, StatusCode::OK);
+    assert!(
+        home.body.contains(r#"class="brand" href="/ops/outbox""#),
+        "{}",
+        home.body
+    );
+    let slash = send(
+        Method::GET,
+        &format!("{}/ops/outbox/", served.url),
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(slash.status, StatusCode::SEE_OTHER);
+    assert_eq!(slash.headers["location"], "/ops/outbox");
+    let tasks = send(
+        Method::GET,
+        &format!("{}/ops/outbox/tasks", served.url),
+        &auth,
+        "",
+    )
+    .await;
+    assert!(
+        tasks
+            .body
+            .contains(&format!(r#"href="/ops/outbox/tasks/{id}""#)),
+        "{}",
+        tasks.body
+    );
+    let anonymous = send(
+        Method::GET,
+        &format!("{}/ops/outbox/tasks", served.url),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(anonymous.headers["location"], "/ops/outbox/login");
+    let nul = send(
+        Method::GET,
+        &format!("{}/ops/outbox/tasks?text=%00", served.url),
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(nul.status, StatusCode::BAD_REQUEST, "{}", nul.body);
+}

@@ -105,6 +105,7 @@ pub(crate) async fn search_tasks(
         .bind(pattern)
         .bind(filter.before)
         .bind(limit)
+        .bind(filter.without_payload)
         .fetch_all(pool)
         .await?;
     rows.iter().map(record).collect()

@@ -124,15 +124,42 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// The credentials after `scheme` (matched case-insensitively, as HTTP
+/// auth schemes are) in an Authorization header.
+fn credentials<'a>(authorization: &'a str, scheme: &str) -> Option<&'a str> {
+    let (given, rest) = authorization.trim().split_once(' ')?;
+    given.eq_ignore_ascii_case(scheme).then(|| rest.trim())
+}
+
+/// Whether `host` (a Host header) names this machine's loopback interface.
+fn loopback_host(host: &str) -> bool {
+    let name = if let Some(v6) = host.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _)| name)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn identify(d: &Dashboard, headers: &HeaderMap) -> Option<Identity> {
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     match &d.config.auth {
-        Auth::None => Some(Identity::Browser),
+        // Without authentication, only pages asked for by a loopback name:
+        // a web page that rebinds its own domain to 127.0.0.1 sends its own
+        // name as Host, and must not reach the dashboard.
+        Auth::None => headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(loopback_host)
+            .then_some(Identity::Browser),
         Auth::Token(token) => {
-            if let Some(given) = authorization.and_then(|a| a.strip_prefix("Bearer ")) {
-                return same_secret(given.trim().as_bytes(), token.as_bytes())
+            if let Some(given) = authorization.and_then(|a| credentials(a, "Bearer")) {
+                return same_secret(given.as_bytes(), token.as_bytes())
                     .then_some(Identity::BearerClient);
             }
             cookie(headers, SESSION_COOKIE)
@@ -140,7 +167,7 @@ fn identify(d: &Dashboard, headers: &HeaderMap) -> Option<Identity> {
                 .map(|_| Identity::Browser)
         }
         Auth::Basic { user, password } => {
-            let encoded = authorization?.strip_prefix("Basic ")?;
+            let encoded = credentials(authorization?, "Basic")?;
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(encoded.trim())
                 .ok()?;
@@ -164,7 +191,27 @@ pub(crate) async fn require(
         request.extensions_mut().insert(identity);
         return next.run(request).await;
     }
+    let bearer_sent = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| credentials(a, "Bearer").is_some());
     match &d.config.auth {
+        Auth::None => views::error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refused: without authentication the dashboard answers only to localhost or a loopback address in the Host header",
+            &d.config,
+        ),
+        // A script with a wrong token gets a 401, not the login page.
+        Auth::Token(_) if bearer_sent => (
+            StatusCode::UNAUTHORIZED,
+            [(
+                header::WWW_AUTHENTICATE,
+                "Bearer realm=\"outbox dashboard\"",
+            )],
+            "wrong bearer token\n",
+        )
+            .into_response(),
         Auth::Basic { .. } => (
             StatusCode::UNAUTHORIZED,
             [(
@@ -232,13 +279,21 @@ pub(crate) fn check_csrf(
         return Ok(());
     }
     if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let same_site = origin
-            .split_once("://")
-            .is_some_and(|(_, rest)| !host.is_empty() && rest == host);
+        // Behind a reverse proxy that rewrites Host, the name the browser
+        // used is in X-Forwarded-Host.
+        let hosts = [header::HOST.as_str(), "x-forwarded-host"].map(|name| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .map(str::trim)
+                .unwrap_or("")
+        });
+        let same_site = origin.split_once("://").is_some_and(|(_, rest)| {
+            hosts
+                .iter()
+                .any(|h| !h.is_empty() && h.eq_ignore_ascii_case(rest))
+        });
         if !same_site {
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
@@ -262,7 +317,7 @@ pub(crate) async fn login_page(
     axum::Extension(csrf): axum::Extension<CsrfToken>,
 ) -> Response {
     if !matches!(d.config.auth, Auth::Token(_)) {
-        return Redirect::to(&format!("{}/", d.config.base_path)).into_response();
+        return Redirect::to(&d.config.home()).into_response();
     }
     views::render(
         StatusCode::OK,
@@ -290,7 +345,7 @@ pub(crate) async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let Auth::Token(token) = &d.config.auth else {
-        return Redirect::to(&format!("{}/", d.config.base_path)).into_response();
+        return Redirect::to(&d.config.home()).into_response();
     };
     if let Err(refused) = check_csrf(Identity::Browser, &headers, &form.csrf) {
         return refused.page(&d.config);
@@ -307,7 +362,7 @@ pub(crate) async fn login(
         );
     }
     let id = d.sessions.create();
-    let mut response = Redirect::to(&format!("{}/", d.config.base_path)).into_response();
+    let mut response = Redirect::to(&d.config.home()).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!(
         "{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
         SESSION_TTL.as_secs()
@@ -355,6 +410,35 @@ mod tests {
         assert!(!same_secret(b"abc", b"abd"));
         assert!(!same_secret(b"abc", b"abcd"));
         assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn only_loopback_hosts_count_as_loopback() {
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "LOCALHOST",
+        ] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "attacker.example:8080",
+            "10.0.0.1",
+            "",
+            "[2001:db8::1]:80",
+            "localhost.evil",
+        ] {
+            assert!(!loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn auth_schemes_match_in_any_case() {
+        assert_eq!(credentials("bearer abc", "Bearer"), Some("abc"));
+        assert_eq!(credentials("Basic  xyz ", "Basic"), Some("xyz"));
+        assert_eq!(credentials("Bearer abc", "Basic"), None);
     }
 
     #[test]

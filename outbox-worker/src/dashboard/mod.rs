@@ -69,6 +69,11 @@ pub enum ConfigError {
     /// A token and basic auth at once: which one was meant?
     #[error("set either {TOKEN_ENV} or {USER_ENV} and {PASSWORD_ENV}, not both")]
     Both,
+    /// Basic auth cannot carry a user name with a colon.
+    #[error(
+        "{USER_ENV} cannot contain ':' (basic auth separates the user from the password with it)"
+    )]
+    ColonInUser,
     /// A credential too short to resist guessing.
     #[error("{0} must be at least 16 characters")]
     TooShort(&'static str),
@@ -79,17 +84,27 @@ impl DashboardConfig {
     /// [`PASSWORD_ENV`]. Secrets come from the environment only, never from
     /// flags (which other users of the machine can read).
     pub fn from_env() -> Result<Self, ConfigError> {
-        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        // Surrounding whitespace (a secret file's trailing newline) is not
+        // part of the secret: what clients send is trimmed the same way.
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v: &String| !v.is_empty())
+        };
         let auth = match (var(TOKEN_ENV), var(USER_ENV), var(PASSWORD_ENV)) {
             (Some(token), None, None) => {
-                if token.len() < 16 {
+                if token.chars().count() < 16 {
                     return Err(ConfigError::TooShort(TOKEN_ENV));
                 }
                 Auth::Token(token)
             }
             (None, Some(user), Some(password)) => {
-                if password.len() < 16 {
+                if password.chars().count() < 16 {
                     return Err(ConfigError::TooShort(PASSWORD_ENV));
+                }
+                if user.contains(':') {
+                    return Err(ConfigError::ColonInUser);
                 }
                 Auth::Basic { user, password }
             }
@@ -106,6 +121,16 @@ impl DashboardConfig {
             auth,
             read_only: false,
             base_path: String::new(),
+        }
+    }
+
+    /// The overview's path: the base path itself (`Router::nest` serves a
+    /// nested `/` there, not at `base/`), or `/` at the root.
+    pub(crate) fn home(&self) -> String {
+        if self.base_path.is_empty() {
+            "/".to_owned()
+        } else {
+            self.base_path.clone()
         }
     }
 
@@ -159,14 +184,29 @@ pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
         .with_state(state)
 }
 
-/// Serves the dashboard on `listener` until `shutdown`.
+/// Serves the dashboard on `listener` until `shutdown`, under its base
+/// path.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     pool: PgPool,
     config: DashboardConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(pool, config))
+    // Served under its base path, so a reverse proxy can pass the path
+    // through unchanged; `base/` redirects to `base`.
+    let app = if config.base_path.is_empty() {
+        router(pool, config)
+    } else {
+        let base = config.base_path.clone();
+        let home = base.clone();
+        Router::new()
+            .route(
+                &format!("{base}/"),
+                get(move || async move { axum::response::Redirect::to(&home) }),
+            )
+            .nest(&base, router(pool, config))
+    };
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

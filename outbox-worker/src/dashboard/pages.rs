@@ -129,6 +129,13 @@ pub(crate) async fn tasks(
     Query(q): Query<TasksQuery>,
 ) -> Response {
     let result = async {
+        let given = [&q.state, &q.task_type, &q.queue, &q.id, &q.text, &q.before];
+        if given.iter().any(|v| v.contains('\0')) {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "a filter contains the character U+0000, which no task can hold",
+            ));
+        }
         let filter = TaskFilter {
             state: some(&q.state),
             task_type: some(&q.task_type),
@@ -137,6 +144,8 @@ pub(crate) async fn tasks(
             text: some(&q.text),
             before: parse_id("before", &q.before)?,
             limit: Some(50),
+            // The list shows neither; a payload can be megabytes.
+            without_payload: true,
         };
         let page = query("tasks", admin::search_tasks(&d.pool, &filter)).await?;
         let view = FilterView {

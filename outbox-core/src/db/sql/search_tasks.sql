@@ -4,13 +4,14 @@
 -- $1 state (a state name, or 'dead' for dead tasks, which are excluded
 -- from 'failed'), $2 task type, $3 queue, $4 id, $5 a LIKE pattern (already
 -- escaped and wrapped in %) matched against the payload text and the last
--- error. $7 page size. Every value is bound; nothing here is built from
+-- error. $7 page size. $8 leaves payloads and results out. Every value is bound; nothing here is built from
 -- request text.
 SELECT id, task_type, queue,
        CASE WHEN dead_at IS NOT NULL THEN 'dead' ELSE state::text END AS state,
        priority, retry_count, max_attempts, claims, execute_at, created_at, updated_at,
-       finished_at, dead_at, claimed_by, heartbeat_at, last_error, unique_key, result::text AS result,
-       payload::text AS payload
+       finished_at, dead_at, claimed_by, heartbeat_at, last_error, unique_key,
+       CASE WHEN NOT $8 THEN result::text END AS result,
+       CASE WHEN $8 THEN 'null' ELSE payload::text END AS payload
 FROM outbox_tasks
 WHERE ($1::text IS NULL
        OR ($1 = 'dead' AND dead_at IS NOT NULL)
