@@ -152,6 +152,18 @@ async fn a_wrong_token_is_refused_and_an_anonymous_visit_sees_nothing() {
                 .unwrap()
                 .contains("secret@example.com")
         );
+        // Signed in, then out: the session no longer opens pages.
+        sign_in(&client, &url, TOKEN).await;
+        click(&client, "sign-out").await;
+        client.goto(&format!("{url}/tasks/{id}")).await.unwrap();
+        assert!(
+            client
+                .current_url()
+                .await
+                .unwrap()
+                .path()
+                .ends_with("/login")
+        );
     })
     .await;
 }

@@ -61,11 +61,7 @@ pub(super) async fn release_remaining(shared: &Shared, deadline: Instant) {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            tracing::error!(
-                task_ids = ?held,
-                "could not release unfinished tasks before exit (the flush deadline passed); \
-                 stuck-task recovery will rerun them after the heartbeat timeout"
-            );
+            not_released(&held, "the flush deadline passed");
             return;
         }
         let result = call(
@@ -86,13 +82,29 @@ pub(super) async fn release_remaining(shared: &Shared, deadline: Instant) {
                 tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
             }
             Err(error) => {
-                tracing::error!(
-                    %error,
-                    task_ids = ?held,
-                    "could not release unfinished tasks before exit; stuck-task recovery will rerun them after the heartbeat timeout"
-                );
+                not_released(&held, &error.to_string());
                 return;
             }
         }
+    }
+}
+
+/// Says what could not be released at exit, and why: an error when tasks
+/// are known to be held, a warning when only claims whose answer never
+/// arrived are left (they may have taken nothing).
+fn not_released(held: &[i64], why: &str) {
+    if held.is_empty() {
+        tracing::warn!(
+            why,
+            "could not release the claims whose answer was lost; any task they took is \
+             recovered after the heartbeat timeout"
+        );
+    } else {
+        tracing::error!(
+            task_ids = ?held,
+            why,
+            "could not release unfinished tasks before exit; stuck-task recovery will rerun \
+             them after the heartbeat timeout"
+        );
     }
 }

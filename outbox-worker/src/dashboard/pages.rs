@@ -64,11 +64,17 @@ pub(crate) async fn style() -> Response {
 }
 
 /// Every queue at a glance.
-pub(crate) async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
+pub(crate) async fn overview(
+    State(d): State<Arc<Dashboard>>,
+    Extension(csrf): Extension<CsrfToken>,
+) -> Response {
+    // Only token sign-ins have a session to end (basic auth is the
+    // browser's, and the insecure mode has none).
+    let sign_out = matches!(d.config.auth, super::Auth::Token(_)).then_some(&*csrf.0);
     match query("overview", admin::overview(&d.pool)).await {
         Ok(o) => render(
             StatusCode::OK,
-            &OverviewPage::new(&d.config.base_path, o, chrono::Utc::now()),
+            &OverviewPage::new(&d.config.base_path, sign_out, o, chrono::Utc::now()),
         ),
         Err(refused) => refused.page(&d.config),
     }

@@ -95,13 +95,20 @@ pub(crate) const CHART_DOWN: u32 = 12;
 #[template(path = "overview.html")]
 pub(crate) struct OverviewPage<'a> {
     pub(crate) base: &'a str,
+    /// Set for a signed-in browser session: the sign-out form's token.
+    pub(crate) sign_out_csrf: Option<&'a str>,
     pub(crate) rows: Vec<QueueRow>,
     pub(crate) completed_estimate: i64,
     pub(crate) now: String,
 }
 
 impl<'a> OverviewPage<'a> {
-    pub(crate) fn new(base: &'a str, overview: Overview, now: DateTime<Utc>) -> Self {
+    pub(crate) fn new(
+        base: &'a str,
+        sign_out_csrf: Option<&'a str>,
+        overview: Overview,
+        now: DateTime<Utc>,
+    ) -> Self {
         let rows = overview
             .queues
             .into_iter()
@@ -117,6 +124,7 @@ impl<'a> OverviewPage<'a> {
             .collect();
         Self {
             base,
+            sign_out_csrf,
             rows,
             completed_estimate: overview.completed_estimate,
             now: now.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
