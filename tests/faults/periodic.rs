@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outbox_tests::TestDb;
-use outbox_tests::process::WorkerProcess;
+use outbox_tests::process::{WorkerProcess, wait_until};
 
 use crate::WORKER;
 use crate::leader::wait_for_one_leader;
@@ -31,14 +31,14 @@ async fn ticks(db: &TestDb) -> Vec<(i64, i64)> {
 }
 
 async fn wait_for_ticks(db: &TestDb, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while ticks(db).await.len() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "fewer than {n} ticks"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT count(DISTINCT execute_at) >= {n} FROM outbox_tasks WHERE task_type = 'outbox.noop'"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -53,12 +53,15 @@ pub(crate) async fn execute(
     );
     async move {
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
+        // Shared by the handler's context and the outcome: one allocation.
+        let queue: Arc<str> = Arc::from(task.queue.as_str());
         let started = std::time::Instant::now();
         let completed_in = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let result = run_handler(
             &shared,
             &task,
             Arc::clone(&task_type),
+            Arc::clone(&queue),
             attempt,
             &completed_in,
         )
@@ -88,7 +91,7 @@ pub(crate) async fn execute(
             finish,
             kind,
             task_type,
-            queue: Arc::from(task.queue.as_str()),
+            queue,
             completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
         };
         if done.send(done_msg).await.is_err() {
@@ -105,6 +108,7 @@ async fn run_handler(
     shared: &Shared,
     task: &ClaimedTask,
     task_type: Arc<str>,
+    queue: Arc<str>,
     attempt: i32,
     completed_in: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Option<Result<Outcome, String>> {
@@ -120,7 +124,7 @@ async fn run_handler(
     let ctx = TaskContext {
         id: TaskId(task.id),
         task_type,
-        queue: Arc::from(task.queue.as_str()),
+        queue,
         attempt,
         max_attempts: task.max_attempts,
         cancel: cancel.clone(),

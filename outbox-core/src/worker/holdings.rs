@@ -156,7 +156,11 @@ impl Holdings {
     pub(crate) fn done(&self, id: i64, token: &Arc<str>) {
         let mut inner = self.lock();
         inner.attempts.remove(&(id, Arc::clone(token)));
-        if !inner.attempts.keys().any(|(held, _)| *held == id) {
+        // Called for every task: look through the attempts only in the rare
+        // case that a cancel is pending.
+        if inner.cancel_requested.contains(&id)
+            && !inner.attempts.keys().any(|(held, _)| *held == id)
+        {
             inner.cancel_requested.remove(&id);
         }
     }
