@@ -8,9 +8,10 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::task::TaskId;
 
+pub use crate::explain::{Explanation, Reason, explain_task};
 pub use crate::records::{
-    MinuteThroughput, Overview, QueueHealth, QueueOverview, TaskFilter, TaskPage, TaskRecord,
-    TypeStateCount,
+    MinuteThroughput, Overview, QueueChange, QueueHealth, QueueOverview, QueueSettings, TaskFilter,
+    TaskPage, TaskRecord, TypeStateCount, WorkerQueue, WorkerRecord,
 };
 
 /// The states an operator can filter on. `dead` is FAILED with no attempts
@@ -76,6 +77,73 @@ pub async fn cancel_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> 
         .into_iter()
         .map(TaskId)
         .collect())
+}
+
+/// Every queue's settings (each queue a worker ever served has a row), by
+/// name.
+pub async fn list_queues(pool: &PgPool) -> Result<Vec<QueueSettings>> {
+    Ok(db::queues::list(pool).await?)
+}
+
+/// The largest global concurrency and per-key concurrency accepted.
+pub const MAX_QUEUE_LIMIT: i32 = 1_000_000;
+
+/// The highest rate accepted, per second.
+pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
+
+/// Changes a queue's settings for the whole cluster (adding its row if
+/// needed) and returns them. A pause stops new claims at once everywhere
+/// (running tasks finish); a global concurrency is never exceeded by a
+/// claim made under it, however many workers serve the queue; a rate limits
+/// the attempts started per second, cluster-wide. Values are checked
+/// before anything is written.
+pub async fn set_queue(pool: &PgPool, queue: &str, change: &QueueChange) -> Result<QueueSettings> {
+    crate::options::validate_queue(queue)?;
+    if let Some(Some(n)) = change.global_concurrency
+        && !(1..=MAX_QUEUE_LIMIT).contains(&n)
+    {
+        return Err(Error::InvalidOption(format!(
+            "global concurrency {n} is out of range: use 1 to {MAX_QUEUE_LIMIT}"
+        )));
+    }
+    if let Some(n) = change.per_key_concurrency
+        && !(1..=MAX_QUEUE_LIMIT).contains(&n)
+    {
+        return Err(Error::InvalidOption(format!(
+            "per-key concurrency {n} is out of range: use 1 to {MAX_QUEUE_LIMIT}"
+        )));
+    }
+    if let Some(Some(r)) = change.rate_per_second
+        && !(r.is_finite() && r > 0.0 && r <= MAX_RATE_PER_SECOND)
+    {
+        return Err(Error::InvalidOption(format!(
+            "rate {r}/s is out of range: use more than 0 and at most {MAX_RATE_PER_SECOND}/s"
+        )));
+    }
+    Ok(db::queues::set(pool, queue, change).await?)
+}
+
+/// Pauses a queue cluster-wide: no new claims; running tasks finish.
+pub async fn pause_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
+    let change = QueueChange {
+        paused: Some(true),
+        ..QueueChange::default()
+    };
+    set_queue(pool, queue, &change).await
+}
+
+/// Resumes a paused queue; its workers are woken at once.
+pub async fn resume_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
+    let change = QueueChange {
+        paused: Some(false),
+        ..QueueChange::default()
+    };
+    set_queue(pool, queue, &change).await
+}
+
+/// Every worker that reported itself, live ones first.
+pub async fn list_workers(pool: &PgPool) -> Result<Vec<WorkerRecord>> {
+    Ok(db::workers::list(pool).await?)
 }
 
 /// Every task counted by type and state. Reads the whole table.

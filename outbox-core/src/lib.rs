@@ -48,6 +48,7 @@ pub mod admin;
 mod clock;
 mod db;
 mod error;
+mod explain;
 mod handler;
 pub mod maintenance;
 mod migrate;
@@ -94,7 +95,7 @@ pub use worker::{
 #[doc(hidden)]
 pub mod __private {
     pub use crate::options::unique_from_fields;
-    pub use crate::task::{check_payload, no_unique, unique_of};
+    pub use crate::task::{check_payload, no_ordering, no_unique, ordering_of, unique_of};
     pub use inventory;
     pub use std::time::Duration;
 }

@@ -67,6 +67,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0007_periodic.up.sql"),
         down: include_str!("../../migrations/0007_periodic.down.sql"),
     },
+    Migration {
+        version: 8,
+        name: "ordering",
+        up: include_str!("../../migrations/0008_ordering.up.sql"),
+        down: include_str!("../../migrations/0008_ordering.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -21,6 +21,7 @@ pub struct TaskOptions {
     pub(crate) priority: Option<i16>,
     pub(crate) queue: Option<String>,
     pub(crate) unique: Option<Unique>,
+    pub(crate) ordering_key: Option<String>,
 }
 
 impl TaskOptions {
@@ -64,6 +65,18 @@ impl TaskOptions {
         self
     }
 
+    /// Gives the task an ordering key (replacing what its type declares):
+    /// tasks with the same key in a queue run one at a time (or up to the
+    /// queue's per-key concurrency), in the order their submitting
+    /// transactions committed; different keys run in parallel. A task that
+    /// fails keeps its key waiting for its retry, and a dead one blocks it
+    /// until an operator retries, cancels or skips it (unless its type
+    /// declares `on_dead = "skip"`).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
     /// Shorthand for `.unique(Unique::key(key))`.
     pub fn unique_key(self, key: impl Into<String>) -> Self {
         self.unique(Unique::key(key))
@@ -77,6 +90,9 @@ impl TaskOptions {
         }
         if let Some(p) = self.priority {
             validate_priority(p)?;
+        }
+        if let Some(k) = &self.ordering_key {
+            validate_ordering_key(k)?;
         }
         if let Some(q) = &self.queue {
             validate_queue(q)?;
@@ -290,4 +306,23 @@ mod tests {
         let o = o.delay(Duration::from_secs(1));
         assert!(o.run_at.is_none() && o.delay.is_some());
     }
+}
+
+/// The longest ordering key accepted, in bytes.
+pub(crate) const MAX_ORDERING_KEY: usize = 512;
+
+/// Checks an ordering key: 1 to 512 bytes, without U+0000.
+pub(crate) fn validate_ordering_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_ORDERING_KEY {
+        return Err(Error::InvalidOption(format!(
+            "ordering key of {} bytes is out of range: use 1 to {MAX_ORDERING_KEY} bytes",
+            key.len()
+        )));
+    }
+    if key.contains('\0') {
+        return Err(Error::InvalidOption(
+            "an ordering key cannot contain the character U+0000".to_owned(),
+        ));
+    }
+    Ok(())
 }

@@ -44,6 +44,14 @@ pub struct TaskRecord {
     /// Its unique key (`task_type:key`, with `:period` for a per-period
     /// uniqueness), if it is unique.
     pub unique_key: Option<String>,
+    /// Its ordering key, if it has one.
+    pub ordering_key: Option<String>,
+    /// Its place among its key's tasks (commit order), if it has a key.
+    pub key_seq: Option<i64>,
+    /// Waiting for earlier tasks of its ordering key.
+    pub blocked: bool,
+    /// When its latest attempt started.
+    pub attempted_at: Option<DateTime<Utc>>,
     /// What its handler returned ([`crate::Outcome::success_with`]).
     pub result: Option<serde_json::Value>,
     /// The payload.
@@ -68,6 +76,8 @@ pub struct QueueHealth {
     pub claimable: i64,
     /// Tasks waiting for a future execute_at (delayed or backing off).
     pub scheduled: i64,
+    /// Tasks waiting for earlier tasks of their ordering key.
+    pub blocked: i64,
     /// Tasks being run.
     pub processing: i64,
     /// Dead tasks waiting for an operator.
@@ -92,6 +102,8 @@ pub struct QueueOverview {
     pub scheduled: i64,
     /// Tasks waiting out a failed attempt's backoff.
     pub retrying: i64,
+    /// Tasks waiting for earlier tasks of their ordering key.
+    pub blocked: i64,
     /// Tasks being run.
     pub processing: i64,
     /// Dead tasks waiting for an operator.
@@ -160,4 +172,71 @@ pub struct TaskPage {
     pub tasks: Vec<TaskRecord>,
     /// Where the next page starts (its `before`), if there may be one.
     pub next_before: Option<i64>,
+}
+
+/// A queue's settings, applying to every worker of the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueSettings {
+    /// The queue.
+    pub name: String,
+    /// Since when it is paused (no new claims anywhere), if it is.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// At most this many of its tasks run at once, cluster-wide.
+    pub global_concurrency: Option<i32>,
+    /// At most this many attempts start per second, cluster-wide.
+    pub rate_per_second: Option<f64>,
+    /// Tasks of one ordering key that run at once (1 by default).
+    pub per_key_concurrency: i32,
+    /// When the settings last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl QueueSettings {
+    /// True when claims must count against a global limit or a rate.
+    pub fn is_limited(&self) -> bool {
+        self.global_concurrency.is_some() || self.rate_per_second.is_some()
+    }
+}
+
+/// A worker as it reported itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerRecord {
+    /// Its run id (unique per process run).
+    pub id: String,
+    /// The machine it runs on.
+    pub host: String,
+    /// Its process id there.
+    pub pid: i32,
+    /// The queues it serves, with their concurrency.
+    pub queues: Vec<WorkerQueue>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// When it last reported.
+    pub last_seen_at: DateTime<Utc>,
+    /// It counts as alive until then unless it reports again.
+    pub expires_at: DateTime<Utc>,
+    /// Whether it is alive now (by the database clock).
+    pub alive: bool,
+}
+
+/// One queue a worker serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct WorkerQueue {
+    /// The queue.
+    pub queue: String,
+    /// The worker's concurrency on it.
+    pub concurrency: u32,
+}
+
+/// A change of a queue's settings; `None` keeps the current value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueChange {
+    /// `Some(true)` pauses, `Some(false)` resumes.
+    pub paused: Option<bool>,
+    /// `Some(None)` removes the global limit.
+    pub global_concurrency: Option<Option<i32>>,
+    /// Per second; `Some(None)` removes the rate limit.
+    pub rate_per_second: Option<Option<f64>>,
+    /// Tasks of one ordering key that run at once.
+    pub per_key_concurrency: Option<i32>,
 }

@@ -160,11 +160,15 @@ impl Batch {
                 reason: format!("its unique key cannot be built: {reason}"),
             })?;
         }
+        if options.ordering_key.is_none() {
+            options.ordering_key = task.ordering_key();
+        }
         self.push_row(
             T::TASK_TYPE,
             T::QUEUE,
             T::PRIORITY,
             T::RETRY_DELAYS,
+            T::DEAD_SKIPS_KEY,
             payload,
             options,
         )
@@ -186,11 +190,19 @@ impl Batch {
                     reason: format!("its unique key cannot be built: {reason}"),
                 })?;
         }
+        if options.ordering_key.is_none() {
+            options.ordering_key =
+                (task.ordering_of)(&payload).map_err(|reason| Error::InvalidPayload {
+                    task_type: task.task_type.to_owned(),
+                    reason: format!("its ordering key cannot be read: {reason}"),
+                })?;
+        }
         self.push_row(
             task.task_type,
             task.queue,
             task.priority,
             task.retry_delays,
+            task.dead_skips_key,
             payload,
             options,
         )
@@ -202,6 +214,7 @@ impl Batch {
         default_queue: &str,
         default_priority: i16,
         retry_delays: &[std::time::Duration],
+        dead_skips_key: bool,
         payload: String,
         options: TaskOptions,
     ) -> Result<&mut Self> {
@@ -234,6 +247,8 @@ impl Batch {
             run_at: options.run_at,
             delay_us: options.delay.map(delay_micros).transpose()?,
             unique,
+            ordering_key: options.ordering_key,
+            skip_dead: dead_skips_key,
         });
         Ok(self)
     }
@@ -258,8 +273,9 @@ impl Batch {
             return Ok(Vec::new());
         }
         let notify = crate::wakeup::queues_to_notify(&self.rows);
-        let done = if self.rows.iter().all(|r| r.unique.is_none()) {
-            db::insert_tasks(conn, self.rows, notify)
+        let (rows, order) = in_key_order(self.rows);
+        let done: Vec<Submitted> = if rows.iter().all(|r| r.unique.is_none()) {
+            db::insert_tasks(conn, rows, notify)
                 .await?
                 .into_iter()
                 .map(|id| Submitted {
@@ -268,7 +284,7 @@ impl Batch {
                 })
                 .collect()
         } else {
-            db::unique::insert(conn, self.rows, notify)
+            db::unique::insert(conn, rows, notify)
                 .await?
                 .into_iter()
                 .map(|(id, duplicate)| Submitted {
@@ -277,8 +293,39 @@ impl Batch {
                 })
                 .collect()
         };
-        Ok(done)
+        Ok(match order {
+            None => done,
+            Some(order) => {
+                let mut out = done.clone();
+                for (sorted_at, &pushed_at) in order.iter().enumerate() {
+                    out[pushed_at] = done[sorted_at];
+                }
+                out
+            }
+        })
     }
+}
+
+/// A batch with ordering keys is written in key order (each key's tasks in
+/// the order they were pushed), so two batches locking the same keys take
+/// the locks in the same order instead of deadlocking. Returns the rows to
+/// write and, when they were reordered, each one's place in the batch.
+fn in_key_order(rows: Vec<NewTask>) -> (Vec<NewTask>, Option<Vec<usize>>) {
+    let keyed = rows.iter().filter(|r| r.ordering_key.is_some()).count();
+    if keyed < 2 {
+        return (rows, None);
+    }
+    let mut indexed: Vec<(usize, NewTask)> = rows.into_iter().enumerate().collect();
+    // Stable: tasks of one key keep their order.
+    indexed.sort_by(|(_, a), (_, b)| {
+        (a.ordering_key.is_some(), &a.queue, &a.ordering_key).cmp(&(
+            b.ordering_key.is_some(),
+            &b.queue,
+            &b.ordering_key,
+        ))
+    });
+    let order = indexed.iter().map(|(i, _)| *i).collect();
+    (indexed.into_iter().map(|(_, r)| r).collect(), Some(order))
 }
 
 #[cfg(test)]

@@ -36,6 +36,19 @@ pub trait Task: Serialize + DeserializeOwned + Send + 'static {
     fn unique(&self) -> Result<Option<crate::Unique>, String> {
         Ok(None)
     }
+
+    /// The task's ordering key, if any (`#[outbox_task(ordering_key =
+    /// "field")]`); a submit's [`crate::TaskOptions::ordering_key`]
+    /// replaces it. Tasks with the same key in a queue run one at a time,
+    /// in commit order.
+    fn ordering_key(&self) -> Option<String> {
+        None
+    }
+
+    /// Whether a dead task of this type lets its ordering key go on
+    /// (`on_dead = "skip"`). By default it blocks the key until an operator
+    /// retries, cancels or skips it, so that no later task overtakes it.
+    const DEAD_SKIPS_KEY: bool = false;
 }
 
 /// The id of a task: assigned by the database, unique within it, stable
@@ -107,6 +120,11 @@ pub struct RegisteredTask {
     /// (`unique_by`), so that a submission by name is unique like one from
     /// code.
     pub unique_of: fn(&str) -> Result<Option<crate::Unique>, String>,
+    /// The ordering key a JSON payload has by the type's declaration
+    /// (`ordering_key`), for a submission by name.
+    pub ordering_of: fn(&str) -> Result<Option<String>, String>,
+    /// The type's `on_dead = "skip"`.
+    pub dead_skips_key: bool,
 }
 
 /// The `check_payload` of task type `T`.
@@ -130,6 +148,20 @@ pub fn unique_of<T: Task>(json: &str) -> Result<Option<crate::Unique>, String> {
     serde_json::from_str::<T>(json)
         .map_err(|e| e.to_string())?
         .unique()
+}
+
+/// The `ordering_of` of a task type without an ordering key.
+#[doc(hidden)]
+pub fn no_ordering(_json: &str) -> Result<Option<String>, String> {
+    Ok(None)
+}
+
+/// The `ordering_of` of a task type `T` with an ordering key.
+#[doc(hidden)]
+pub fn ordering_of<T: Task>(json: &str) -> Result<Option<String>, String> {
+    Ok(serde_json::from_str::<T>(json)
+        .map_err(|e| e.to_string())?
+        .ordering_key())
 }
 
 inventory::collect!(RegisteredTask);

@@ -39,6 +39,23 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
             }
         }
     });
+    let ordering = task.ordering_key.as_ref().map(|field| {
+        quote! {
+            fn ordering_key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::ToString::to_string(&self.#field))
+            }
+        }
+    });
+    let skips = task.dead_skips_key.then(|| {
+        quote!(
+            const DEAD_SKIPS_KEY: bool = true;
+        )
+    });
+    let ordering_of = if task.ordering_key.is_some() {
+        quote!(::outbox::__private::ordering_of::<#ident>)
+    } else {
+        quote!(::outbox::__private::no_ordering)
+    };
     let unique_of = if task.unique.is_some() {
         quote!(::outbox::__private::unique_of::<#ident>)
     } else {
@@ -54,6 +71,8 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
             #delays
             #timeout
             #unique
+            #ordering
+            #skips
         }
 
         ::outbox::__private::inventory::submit! {
@@ -65,6 +84,8 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 rust_type: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
                 check_payload: ::outbox::__private::check_payload::<#ident>,
                 unique_of: #unique_of,
+                ordering_of: #ordering_of,
+                dead_skips_key: <#ident as ::outbox::Task>::DEAD_SKIPS_KEY,
             }
         }
     }

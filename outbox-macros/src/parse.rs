@@ -9,8 +9,8 @@ use syn::{Expr, ExprArray, ExprLit, Ident, Item, Lit, LitStr, Meta, Token};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: &str =
-    "task_type, queue, priority, retry_delays, timeout, unique_by, unique_period, unique_states";
+const OPTIONS: &str = "task_type, queue, priority, retry_delays, timeout, unique_by, unique_period, \
+                       unique_states, ordering_key, on_dead";
 
 /// A checked task declaration.
 pub(crate) struct TaskDecl {
@@ -22,6 +22,10 @@ pub(crate) struct TaskDecl {
     pub(crate) timeout_ms: Option<u64>,
     /// Set when the type is unique.
     pub(crate) unique: Option<UniqueDecl>,
+    /// The payload field whose value is the ordering key.
+    pub(crate) ordering_key: Option<Ident>,
+    /// `on_dead = "skip"`: a dead task lets its key go on.
+    pub(crate) dead_skips_key: bool,
 }
 
 /// `unique_by`, `unique_period` and `unique_states`.
@@ -44,6 +48,8 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
     let mut unique_by: Option<Vec<Ident>> = None;
     let mut unique_period = None;
     let mut unique_states = None;
+    let mut ordering_key = None;
+    let mut on_dead = None;
     for meta in metas {
         let Meta::NameValue(nv) = &meta else {
             return Err(syn::Error::new(
@@ -97,6 +103,27 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
                 set_once(&mut unique_period, ms, &meta)?;
             }
             "unique_states" => set_once(&mut unique_states, states(&nv.value)?, &meta)?,
+            "ordering_key" => {
+                let lit = string(&nv.value, "ordering_key")?;
+                let field = field_named(&lit, &fields, "ordering_key")?;
+                set_once(&mut ordering_key, field, &meta)?;
+            }
+            "on_dead" => {
+                let lit = string(&nv.value, "on_dead")?;
+                let skip = match lit.value().as_str() {
+                    "skip" => true,
+                    "block" => false,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "bad on_dead {other:?}: use \"block\" (the default: a dead task holds its ordering key until an operator acts) or \"skip\""
+                            ),
+                        ));
+                    }
+                };
+                set_once(&mut on_dead, skip, &meta)?;
+            }
             _ => {
                 return Err(syn::Error::new(
                     nv.path.span(),
@@ -122,6 +149,12 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
                 extra_states: unique_states.unwrap_or(0),
             }
         });
+    if on_dead.is_some() && ordering_key.is_none() {
+        return Err(syn::Error::new(
+            Span::call_site(),
+            "`on_dead` applies to tasks with an `ordering_key`; add one or remove `on_dead`",
+        ));
+    }
     Ok(TaskDecl {
         ident,
         task_type,
@@ -130,6 +163,8 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
         retry_delays_ms,
         timeout_ms,
         unique,
+        ordering_key,
+        dead_skips_key: on_dead.unwrap_or(false),
     })
 }
 
@@ -249,25 +284,31 @@ fn unique_fields(expr: &Expr, fields: &[Ident]) -> syn::Result<Vec<Ident>> {
     for e in elems {
         let lit = string(e, "unique_by")?;
         let name = lit.value();
-        let Some(field) = fields.iter().find(|f| **f == name) else {
-            let known: Vec<String> = fields.iter().map(Ident::to_string).collect();
-            return Err(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`unique_by` names {name:?}, which is not a field of this struct (its fields: {})",
-                    known.join(", ")
-                ),
-            ));
-        };
-        if out.contains(field) {
+        let field = field_named(&lit, fields, "unique_by")?;
+        if out.contains(&field) {
             return Err(syn::Error::new(
                 lit.span(),
                 format!("{name:?} is named twice"),
             ));
         }
-        out.push(field.clone());
+        out.push(field);
     }
     Ok(out)
+}
+
+/// The payload field `lit` names, for `option`.
+fn field_named(lit: &LitStr, fields: &[Ident], option: &str) -> syn::Result<Ident> {
+    let name = lit.value();
+    fields.iter().find(|f| **f == name).cloned().ok_or_else(|| {
+        let known: Vec<String> = fields.iter().map(Ident::to_string).collect();
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "`{option}` names {name:?}, which is not a field of this struct (its fields: {})",
+                known.join(", ")
+            ),
+        )
+    })
 }
 
 /// `unique_states`: must list pending, processing and retrying (a task

@@ -25,8 +25,13 @@ pub(crate) enum TasksCommand {
     Retry(RetryArgs),
     /// Cancel tasks: waiting ones become dead at once; running ones are
     /// stopped (their worker fires the task's cancellation token) and end
-    /// dead, never retried.
+    /// dead, never retried. A cancelled task lets its ordering key go on;
+    /// cancelling a dead task that holds its key skips it.
     Cancel(CancelArgs),
+    /// Why a task is not running now: scheduled, waiting for a retry,
+    /// behind another task of its ordering key, its queue paused or at its
+    /// limit, no live worker for its queue, or dead (and why).
+    Explain(ShowArgs),
 }
 
 #[derive(Debug, Args)]
@@ -56,6 +61,10 @@ pub(crate) struct SubmitArgs {
     /// 100 years), e.g. 1h.
     #[arg(long, requires = "unique_key", value_parser = flags::duration(Duration::from_secs(1), 36_500 * DAY))]
     unique_period: Option<Duration>,
+    /// Ordering key (instead of the task type's own): tasks with the same
+    /// key in a queue run one at a time, in commit order.
+    #[arg(long)]
+    ordering_key: Option<String>,
     /// Print {"id": N, "duplicate": BOOL} instead of the id.
     #[arg(long)]
     json: bool,
@@ -85,12 +94,12 @@ pub(crate) struct ListArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ShowArgs {
     #[command(flatten)]
-    db: DbArgs,
+    pub(crate) db: DbArgs,
     /// The task id.
-    id: i64,
+    pub(crate) id: i64,
     /// JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -134,6 +143,7 @@ pub(crate) async fn tasks(command: TasksCommand) -> Result<(), Failure> {
         TasksCommand::Show(args) => show(args).await,
         TasksCommand::Retry(args) => retry(args).await,
         TasksCommand::Cancel(args) => cancel(args).await,
+        TasksCommand::Explain(args) => crate::explain_cmd::explain(args).await,
     }
 }
 
@@ -164,6 +174,9 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             unique = unique.per(period);
         }
         options = options.unique(unique);
+    }
+    if let Some(key) = args.ordering_key {
+        options = options.ordering_key(key);
     }
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;
@@ -284,7 +297,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn print_task(t: &TaskRecord) {
+pub(crate) fn print_task(t: &TaskRecord) {
     let time =
         |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
     println!("id            {}", t.id);
@@ -305,6 +318,14 @@ fn print_task(t: &TaskRecord) {
     println!("heartbeat at  {}", time(t.heartbeat_at));
     println!("last error    {}", t.last_error.as_deref().unwrap_or("-"));
     println!("unique key    {}", t.unique_key.as_deref().unwrap_or("-"));
+    if let Some(key) = &t.ordering_key {
+        println!(
+            "ordering key  {key} (#{}{})",
+            t.key_seq.unwrap_or_default(),
+            if t.blocked { ", waiting for it" } else { "" }
+        );
+    }
+    println!("attempted at  {}", time(t.attempted_at));
     if let Some(result) = &t.result {
         println!(
             "result        {}",

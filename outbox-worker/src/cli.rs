@@ -77,6 +77,13 @@ enum Command {
     Periodic(crate::periodic_cmd::PeriodicCommand),
     /// Serve the web dashboard (authenticated; see --help).
     Dashboard(crate::dashboard_cmd::DashboardArgs),
+    /// List queues with their settings; pause, resume and limit them for
+    /// the whole cluster.
+    #[command(subcommand)]
+    Queues(crate::queues_cmd::QueuesCommand),
+    /// List the workers of the cluster.
+    #[command(subcommand)]
+    Workers(crate::queues_cmd::WorkersCommand),
 }
 
 #[derive(Debug, Args)]
@@ -129,6 +136,10 @@ struct RunArgs {
     /// to 3650d).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
+    /// How long after a worker stopped reporting itself (killed, machine
+    /// lost) its row leaves `workers list` (1s to 30d).
+    #[arg(long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
+    forget_workers_after: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
@@ -226,6 +237,8 @@ pub fn main_with(
             Command::Bench(args) => crate::bench::run(args, register.clone()).await,
             Command::Dashboard(args) => crate::dashboard_cmd::run(args).await,
             Command::Periodic(command) => within(limit, crate::periodic_cmd::run(command)).await,
+            Command::Queues(command) => within(limit, crate::queues_cmd::queues(command)).await,
+            Command::Workers(command) => within(limit, crate::queues_cmd::workers(command)).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection
@@ -312,6 +325,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
         delete_completed: args.retention.is_zero(),
+        forget_workers_after: args.forget_workers_after,
         ..WorkerConfig::default()
     };
     let mut builder = register(builtin::register(

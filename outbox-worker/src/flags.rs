@@ -74,9 +74,84 @@ pub(crate) fn int_i16(min: i64, max: i64) -> RangedI64ValueParser<i16> {
     RangedI64ValueParser::<i16>::new().range(min..=max)
 }
 
+/// A whole number in `min..=max`, as i32, with a message naming the range.
+pub(crate) fn int_i32(
+    min: i32,
+    max: i32,
+) -> impl Fn(&str) -> Result<i32, String> + Clone + Send + Sync + 'static {
+    move |s: &str| match s.trim().parse::<i64>() {
+        Ok(n) if (i64::from(min)..=i64::from(max)).contains(&n) => {
+            Ok(i32::try_from(n).unwrap_or(max))
+        }
+        Ok(n) => Err(format!("{n} is out of range: use {min} to {max}")),
+        Err(_) => Err(format!("{s:?} is not a whole number: use {min} to {max}")),
+    }
+}
+
+/// The most attempts per second a queue's rate may allow.
+const MAX_RATE: f64 = 1_000_000.0;
+
+/// A rate: `N/s`, `N/m` or `N/h` (N a positive number, at most a million
+/// per second), as attempts per second, or `none` (no limit).
+pub(crate) fn rate(s: &str) -> Result<Option<f64>, String> {
+    if s == "none" {
+        return Ok(None);
+    }
+    let usage = "write it as N/s, N/m or N/h (like 50/s or 100/m), or none";
+    let (n, unit) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a rate: {usage}"))?;
+    let per = match unit.trim() {
+        "s" | "sec" | "second" => 1.0,
+        "m" | "min" | "minute" => 60.0,
+        "h" | "hour" => 3600.0,
+        other => return Err(format!("{other:?} is not a rate unit: {usage}")),
+    };
+    let n: f64 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("{n:?} is not a number: {usage}"))?;
+    let per_second = n / per;
+    if !(n.is_finite() && n > 0.0 && per_second <= MAX_RATE) {
+        return Err(format!(
+            "{s} is out of range: use more than 0 and at most {MAX_RATE}/s"
+        ));
+    }
+    Ok(Some(per_second))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_and_limits_are_checked_with_their_range() {
+        assert_eq!(rate("50/s"), Ok(Some(50.0)));
+        assert_eq!(rate("120/m"), Ok(Some(2.0)));
+        assert_eq!(rate("none"), Ok(None));
+        for bad in [
+            "0/s",
+            "-1/s",
+            "NaN/s",
+            "inf/s",
+            "5",
+            "5/d",
+            "x/s",
+            "2000000/s",
+            "1e400/s",
+        ] {
+            assert!(rate(bad).is_err(), "{bad}");
+        }
+        let limit = int_i32(1, 10);
+        assert_eq!(limit("3"), Ok(3));
+        assert!(limit("0").unwrap_err().contains("use 1 to 10"));
+        assert!(
+            limit("99999999999999999999")
+                .unwrap_err()
+                .contains("not a whole number")
+        );
+        assert!(limit("-5").unwrap_err().contains("out of range"));
+    }
 
     #[test]
     fn durations_outside_their_range_are_refused_with_the_range() {

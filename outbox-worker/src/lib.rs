@@ -12,11 +12,13 @@ mod connect;
 pub mod dashboard;
 mod dashboard_cmd;
 mod demo;
+mod explain_cmd;
 mod failure;
 mod flags;
 pub mod local_postgres;
 pub mod metrics;
 mod periodic_cmd;
+mod queues_cmd;
 mod signals;
 mod task_types;
 

@@ -5,6 +5,7 @@ mod crash_safety;
 mod dispatch;
 mod failures;
 mod migrations;
+mod ordering;
 mod periodic;
 mod poison;
 mod results;

@@ -100,7 +100,118 @@ pub async fn create_shipments_table(pool: &PgPool) {
     .expect("create the shipments table");
 }
 
+/// A step of an ordered sequence: tasks with the same `key` run one at a
+/// time in commit order. Each attempt is recorded in `intervals` with its
+/// start and end (database clock); an attempt up to `fail_first` fails, and
+/// a `poison` step gives up (dead).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.step", queue = "ordered", ordering_key = "key", retry_delays = ["300ms", "300ms", "300ms"])]
+pub struct Step {
+    /// The ordering key.
+    pub key: String,
+    /// Its place in the key's sequence, as the submitter meant it.
+    pub n: i64,
+    /// How long the handler works.
+    pub ms: u64,
+    /// Attempts that fail before one succeeds.
+    pub fail_first: i32,
+    /// Give up at once: the task is dead.
+    pub poison: bool,
+}
+
+/// Work on the `limited` queue for the global concurrency and rate tests,
+/// recorded in `intervals` like [`Step`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.slot", queue = "limited")]
+pub struct Slot {
+    /// How long the handler works.
+    pub ms: u64,
+}
+
+/// Runs [`Step`] and [`Slot`].
+#[derive(Debug, Clone, Copy)]
+pub struct IntervalRecorder;
+
+async fn record_interval(
+    ctx: &TaskContext,
+    key: Option<&str>,
+    n: i64,
+    ms: u64,
+) -> Result<(), HandlerError> {
+    let row: i64 = sqlx::query_scalar(
+        "INSERT INTO intervals (task_id, key, n, attempt, pid) VALUES ($1, $2, $3, $4, $5) \
+         RETURNING row_id",
+    )
+    .bind(ctx.id().0)
+    .bind(key)
+    .bind(n)
+    .bind(ctx.attempt())
+    .bind(i64::from(std::process::id()))
+    .fetch_one(ctx.pool())
+    .await?;
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+        () = ctx.cancellation().cancelled() => return Err(HandlerError::msg("cancelled")),
+    }
+    sqlx::query("UPDATE intervals SET finished_at = clock_timestamp() WHERE row_id = $1")
+        .bind(row)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+impl TaskHandler<Step> for IntervalRecorder {
+    async fn handle(&self, ctx: TaskContext, task: Step) -> HandlerResult {
+        record_interval(&ctx, Some(&task.key), task.n, task.ms).await?;
+        if task.poison {
+            return Ok(Outcome::GiveUp("poison step".to_owned()));
+        }
+        if ctx.attempt() <= task.fail_first {
+            return Err(HandlerError::msg("planned failure"));
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+impl TaskHandler<Slot> for IntervalRecorder {
+    async fn handle(&self, ctx: TaskContext, task: Slot) -> HandlerResult {
+        record_interval(&ctx, None, 0, task.ms).await?;
+        Ok(Outcome::Success)
+    }
+}
+
+/// Creates the table [`Step`] and [`Slot`] write to.
+pub async fn create_intervals_table(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS intervals (row_id bigserial PRIMARY KEY, task_id bigint NOT NULL, \
+         key text, n bigint NOT NULL, attempt int NOT NULL, pid bigint NOT NULL, \
+         started_at timestamptz NOT NULL DEFAULT clock_timestamp(), finished_at timestamptz)",
+    )
+    .execute(pool)
+    .await
+    .expect("create the intervals table");
+}
+
+/// The most attempts recorded in `intervals` that overlapped at any
+/// instant (an attempt without an end counts until now).
+pub async fn max_overlap(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(max(running), 0)::bigint FROM ( \
+           SELECT sum(delta) OVER (ORDER BY at, delta) AS running FROM ( \
+             SELECT started_at AS at, 1 AS delta FROM intervals \
+             UNION ALL \
+             SELECT coalesce(finished_at, clock_timestamp()), -1 FROM intervals) AS edges) AS r",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("max overlap")
+}
+
 /// Adds the harness's handlers to a worker.
 pub fn register(builder: WorkerBuilder) -> WorkerBuilder {
-    builder.handler::<Record>(Recorder).handler::<Ship>(Shipper)
+    builder
+        .handler::<Record>(Recorder)
+        .handler::<Ship>(Shipper)
+        .handler::<Step>(IntervalRecorder)
+        .handler::<Slot>(IntervalRecorder)
 }

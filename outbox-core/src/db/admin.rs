@@ -28,6 +28,10 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
         heartbeat_at: r.try_get("heartbeat_at")?,
         last_error: r.try_get("last_error")?,
         unique_key: r.try_get("unique_key")?,
+        ordering_key: r.try_get("ordering_key")?,
+        key_seq: r.try_get("key_seq")?,
+        blocked: r.try_get("blocked")?,
+        attempted_at: r.try_get("attempted_at")?,
         result: r
             .try_get::<Option<String>, _>("result")?
             .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))),
@@ -78,12 +82,22 @@ pub(crate) async fn count_by_type_and_state(pool: &PgPool) -> sqlx::Result<Vec<T
 }
 
 pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
-    type Row = (i64, i64, i64, i64, f64, f64);
-    let (claimable, scheduled, processing, dead, oldest_claimable_age_s, oldest_heartbeat_age_s): Row =
-        sqlx::query_as(include_str!("sql/queue_health.sql")).fetch_one(pool).await?;
+    type Row = (i64, i64, i64, i64, i64, f64, f64);
+    let (
+        claimable,
+        scheduled,
+        blocked,
+        processing,
+        dead,
+        oldest_claimable_age_s,
+        oldest_heartbeat_age_s,
+    ): Row = sqlx::query_as(include_str!("sql/queue_health.sql"))
+        .fetch_one(pool)
+        .await?;
     Ok(QueueHealth {
         claimable,
         scheduled,
+        blocked,
         processing,
         dead,
         oldest_claimable_age_s,
@@ -122,6 +136,7 @@ pub(crate) async fn overview(pool: &PgPool) -> sqlx::Result<Overview> {
                 available: r.try_get("available")?,
                 scheduled: r.try_get("scheduled")?,
                 retrying: r.try_get("retrying")?,
+                blocked: r.try_get("blocked")?,
                 processing: r.try_get("processing")?,
                 dead: r.try_get("dead")?,
                 completed_last_hour: r.try_get("completed_last_hour")?,

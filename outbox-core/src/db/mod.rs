@@ -3,9 +3,11 @@
 
 pub(crate) mod admin;
 pub(crate) mod classify;
+pub(crate) mod queues;
 pub(crate) mod session;
 pub(crate) mod throughput;
 pub(crate) mod unique;
+pub(crate) mod workers;
 
 use std::sync::Arc;
 
@@ -30,6 +32,9 @@ pub(crate) struct NewTask {
     pub(crate) run_at: Option<DateTime<Utc>>,
     pub(crate) delay_us: Option<i64>,
     pub(crate) unique: Option<UniqueRow>,
+    pub(crate) ordering_key: Option<String>,
+    /// When dead, the task lets its ordering key go on.
+    pub(crate) skip_dead: bool,
 }
 
 /// A row's uniqueness, ready to write.
@@ -57,7 +62,11 @@ pub(crate) async fn insert_tasks(
     let mut max_attempts = Vec::with_capacity(n);
     let mut run_at = Vec::with_capacity(n);
     let mut delay_us = Vec::with_capacity(n);
+    let mut ordering_key = Vec::with_capacity(n);
+    let mut skip_dead = Vec::with_capacity(n);
     for t in tasks {
+        ordering_key.push(t.ordering_key);
+        skip_dead.push(t.skip_dead);
         task_type.push(t.task_type);
         queue.push(t.queue);
         payload.push(t.payload);
@@ -75,6 +84,8 @@ pub(crate) async fn insert_tasks(
         .bind(run_at)
         .bind(delay_us)
         .bind(notify)
+        .bind(ordering_key)
+        .bind(skip_dead)
         .fetch_all(conn)
         .await?;
     rows.iter().map(|r| r.try_get("id")).collect()
@@ -111,20 +122,21 @@ pub(crate) async fn claim_tasks(
         .bind(now)
         .fetch_all(conn)
         .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(ClaimedTask {
-                id: r.try_get("id")?,
-                task_type: r.try_get("task_type")?,
-                queue: r.try_get("queue")?,
-                payload: r.try_get("payload")?,
-                retry_count: r.try_get("retry_count")?,
-                max_attempts: r.try_get("max_attempts")?,
-                claims: r.try_get("claims")?,
-                token: Arc::clone(token),
-            })
-        })
-        .collect()
+    rows.iter().map(|r| claimed(r, token)).collect()
+}
+
+/// One row a claim returned.
+fn claimed(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedTask> {
+    Ok(ClaimedTask {
+        id: r.try_get("id")?,
+        task_type: r.try_get("task_type")?,
+        queue: r.try_get("queue")?,
+        payload: r.try_get("payload")?,
+        retry_count: r.try_get("retry_count")?,
+        max_attempts: r.try_get("max_attempts")?,
+        claims: r.try_get("claims")?,
+        token: Arc::clone(token),
+    })
 }
 
 /// The state an attempt's outcome moves a task to.

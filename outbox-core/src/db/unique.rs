@@ -134,6 +134,13 @@ async fn insert_once(
                 .map(|t| t.unique.as_ref().and_then(|u| u.period_us))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.ordering_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.skip_dead).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
     let mut keys: Vec<(i64, Option<String>)> = Vec::with_capacity(tasks.len());

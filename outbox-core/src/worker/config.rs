@@ -63,6 +63,9 @@ pub struct WorkerConfig {
     pub delete_completed: bool,
     /// How often the leader runs cleanup.
     pub cleanup_interval: Duration,
+    /// How long after a worker stopped reporting itself (killed, or its
+    /// machine lost) maintenance removes its row from `outbox_workers`.
+    pub forget_workers_after: Duration,
     /// Whether to LISTEN for submit notifications.
     pub listen: bool,
     /// The clock for time-dependent statements.
@@ -91,6 +94,7 @@ impl Default for WorkerConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             delete_completed: false,
             cleanup_interval: Duration::from_secs(60),
+            forget_workers_after: Duration::from_secs(3600),
             listen: true,
             clock: Clock::database(),
             worker_id: default_worker_id(),
@@ -132,6 +136,7 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
     for (name, value) in [
         ("heartbeat_timeout", config.heartbeat_timeout),
         ("retention", config.retention),
+        ("forget_workers_after", config.forget_workers_after),
     ] {
         if let Err(e) = crate::options::delay_micros(value) {
             problems.push(format!("{name}: {e}"));

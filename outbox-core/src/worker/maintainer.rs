@@ -175,6 +175,7 @@ async fn maintain(
             );
         }
     }
+    forget_gone_workers(shared).await?;
     if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
         // A large backlog is worked off over several rounds, half an
         // interval each, so the lease keeps being renewed on time.
@@ -204,8 +205,43 @@ async fn maintain(
                 crate::db::throughput::delete_old(conn, now).await
             })
             .await?;
+            tidy_keys(shared).await?;
             *last_cleanup = Some(Instant::now());
         }
     }
+    Ok(())
+}
+
+/// Removes the rows of workers gone for long (a small table: every round).
+async fn forget_gone_workers(shared: &Shared) -> sqlx::Result<()> {
+    let after_us = delay_micros(shared.config.forget_workers_after).unwrap_or(i64::MAX);
+    let gone = call(&shared.engine, shared.deadline, "workers", async |conn| {
+        crate::db::workers::prune(conn, after_us).await
+    })
+    .await?;
+    if !gone.is_empty() {
+        tracing::info!(workers = ?gone, "removed the rows of workers gone for long");
+    }
+    Ok(())
+}
+
+/// Hands ordering keys that have a free place to their waiting tasks (the
+/// rare hand-over a concurrent cancel made miss, or a raised per-key
+/// concurrency), and deletes lock rows of keys long unused.
+async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
+    let released = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::queues::advance_keys(conn, None).await
+    })
+    .await?;
+    if released > 0 {
+        tracing::warn!(
+            released,
+            "handed ordering keys with a free place to their waiting tasks"
+        );
+    }
+    call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::queues::prune_keys(conn, DEFAULT_BATCH).await
+    })
+    .await?;
     Ok(())
 }

@@ -32,6 +32,7 @@ mod holdings;
 mod listener;
 mod maintainer;
 mod outage;
+mod presence;
 mod producer;
 pub(crate) mod registry;
 mod shutdown;
@@ -258,8 +259,9 @@ impl Worker {
             keepalive: self.config.keepalive,
         };
         // A claim in flight per queue, the outcome lanes, the heartbeat, the
-        // maintainer, the throughput counts, and one to spare for releases.
-        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 4;
+        // maintainer, the throughput counts, the worker's row, and one to
+        // spare for releases.
+        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 5;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
         let listen_options = engine.options().clone();
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
@@ -308,6 +310,11 @@ impl Worker {
             ))
         });
         let stop_background = CancellationToken::new();
+        let presence = tokio::spawn(presence::run(
+            Arc::clone(&shared),
+            presence::identity(&shared, &self.queues),
+            stop_background.clone(),
+        ));
         let heartbeat = tokio::spawn(heartbeat::run(Arc::clone(&shared), stop_background.clone()));
         let throughput = tokio::spawn(throughput::run(
             Arc::clone(&shared),
@@ -367,6 +374,7 @@ impl Worker {
         stop_background.cancel();
         let _ = heartbeat.await;
         let _ = throughput.await;
+        let _ = presence.await;
         throughput::last_flush(&shared, flush_over).await;
         // Both stopped with the claims; the maintainer may still be handing
         // its lease over (bounded by its own deadline).

@@ -3,6 +3,13 @@
 //! NOTIFY for its queue, the fallback poll, or the due time of a retry it
 //! wrote itself, whichever comes first (see `wake`).
 //!
+//! Before claiming, it reads the queue's settings in the database (at most
+//! a second old): a paused queue is not claimed, and a queue with a global
+//! concurrency or a rate is claimed under its row's lock by
+//! `claim_limited.sql` (see `db::queues`). The plain claim checks the
+//! settings itself, so a pause takes effect at once even where the copy
+//! here is up to a second old.
+//!
 //! A claim whose answer never arrived (connection lost, deadline missed)
 //! may still have committed: before claiming again, the producer releases
 //! whatever that claim's token took, so a transient error never leaves a
@@ -10,6 +17,7 @@
 //! attempt).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +28,13 @@ use super::executor::{self, Done};
 use super::outage::Outage;
 use super::wake::QueueWaker;
 use crate::db::{self, classify::is_transient, session::call};
+use crate::records::QueueSettings;
+
+/// How old the copy of the queue's settings may be when claiming.
+const SETTINGS_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// How soon a claim cut short by a global concurrency limit looks again.
+const LIMIT_RETRY: Duration = Duration::from_millis(25);
 
 /// The claiming loop of one queue.
 pub(crate) struct Producer {
@@ -46,6 +61,7 @@ pub(crate) async fn run(p: Producer) {
         done,
     } = p;
     let mut outage = Outage::new("producer");
+    let mut settings: Option<(QueueSettings, Instant)> = None;
     loop {
         // Wait for at least one free slot, then take every free one (up to
         // the batch cap): the claim is sized to what can run now.
@@ -71,10 +87,49 @@ pub(crate) async fn run(p: Producer) {
                 () = stop.cancelled() => return,
             }
         }
+        if settings
+            .as_ref()
+            .is_none_or(|(_, read)| read.elapsed() >= SETTINGS_MAX_AGE)
+        {
+            let read = call(
+                &shared.engine,
+                shared.deadline,
+                "queue settings",
+                async |conn| db::queues::serve_queue(conn, &queue).await,
+            )
+            .await;
+            match read {
+                Ok(s) => settings = Some((s, Instant::now())),
+                Err(error) => {
+                    let backoff = outage.failed(&error);
+                    drop(permits);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => continue,
+                        () = stop.cancelled() => return,
+                    }
+                }
+            }
+        }
+        let Some((current, _)) = &settings else {
+            continue;
+        };
+        if current.paused_at.is_some() {
+            drop(permits);
+            tokio::select! {
+                () = waker.wait(shared.config.poll_interval.min(SETTINGS_MAX_AGE)) => continue,
+                () = stop.cancelled() => return,
+            }
+        }
+        let limited = current.is_limited();
+        let rate = current.rate_per_second;
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
-            db::claim_tasks(conn, &queue, wanted, &token, now).await
+            if limited {
+                db::queues::claim_limited(conn, &queue, wanted, &token, now).await
+            } else {
+                db::claim_tasks(conn, &queue, wanted, &token, now).await
+            }
         })
         .await;
         let got = match claimed {
@@ -112,6 +167,23 @@ pub(crate) async fn run(p: Producer) {
         drop(permits);
         if got == wanted {
             // A full claim: there is probably more; claim again at once.
+            continue;
+        }
+        if limited {
+            // Cut short by the queue's limits, most likely: look again when
+            // the rate has a token again, or soon for a global limit (the
+            // tasks that free it may run on other workers, which do not
+            // say when they finish).
+            let wait = rate
+                .map_or(LIMIT_RETRY, |r| {
+                    Duration::from_secs_f64((1.0 / r).clamp(0.001, 3600.0))
+                })
+                .max(Duration::from_millis(1))
+                .min(shared.config.poll_interval);
+            tokio::select! {
+                () = waker.wait(wait) => {}
+                () = stop.cancelled() => return,
+            }
             continue;
         }
         // Found some: more may be committing right now, possibly without a
@@ -186,4 +258,4 @@ async fn gather_slots(
 }
 
 /// How long a busy producer waits for more free slots before it claims.
-const COALESCE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+const COALESCE_WAIT: Duration = Duration::from_millis(1);

@@ -2,14 +2,18 @@
 -- waiting to retry) become dead at once (FAILED, never claimed again, kept
 -- for the record). Running (PROCESSING) tasks are marked, and the worker
 -- holding each is told on the control channel; whatever their attempt
--- writes afterwards, they end dead. Finished and already dead tasks are
--- left alone. $1 ids. Returns the ids cancelled or asked to cancel.
+-- writes afterwards, they end dead. A cancelled task lets its ordering key
+-- go on (skip_dead), and so does a dead task with an ordering key that an
+-- operator cancels: that is how a dead head is skipped. Finished tasks are
+-- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
+-- skipped.
 WITH waiting AS (
     UPDATE outbox_tasks
     SET state = 'failed',
         dead_at = now(),
         finished_at = now(),
         last_error = 'cancelled by an operator',
+        skip_dead = true,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
@@ -19,15 +23,28 @@ WITH waiting AS (
 running AS (
     UPDATE outbox_tasks
     SET cancel_requested_at = now(),
+        skip_dead = true,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
       AND state = 'processing'
       AND cancel_requested_at IS NULL
     RETURNING id
 ),
+skipped AS (
+    UPDATE outbox_tasks
+    SET skip_dead = true,
+        updated_at = now()
+    WHERE id = ANY($1::bigint[])
+      AND dead_at IS NOT NULL
+      AND ordering_key IS NOT NULL
+      AND NOT skip_dead
+    RETURNING id
+),
 told AS (
     SELECT pg_notify('outbox_control', 'cancel:' || id) FROM running
 )
 SELECT id FROM waiting
+UNION ALL
+SELECT id FROM skipped
 UNION ALL
 SELECT id FROM running WHERE (SELECT count(*) FROM told) >= 0

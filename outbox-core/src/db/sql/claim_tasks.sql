@@ -11,15 +11,31 @@
 -- at-least-once delivery allows; the lost claim's token is never reused, so
 -- a late outcome of that attempt is fenced out of the new one. Outcomes (TX2) stay fully durable, and
 -- their flush also flushes every claim before them.
+--
+-- This is the claim of a queue without limits: it claims only while the
+-- queue's row in outbox_queues says so (not paused, no global concurrency,
+-- no rate), and holds that row FOR SHARE meanwhile, so an operator's change
+-- waits for it and every later claim sees the change (a queue with limits
+-- is claimed by claim_limited.sql). A queue without a row has no limits:
+-- workers add the row before they claim.
 WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
+),
+open AS (
+    SELECT 1
+    FROM outbox_queues
+    WHERE name = $1
+      AND paused_at IS NULL AND global_concurrency IS NULL AND rate_per_second IS NULL
+    FOR SHARE
 ),
 next AS (
     SELECT id
     FROM outbox_tasks
     WHERE queue = $1
-      AND state IN ('pending', 'failed') AND dead_at IS NULL
+      AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
       AND execute_at <= coalesce($4::timestamptz, now())
+      AND (EXISTS (SELECT 1 FROM open)
+           OR NOT EXISTS (SELECT 1 FROM outbox_queues WHERE name = $1))
     ORDER BY priority, execute_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -29,6 +45,7 @@ SET state = 'processing',
     claims = t.claims + 1,
     claimed_by = $3,
     heartbeat_at = coalesce($4::timestamptz, now()),
+    attempted_at = coalesce($4::timestamptz, now()),
     updated_at = coalesce($4::timestamptz, now())
 FROM next, async_commit
 WHERE t.id = next.id

@@ -4,14 +4,18 @@
 -- (null = not set), $7 delay in microseconds bigint[] (null = not set),
 -- $8 the queues to NOTIFY (text[]; the caller leaves out queues it notified
 -- a moment ago). pg_notify inside the caller's transaction is delivered
--- only at commit.
+-- only at commit. $9 ordering key text[] (null = none), $10 skip_dead
+-- bool[] (the triggers of migration 8 set key_seq and blocked).
 WITH inserted AS (
-    INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at)
+    INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
+                              ordering_key, skip_dead)
     SELECT s.task_type, s.queue, s.payload::jsonb, s.priority, s.max_attempts,
-           coalesce(s.run_at, now() + coalesce(s.delay_us, 0) * interval '1 microsecond')
+           coalesce(s.run_at, now() + coalesce(s.delay_us, 0) * interval '1 microsecond'),
+           s.ordering_key, s.skip_dead
     FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[],
-                $6::timestamptz[], $7::bigint[])
-         AS s(task_type, queue, payload, priority, max_attempts, run_at, delay_us)
+                $6::timestamptz[], $7::bigint[], $9::text[], $10::bool[])
+         AS s(task_type, queue, payload, priority, max_attempts, run_at, delay_us,
+              ordering_key, skip_dead)
     RETURNING id
 ),
 notified AS (

@@ -4,7 +4,7 @@
 -- the other transaction, then is skipped if it committed). Parameters as in
 -- insert_tasks.sql, plus $9 unique key text[] (null = not unique), $10
 -- unique states smallint[], $11 unique period in microseconds bigint[]
--- (null = none).
+-- (null = none), $12 ordering key text[], $13 skip_dead bool[].
 --
 -- Returns one row per input task (ord set, its full key) and one per
 -- inserted task (ord null, its id and key); the caller matches them.
@@ -15,17 +15,18 @@ WITH input AS (
                 ELSE s.ukey || ':' || floor(extract(epoch FROM now()) * 1000000 / s.period_us)::bigint::text
            END AS full_key
     FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[],
-                $6::timestamptz[], $7::bigint[], $9::text[], $10::smallint[], $11::bigint[])
+                $6::timestamptz[], $7::bigint[], $9::text[], $10::smallint[], $11::bigint[],
+                $12::text[], $13::bool[])
          WITH ORDINALITY
          AS s(task_type, queue, payload, priority, max_attempts, run_at, delay_us,
-              ukey, ustates, period_us, ord)
+              ukey, ustates, period_us, ordering_key, skip_dead, ord)
 ),
 inserted AS (
     INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
-                              unique_key, unique_states)
+                              unique_key, unique_states, ordering_key, skip_dead)
     SELECT task_type, queue, payload::jsonb, priority, max_attempts,
            coalesce(run_at, now() + coalesce(delay_us, 0) * interval '1 microsecond'),
-           full_key, ustates
+           full_key, ustates, ordering_key, skip_dead
     FROM input
     ORDER BY ord
     ON CONFLICT (unique_key)

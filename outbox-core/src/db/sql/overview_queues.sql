@@ -1,6 +1,7 @@
 -- Operator overview, one row per queue. Every part reads a partial index
 -- or the small per-minute table, never the completed history:
--- live tasks from outbox_tasks_claimable_idx, running ones from
+-- live tasks from outbox_tasks_claimable_idx, those waiting for their
+-- ordering key from outbox_tasks_key_waiting_idx, running ones from
 -- outbox_tasks_processing_idx, dead ones from outbox_tasks_dead_queue_idx,
 -- the last hour's outcomes from outbox_throughput.
 WITH live AS (
@@ -10,7 +11,11 @@ WITH live AS (
            count(*) FILTER (WHERE execute_at > now() AND state = 'failed') AS retrying,
            coalesce(extract(epoch FROM now() - min(execute_at) FILTER (WHERE execute_at <= now())), 0)::float8 AS oldest
     FROM outbox_tasks
-    WHERE state IN ('pending', 'failed') AND dead_at IS NULL
+    WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+    GROUP BY queue
+), waiting AS (
+    SELECT queue, count(*) AS blocked
+    FROM outbox_tasks WHERE blocked
     GROUP BY queue
 ), running AS (
     SELECT queue, count(*) AS processing
@@ -25,13 +30,14 @@ WITH live AS (
     FROM outbox_throughput WHERE minute > now() - interval '1 hour'
     GROUP BY queue
 ), queues AS (
-    SELECT queue FROM live UNION SELECT queue FROM running
+    SELECT queue FROM live UNION SELECT queue FROM waiting UNION SELECT queue FROM running
     UNION SELECT queue FROM dead UNION SELECT queue FROM hour
 )
 SELECT q.queue,
        coalesce(l.available, 0) AS available,
        coalesce(l.scheduled, 0) AS scheduled,
        coalesce(l.retrying, 0) AS retrying,
+       coalesce(w.blocked, 0) AS blocked,
        coalesce(r.processing, 0) AS processing,
        coalesce(d.dead, 0) AS dead,
        coalesce(h.completed, 0) AS completed_last_hour,
@@ -39,6 +45,7 @@ SELECT q.queue,
        coalesce(l.oldest, 0) AS oldest_available_age_s
 FROM queues q
 LEFT JOIN live l USING (queue)
+LEFT JOIN waiting w USING (queue)
 LEFT JOIN running r USING (queue)
 LEFT JOIN dead d USING (queue)
 LEFT JOIN hour h USING (queue)

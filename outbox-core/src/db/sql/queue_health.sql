@@ -2,12 +2,13 @@
 -- index, so the cost does not grow with completed history.
 SELECT
     (SELECT count(*) FROM outbox_tasks
-      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at <= now()) AS claimable,
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now()) AS claimable,
     (SELECT count(*) FROM outbox_tasks
-      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at > now()) AS scheduled,
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at > now()) AS scheduled,
+    (SELECT count(*) FROM outbox_tasks WHERE blocked) AS blocked,
     (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') AS processing,
     (SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL) AS dead,
     (SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0)::float8 FROM outbox_tasks
-      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND execute_at <= now()) AS oldest_claimable_age_s,
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now()) AS oldest_claimable_age_s,
     (SELECT coalesce(extract(epoch FROM now() - min(heartbeat_at)), 0)::float8 FROM outbox_tasks
       WHERE state = 'processing') AS oldest_heartbeat_age_s

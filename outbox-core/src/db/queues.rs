@@ -1,0 +1,113 @@
+//! Queue settings in the database: what workers read before they claim,
+//! the claim of a queue with limits, and the operator's changes.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::{ClaimedTask, claimed};
+use crate::records::{QueueChange, QueueSettings};
+
+fn settings(r: &PgRow) -> sqlx::Result<QueueSettings> {
+    Ok(QueueSettings {
+        name: r.try_get("name")?,
+        paused_at: r.try_get("paused_at")?,
+        global_concurrency: r.try_get("global_concurrency")?,
+        rate_per_second: r.try_get("rate_per_second")?,
+        per_key_concurrency: r.try_get("per_key_concurrency")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+/// Adds `queue`'s row if missing and returns its settings.
+pub(crate) async fn serve_queue(
+    conn: &mut PgConnection,
+    queue: &str,
+) -> sqlx::Result<QueueSettings> {
+    let row = sqlx::query(include_str!("sql/serve_queue.sql"))
+        .bind(queue)
+        .fetch_one(conn)
+        .await?;
+    settings(&row)
+}
+
+/// TX1 of a queue with a global concurrency or a rate: one transaction that
+/// takes the queue's row, then claims what the limits allow.
+pub(crate) async fn claim_limited(
+    conn: &mut PgConnection,
+    queue: &str,
+    limit: usize,
+    token: &Arc<str>,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<ClaimedTask>> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    sqlx::query(include_str!("sql/lock_queue.sql"))
+        .bind(queue)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let rows = sqlx::query(include_str!("sql/claim_limited.sql"))
+        .bind(queue)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(token.to_string())
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    rows.iter().map(|r| claimed(r, token)).collect()
+}
+
+/// Every queue's settings, by name.
+pub(crate) async fn list(pool: &PgPool) -> sqlx::Result<Vec<QueueSettings>> {
+    let rows = sqlx::query(include_str!("sql/list_queues.sql"))
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(settings).collect()
+}
+
+/// Applies `change` to `queue` (adding its row if needed), wakes its
+/// workers, and after a change of per-key concurrency hands keys with
+/// waiting tasks to as many as now may run.
+pub(crate) async fn set(
+    pool: &PgPool,
+    queue: &str,
+    change: &QueueChange,
+) -> sqlx::Result<QueueSettings> {
+    let row = sqlx::query(include_str!("sql/set_queue.sql"))
+        .bind(queue)
+        .bind(change.paused)
+        .bind(change.global_concurrency.is_some())
+        .bind(change.global_concurrency.flatten())
+        .bind(change.rate_per_second.is_some())
+        .bind(change.rate_per_second.flatten())
+        .bind(change.per_key_concurrency)
+        .fetch_one(pool)
+        .await?;
+    if change.per_key_concurrency.is_some() {
+        advance_keys(pool, Some(queue)).await?;
+    }
+    settings(&row)
+}
+
+/// Hands keys with waiting tasks and a free place to their next tasks;
+/// returns how many tasks were released.
+pub(crate) async fn advance_keys<'c, E>(conn: E, queue: Option<&str>) -> sqlx::Result<i64>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    sqlx::query_scalar(include_str!("sql/advance_keys.sql"))
+        .bind(queue)
+        .fetch_one(conn)
+        .await
+}
+
+/// Deletes up to `limit` lock rows of long-unused keys without unfinished
+/// tasks; returns how many.
+pub(crate) async fn prune_keys(conn: &mut PgConnection, limit: i64) -> sqlx::Result<u64> {
+    let done = sqlx::query(include_str!("sql/prune_keys.sql"))
+        .bind(limit)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}

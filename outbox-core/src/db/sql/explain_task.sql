@@ -1,0 +1,36 @@
+-- What `tasks explain` needs besides the task's row, in one statement:
+-- the first task holding the task's ordering key (if another does), how
+-- many wait behind that key, the queue's settings and running count, the
+-- live workers serving the queue, and how many due tasks are ahead of it
+-- in its queue (counted up to 10,000). $1 task id.
+WITH t AS (
+    SELECT id, queue, ordering_key, priority, execute_at, skip_dead FROM outbox_tasks WHERE id = $1
+)
+SELECT
+    t.skip_dead,
+    (SELECT h.id FROM outbox_tasks AS h
+      WHERE h.queue = t.queue AND h.ordering_key = t.ordering_key
+        AND h.ordering_key IS NOT NULL AND NOT h.blocked AND h.state <> 'completed'
+        AND (h.dead_at IS NULL OR NOT h.skip_dead)
+        AND h.id <> t.id
+      ORDER BY h.key_seq LIMIT 1) AS key_holder,
+    (SELECT count(*) FROM outbox_tasks AS w
+      WHERE w.queue = t.queue AND w.ordering_key = t.ordering_key AND w.blocked) AS key_waiting,
+    q.paused_at,
+    q.global_concurrency,
+    q.rate_per_second,
+    (SELECT count(*) FROM outbox_tasks AS r
+      WHERE r.queue = t.queue AND r.state = 'processing') AS running,
+    (SELECT count(*) FROM outbox_workers AS w
+      WHERE w.expires_at > now()
+        AND w.queues @> jsonb_build_array(jsonb_build_object('queue', t.queue))) AS live_workers,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_tasks AS c
+        WHERE c.queue = t.queue
+          AND c.state IN ('pending', 'failed') AND c.dead_at IS NULL AND NOT c.blocked
+          AND c.execute_at <= now()
+          AND (c.priority, c.execute_at, c.id) < (t.priority, t.execute_at, t.id)
+        LIMIT 10000) AS a) AS ahead,
+    now() AS now
+FROM t
+LEFT JOIN outbox_queues AS q ON q.name = t.queue

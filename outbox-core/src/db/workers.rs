@@ -1,0 +1,75 @@
+//! The workers table: each worker's own row, renewed with its heartbeat,
+//! and the operator's list.
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::records::{WorkerQueue, WorkerRecord};
+
+/// What a worker says about itself.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerIdentity {
+    pub(crate) id: String,
+    pub(crate) host: String,
+    pub(crate) pid: i32,
+    /// JSON: the queues with their concurrency.
+    pub(crate) queues: String,
+}
+
+/// Adds or renews the worker's row, alive for `ttl_us` more.
+pub(crate) async fn register(
+    conn: &mut PgConnection,
+    me: &WorkerIdentity,
+    first: bool,
+    ttl_us: i64,
+) -> sqlx::Result<()> {
+    sqlx::query(include_str!("sql/register_worker.sql"))
+        .bind(&me.id)
+        .bind(&me.host)
+        .bind(me.pid)
+        .bind(&me.queues)
+        .bind(first)
+        .bind(ttl_us)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Removes the worker's row (a clean shutdown).
+pub(crate) async fn forget(conn: &mut PgConnection, id: &str) -> sqlx::Result<()> {
+    sqlx::query(include_str!("sql/forget_worker.sql"))
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Removes the rows of workers expired for more than `after_us`.
+pub(crate) async fn prune(conn: &mut PgConnection, after_us: i64) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(include_str!("sql/prune_workers.sql"))
+        .bind(after_us)
+        .fetch_all(conn)
+        .await
+}
+
+fn worker(r: &PgRow) -> sqlx::Result<WorkerRecord> {
+    let queues: String = r.try_get("queues")?;
+    Ok(WorkerRecord {
+        id: r.try_get("id")?,
+        host: r.try_get("host")?,
+        pid: r.try_get("pid")?,
+        queues: serde_json::from_str::<Vec<WorkerQueue>>(&queues).unwrap_or_default(),
+        started_at: r.try_get("started_at")?,
+        last_seen_at: r.try_get("last_seen_at")?,
+        expires_at: r.try_get("expires_at")?,
+        alive: r.try_get("alive")?,
+    })
+}
+
+/// Every worker that reported itself, live ones first.
+pub(crate) async fn list(pool: &PgPool) -> sqlx::Result<Vec<WorkerRecord>> {
+    let rows = sqlx::query(include_str!("sql/list_workers.sql"))
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(worker).collect()
+}

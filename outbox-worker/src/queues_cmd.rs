@@ -1,0 +1,211 @@
+//! `queues list | pause | resume | set` and `workers list`: the cluster's
+//! queue settings and its workers, as they are in the database.
+
+use clap::{Args, Subcommand};
+use outbox::admin::{self, QueueChange, QueueSettings};
+
+use crate::connect::{DbArgs, connect_migrated};
+use crate::failure::Failure;
+use crate::flags;
+
+/// `queues` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueuesCommand {
+    /// Every queue's settings and live counts.
+    List(JsonArgs),
+    /// Stop new claims of a queue on every worker (running tasks finish).
+    Pause(NameArgs),
+    /// Let a paused queue be claimed again.
+    Resume(NameArgs),
+    /// Change a queue's limits for the whole cluster.
+    Set(SetArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct JsonArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// One JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NameArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The queue.
+    name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SetArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The queue.
+    name: String,
+    /// At most this many of its tasks running at once across all workers
+    /// (1 to 1000000), or `none`.
+    #[arg(long, value_parser = parse_limit)]
+    global_concurrency: Option<Option<i32>>,
+    /// At most this many attempts started, across all workers: N/s, N/m or
+    /// N/h (N a positive number; at most 1000000/s), or `none`.
+    #[arg(long, value_parser = flags::rate)]
+    rate: Option<Option<f64>>,
+    /// Tasks of one ordering key running at once (1 to 1000000; default 1).
+    #[arg(long, value_parser = flags::int_i32(1, admin::MAX_QUEUE_LIMIT))]
+    per_key_concurrency: Option<i32>,
+}
+
+fn parse_limit(s: &str) -> Result<Option<i32>, String> {
+    if s == "none" {
+        return Ok(None);
+    }
+    flags::int_i32(1, admin::MAX_QUEUE_LIMIT)(s).map(Some)
+}
+
+pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
+    match command {
+        QueuesCommand::List(args) => list(args).await,
+        QueuesCommand::Pause(args) => {
+            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let done = admin::pause_queue(&pool, &args.name).await?;
+            println!("paused {} (running tasks finish)", done.name);
+            Ok(())
+        }
+        QueuesCommand::Resume(args) => {
+            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let done = admin::resume_queue(&pool, &args.name).await?;
+            println!("resumed {}", done.name);
+            Ok(())
+        }
+        QueuesCommand::Set(args) => {
+            let change = QueueChange {
+                paused: None,
+                global_concurrency: args.global_concurrency,
+                rate_per_second: args.rate,
+                per_key_concurrency: args.per_key_concurrency,
+            };
+            if change == QueueChange::default() {
+                return Err(Failure::config(
+                    "nothing to set: give --global-concurrency, --rate or --per-key-concurrency",
+                ));
+            }
+            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let done = admin::set_queue(&pool, &args.name, &change).await?;
+            println!("{}: {}", done.name, limits(&done));
+            Ok(())
+        }
+    }
+}
+
+fn limits(q: &QueueSettings) -> String {
+    format!(
+        "{}, global concurrency {}, rate {}, per-key concurrency {}",
+        if q.paused_at.is_some() {
+            "paused"
+        } else {
+            "running"
+        },
+        q.global_concurrency
+            .map_or("none".to_owned(), |n| n.to_string()),
+        q.rate_per_second
+            .map_or("none".to_owned(), |r| format!("{r}/s")),
+        q.per_key_concurrency
+    )
+}
+
+async fn list(args: JsonArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let queues = admin::list_queues(&pool).await?;
+    let overview = admin::overview(&pool).await?;
+    if args.json {
+        let rows: Vec<_> = queues
+            .iter()
+            .map(|q| {
+                let counts = overview.queues.iter().find(|o| o.queue == q.name);
+                serde_json::json!({"settings": q, "counts": counts})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(Failure::runtime)?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:<8} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>6}",
+        "queue", "state", "global", "rate/s", "per key", "available", "blocked", "running", "dead"
+    );
+    for q in &queues {
+        let counts = overview.queues.iter().find(|o| o.queue == q.name);
+        let count = |f: fn(&admin::QueueOverview) -> i64| counts.map_or(0, f);
+        println!(
+            "{:<20} {:<8} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>6}",
+            q.name,
+            if q.paused_at.is_some() {
+                "paused"
+            } else {
+                "running"
+            },
+            q.global_concurrency
+                .map_or("-".to_owned(), |n| n.to_string()),
+            q.rate_per_second.map_or("-".to_owned(), |r| r.to_string()),
+            q.per_key_concurrency,
+            count(|o| o.available),
+            count(|o| o.blocked),
+            count(|o| o.processing),
+            count(|o| o.dead),
+        );
+    }
+    if queues.is_empty() {
+        println!("(no queues: workers add theirs when they start)");
+    }
+    Ok(())
+}
+
+/// `workers` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum WorkersCommand {
+    /// Workers that reported themselves: alive ones first, then those gone
+    /// (maintenance removes them later).
+    List(JsonArgs),
+}
+
+pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
+    let WorkersCommand::List(args) = command;
+    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let all = admin::list_workers(&pool).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(Failure::runtime)?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<40} {:<6} {:<16} {:>7}  {:<20} {:<20} queues",
+        "id", "state", "host", "pid", "started (UTC)", "last seen (UTC)"
+    );
+    for w in &all {
+        let queues: Vec<String> = w
+            .queues
+            .iter()
+            .map(|q| format!("{}={}", q.queue, q.concurrency))
+            .collect();
+        println!(
+            "{:<40} {:<6} {:<16} {:>7}  {:<20} {:<20} {}",
+            w.id,
+            if w.alive { "alive" } else { "gone" },
+            w.host,
+            w.pid,
+            w.started_at.format("%Y-%m-%d %H:%M:%S"),
+            w.last_seen_at.format("%Y-%m-%d %H:%M:%S"),
+            queues.join(",")
+        );
+    }
+    if all.is_empty() {
+        println!("(no workers)");
+    }
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! Ordering keys with in-process workers: one task of a key at a time, in
+//! commit order; a failing head delays only its key; a dead head blocks
+//! only its key until an operator skips it, unless its type skips.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, TaskOptions, Worker,
+    WorkerConfig, admin, outbox_task,
+};
+use outbox_tests::process::wait_until;
+use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table, max_overlap};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+fn step(key: &str, n: i64, ms: u64) -> Step {
+    Step {
+        key: key.to_owned(),
+        n,
+        ms,
+        fail_first: 0,
+        poison: false,
+    }
+}
+
+fn worker(pool: &sqlx::PgPool, concurrency: usize) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(WorkerConfig {
+                poll_interval: Duration::from_millis(200),
+                ..WorkerConfig::default()
+            })
+            .handler::<Step>(IntervalRecorder)
+            .queue("ordered", concurrency)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// For each key, its attempts by start time as (n, attempt, started,
+/// finished), and a check that none overlapped the next.
+async fn assert_one_at_a_time(db: &TestDb) -> Vec<(String, Vec<i64>)> {
+    let rows: Vec<(
+        String,
+        i64,
+        i32,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    )> = sqlx::query_as(
+        "SELECT key, n, attempt, started_at, finished_at FROM intervals ORDER BY key, started_at",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut by_key: Vec<(String, Vec<i64>)> = Vec::new();
+    for pair in rows.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 {
+            let end = a.4.expect("every attempt finished");
+            assert!(
+                end <= b.3,
+                "key {}: step {} (attempt {}) ran until {end}, step {} started at {}",
+                a.0,
+                a.1,
+                a.2,
+                b.1,
+                b.3
+            );
+        }
+    }
+    for (key, n, ..) in rows {
+        match by_key.last_mut() {
+            Some((k, ns)) if *k == key => ns.push(n),
+            _ => by_key.push((key, vec![n])),
+        }
+    }
+    by_key
+}
+
+#[tokio::test]
+async fn tasks_of_one_key_run_one_at_a_time_in_order_and_keys_in_parallel() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    // Submitted interleaved, in many transactions.
+    for n in 1..=8 {
+        let mut tx = db.pool.begin().await.unwrap();
+        for k in 0..8 {
+            outbox::submit(&mut tx, step(&format!("k{k}"), n, 15))
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    // Two workers on separate pools: two machines.
+    let other = TestDb::pool_on(&db.url, 10).await;
+    let a = worker(&db.pool, 8);
+    let b = worker(&other, 8);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 64 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(60),
+    )
+    .await;
+    a.stop().await;
+    b.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key.len(), 8);
+    for (key, ns) in &by_key {
+        assert_eq!(ns, &(1..=8).collect::<Vec<_>>(), "key {key}");
+    }
+    assert!(
+        max_overlap(&db.pool).await > 1,
+        "different keys ran in parallel"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE blocked")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn a_failing_head_delays_its_key_and_no_other() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut conn = db.conn().await;
+    let mut failing = step("a", 1, 5);
+    failing.fail_first = 2;
+    outbox::submit(&mut conn, failing).await.unwrap();
+    for n in 2..=4 {
+        outbox::submit(&mut conn, step("a", n, 5)).await.unwrap();
+    }
+    for n in 1..=4 {
+        outbox::submit(&mut conn, step("b", n, 5)).await.unwrap();
+    }
+    drop(conn);
+    let w = worker(&db.pool, 4);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 8 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    w.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key[0], ("a".to_owned(), vec![1, 1, 1, 2, 3, 4]));
+    assert_eq!(by_key[1], ("b".to_owned(), vec![1, 2, 3, 4]));
+    // Key b did not wait for a's retries (300 ms each).
+    let (b_done, a_second): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "SELECT (SELECT max(finished_at) FROM intervals WHERE key = 'b'), \
+                    (SELECT min(started_at) FROM intervals WHERE key = 'a' AND n = 2)",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        b_done < a_second,
+        "b finished at {b_done}, a's 2nd step started at {a_second}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut conn = db.conn().await;
+    let mut poison = step("a", 1, 1);
+    poison.poison = true;
+    let head = outbox::submit(&mut conn, poison).await.unwrap();
+    let second = outbox::submit(&mut conn, step("a", 2, 1)).await.unwrap();
+    outbox::submit(&mut conn, step("a", 3, 1)).await.unwrap();
+    for n in 1..=3 {
+        outbox::submit(&mut conn, step("b", n, 1)).await.unwrap();
+    }
+    drop(conn);
+    let w = worker(&db.pool, 4);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_tasks WHERE state = 'completed' AND ordering_key = 'b'",
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = {}",
+            head.0
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Behind the dead head: waiting, never attempted.
+    let waiting: Vec<(bool, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+        "SELECT blocked, attempted_at FROM outbox_tasks WHERE ordering_key = 'a' AND id <> $1",
+    )
+    .bind(head.0)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting, vec![(true, None), (true, None)]);
+    let why = admin::explain_task(&db.pool, second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&why.reasons[0], admin::Reason::BehindKey { holder: Some(h), holder_state: Some(s), .. }
+            if *h == head.0 && s == "dead"),
+        "{:?}",
+        why.reasons
+    );
+    let why = admin::explain_task(&db.pool, head).await.unwrap().unwrap();
+    assert!(
+        matches!(&why.reasons[0], admin::Reason::Dead { blocking: Some(2), error: Some(e), .. } if e == "poison step"),
+        "{:?}",
+        why.reasons
+    );
+    // The operator skips it (a cancel of a dead task with a key).
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &[head]).await.unwrap(),
+        vec![head]
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_tasks WHERE state = 'completed' AND ordering_key = 'a'",
+        Duration::from_secs(30),
+    )
+    .await;
+    w.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key[0], ("a".to_owned(), vec![1, 2, 3]));
+    let still_dead: bool =
+        sqlx::query_scalar("SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = $1")
+            .bind(head.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(still_dead, "skipping keeps the dead task as the record");
+}
+
+/// A type whose dead tasks let their key go on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.ordering.skippy",
+    queue = "skippy",
+    ordering_key = "account",
+    on_dead = "skip"
+)]
+struct Skippy {
+    account: u32,
+    n: i64,
+}
+
+#[derive(Clone, Default)]
+struct SkippyRan(Arc<Mutex<Vec<i64>>>);
+
+impl TaskHandler<Skippy> for SkippyRan {
+    async fn handle(&self, _ctx: TaskContext, task: Skippy) -> HandlerResult {
+        self.0.lock().unwrap().push(task.n);
+        if task.n == 1 {
+            return Ok(Outcome::GiveUp("first one fails".to_owned()));
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test]
+async fn a_type_that_skips_dead_tasks_goes_on_without_an_operator() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for n in 1..=3 {
+        outbox::submit(&mut conn, Skippy { account: 7, n })
+            .await
+            .unwrap();
+    }
+    let key: String = sqlx::query_scalar("SELECT DISTINCT ordering_key FROM outbox_tasks")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(key, "7", "the macro's ordering_key reads the payload field");
+    drop(conn);
+    let ran = SkippyRan::default();
+    let mut w = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Skippy>(ran.clone())
+            .build()
+            .unwrap(),
+    );
+    w.wait_for(TaskEventKind::Completed, 2, Duration::from_secs(30))
+        .await;
+    w.stop().await;
+    assert_eq!(*ran.0.lock().unwrap(), vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn concurrent_submitters_on_one_key_are_handled_in_commit_order() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let submitters = TestDb::pool_on(&db.url, 16).await;
+    let committed: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let mut handles = Vec::new();
+    for n in 0..14_i64 {
+        let pool = submitters.clone();
+        let committed = Arc::clone(&committed);
+        handles.push(tokio::spawn(async move {
+            // Begin in one order, submit and commit in others.
+            tokio::time::sleep(Duration::from_millis(((n * 7) % 5 * 6) as u64)).await;
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(((n * 11) % 7 * 5) as u64)).await;
+            outbox::submit(&mut tx, step("one", n, 1)).await.unwrap();
+            // Holding the key's lock: the next submitter of the key waits.
+            tokio::time::sleep(Duration::from_millis(10 + ((n * 3) % 4 * 5) as u64)).await;
+            if n % 5 == 4 {
+                tx.rollback().await.unwrap();
+            } else {
+                tx.commit().await.unwrap();
+                committed.lock().unwrap().push(n);
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let committed = committed.lock().unwrap().clone();
+    assert_eq!(committed.len(), 12);
+    let w = worker(&db.pool, 8);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 12 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    w.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key, vec![("one".to_owned(), committed.clone())]);
+    let by_seq: Vec<i64> =
+        sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM outbox_tasks ORDER BY key_seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(by_seq, committed, "key_seq is the commit order");
+}
+
+#[tokio::test]
+async fn bad_ordering_keys_are_refused_before_anything_is_written() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for bad in [String::new(), "x".repeat(513), "nul\0".to_owned()] {
+        let err = outbox::submit_with(
+            &mut conn,
+            step("ignored", 1, 1),
+            TaskOptions::new().ordering_key(bad.clone()),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("ordering key"), "{bad:?}: {err}");
+    }
+    assert_eq!(db.task_count().await, 0);
+}
