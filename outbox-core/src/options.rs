@@ -255,6 +255,25 @@ pub(crate) fn clamped_delay_micros(delay: Duration) -> i64 {
     i64::try_from(delay.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
 }
 
+/// The longest ordering key accepted, in bytes.
+pub(crate) const MAX_ORDERING_KEY: usize = 512;
+
+/// Checks an ordering key: 1 to 512 bytes, without U+0000.
+pub(crate) fn validate_ordering_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_ORDERING_KEY {
+        return Err(Error::InvalidOption(format!(
+            "ordering key of {} bytes is out of range: use 1 to {MAX_ORDERING_KEY} bytes",
+            key.len()
+        )));
+    }
+    if key.contains('\0') {
+        return Err(Error::InvalidOption(
+            "an ordering key cannot contain the character U+0000".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,23 +325,4 @@ mod tests {
         let o = o.delay(Duration::from_secs(1));
         assert!(o.run_at.is_none() && o.delay.is_some());
     }
-}
-
-/// The longest ordering key accepted, in bytes.
-pub(crate) const MAX_ORDERING_KEY: usize = 512;
-
-/// Checks an ordering key: 1 to 512 bytes, without U+0000.
-pub(crate) fn validate_ordering_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_ORDERING_KEY {
-        return Err(Error::InvalidOption(format!(
-            "ordering key of {} bytes is out of range: use 1 to {MAX_ORDERING_KEY} bytes",
-            key.len()
-        )));
-    }
-    if key.contains('\0') {
-        return Err(Error::InvalidOption(
-            "an ordering key cannot contain the character U+0000".to_owned(),
-        ));
-    }
-    Ok(())
 }

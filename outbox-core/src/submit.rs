@@ -163,15 +163,14 @@ impl Batch {
         if options.ordering_key.is_none() {
             options.ordering_key = task.ordering_key();
         }
-        self.push_row(
-            T::TASK_TYPE,
-            T::QUEUE,
-            T::PRIORITY,
-            T::RETRY_DELAYS,
-            T::DEAD_SKIPS_KEY,
-            payload,
-            options,
-        )
+        let declared = Declared {
+            task_type: T::TASK_TYPE,
+            queue: T::QUEUE,
+            priority: T::PRIORITY,
+            retry_delays: T::RETRY_DELAYS,
+            dead_skips_key: T::DEAD_SKIPS_KEY,
+        };
+        self.push_row(&declared, payload, options)
     }
 
     /// Adds a task given as JSON for a registered task type (what the CLI
@@ -197,27 +196,23 @@ impl Batch {
                     reason: format!("its ordering key cannot be read: {reason}"),
                 })?;
         }
-        self.push_row(
-            task.task_type,
-            task.queue,
-            task.priority,
-            task.retry_delays,
-            task.dead_skips_key,
-            payload,
-            options,
-        )
+        let declared = Declared {
+            task_type: task.task_type,
+            queue: task.queue,
+            priority: task.priority,
+            retry_delays: task.retry_delays,
+            dead_skips_key: task.dead_skips_key,
+        };
+        self.push_row(&declared, payload, options)
     }
 
     fn push_row(
         &mut self,
-        task_type: &str,
-        default_queue: &str,
-        default_priority: i16,
-        retry_delays: &[std::time::Duration],
-        dead_skips_key: bool,
+        declared: &Declared<'_>,
         payload: String,
         options: TaskOptions,
     ) -> Result<&mut Self> {
+        let task_type = declared.task_type;
         options.validate()?;
         if contains_nul_escape(&payload) {
             return Err(Error::InvalidPayload {
@@ -232,8 +227,8 @@ impl Batch {
             states: u.states,
             period_us: u.period_us(),
         });
-        let queue = options.queue.unwrap_or_else(|| default_queue.to_owned());
-        let priority = options.priority.unwrap_or(default_priority);
+        let queue = options.queue.unwrap_or_else(|| declared.queue.to_owned());
+        let priority = options.priority.unwrap_or(declared.priority);
         // The type's own defaults are checked too: a hand-written `impl Task`
         // does not go through the macro's compile-time checks.
         validate_queue(&queue)?;
@@ -243,12 +238,12 @@ impl Batch {
             queue,
             payload,
             priority,
-            max_attempts: max_attempts(retry_delays),
+            max_attempts: max_attempts(declared.retry_delays),
             run_at: options.run_at,
             delay_us: options.delay.map(delay_micros).transpose()?,
             unique,
             ordering_key: options.ordering_key,
-            skip_dead: dead_skips_key,
+            skip_dead: declared.dead_skips_key,
         });
         Ok(self)
     }
@@ -304,6 +299,15 @@ impl Batch {
             }
         })
     }
+}
+
+/// What a task type declares, whichever way it was pushed.
+struct Declared<'a> {
+    task_type: &'a str,
+    queue: &'a str,
+    priority: i16,
+    retry_delays: &'a [std::time::Duration],
+    dead_skips_key: bool,
 }
 
 /// A batch with ordering keys is written in key order (each key's tasks in

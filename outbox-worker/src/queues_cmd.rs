@@ -47,21 +47,30 @@ pub(crate) struct SetArgs {
     /// At most this many of its tasks running at once across all workers
     /// (1 to 1000000), or `none`.
     #[arg(long, value_parser = parse_limit)]
-    global_concurrency: Option<Option<i32>>,
+    global_concurrency: Option<OrNone<i32>>,
     /// At most this many attempts started, across all workers: N/s, N/m or
     /// N/h (N a positive number; at most 1000000/s), or `none`.
-    #[arg(long, value_parser = flags::rate)]
-    rate: Option<Option<f64>>,
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<OrNone<f64>>,
     /// Tasks of one ordering key running at once (1 to 1000000; default 1).
     #[arg(long, value_parser = flags::int_i32(1, admin::MAX_QUEUE_LIMIT))]
     per_key_concurrency: Option<i32>,
 }
 
-fn parse_limit(s: &str) -> Result<Option<i32>, String> {
+/// A setting's new value, or `none` to remove it (a type of its own: clap
+/// reads `Option<Option<T>>` as a flag whose value may be left out).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OrNone<T>(Option<T>);
+
+fn parse_limit(s: &str) -> Result<OrNone<i32>, String> {
     if s == "none" {
-        return Ok(None);
+        return Ok(OrNone(None));
     }
-    flags::int_i32(1, admin::MAX_QUEUE_LIMIT)(s).map(Some)
+    flags::int_i32(1, admin::MAX_QUEUE_LIMIT)(s).map(|n| OrNone(Some(n)))
+}
+
+fn parse_rate(s: &str) -> Result<OrNone<f64>, String> {
+    flags::rate(s).map(OrNone)
 }
 
 pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
@@ -82,8 +91,8 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
         QueuesCommand::Set(args) => {
             let change = QueueChange {
                 paused: None,
-                global_concurrency: args.global_concurrency,
-                rate_per_second: args.rate,
+                global_concurrency: args.global_concurrency.map(|v| v.0),
+                rate_per_second: args.rate.map(|v| v.0),
                 per_key_concurrency: args.per_key_concurrency,
             };
             if change == QueueChange::default() {

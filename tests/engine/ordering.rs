@@ -38,16 +38,19 @@ fn worker(pool: &sqlx::PgPool, concurrency: usize) -> RunningWorker {
     )
 }
 
-/// For each key, its attempts by start time as (n, attempt, started,
-/// finished), and a check that none overlapped the next.
+/// One recorded attempt: key, step, attempt, start, end.
+type Attempt = (
+    String,
+    i64,
+    i32,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+/// Checks that no attempt of a key overlapped the next one; returns each
+/// key's steps in the order their attempts started.
 async fn assert_one_at_a_time(db: &TestDb) -> Vec<(String, Vec<i64>)> {
-    let rows: Vec<(
-        String,
-        i64,
-        i32,
-        chrono::DateTime<chrono::Utc>,
-        Option<chrono::DateTime<chrono::Utc>>,
-    )> = sqlx::query_as(
+    let rows: Vec<Attempt> = sqlx::query_as(
         "SELECT key, n, attempt, started_at, finished_at FROM intervals ORDER BY key, started_at",
     )
     .fetch_all(&db.pool)

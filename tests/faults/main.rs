@@ -6,6 +6,7 @@
 //! injected and what it counted afterwards.
 
 mod blackhole;
+mod cluster;
 mod kill;
 mod leader;
 mod periodic;

@@ -251,3 +251,74 @@ async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
     .unwrap();
     assert_eq!(failed, 0);
 }
+
+/// The worker's own row and a limited queue's claims (a transaction under
+/// the queue's lock) through a database outage: the limit holds, nothing
+/// is lost, and the row is renewed once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
+    const N: i64 = 40;
+    let (cluster, url) = private_cluster().await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
+    outbox::migrate(&pool).await.unwrap();
+    outbox_tests::tasks::create_intervals_table(&pool).await;
+    let limit = outbox::admin::QueueChange {
+        global_concurrency: Some(Some(2)),
+        ..Default::default()
+    };
+    outbox::admin::set_queue(&pool, "limited", &limit)
+        .await
+        .unwrap();
+    outbox::submit_batch(
+        &mut pool.acquire().await.unwrap(),
+        (0..N).map(|_| outbox_tests::tasks::Slot { ms: 50 }),
+    )
+    .await
+    .unwrap();
+    let mut worker = WorkerProcess::spawn(
+        WORKER,
+        &url,
+        &[
+            "--queue",
+            "limited=4",
+            "--poll-interval",
+            "100ms",
+            "--heartbeat-interval",
+            "200ms",
+            "--statement-timeout",
+            "1s",
+        ],
+    );
+    wait_until(
+        &pool,
+        "SELECT count(*) >= 10 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(60),
+    )
+    .await;
+    on(&cluster, LocalPostgres::stop_server).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    on(&cluster, LocalPostgres::start_again).await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
+    let back: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    wait_until(
+        &pool,
+        &format!("SELECT count(*) = {N} FROM outbox_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    wait_until(
+        &pool,
+        &format!(
+            "SELECT count(*) = 1 FROM outbox_workers WHERE last_seen_at > '{}'::timestamptz",
+            back.to_rfc3339()
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.terminate_within(Duration::from_secs(10)).await;
+    let overlap = outbox_tests::tasks::max_overlap_of_finished(&pool).await;
+    assert!(overlap <= 2, "{overlap} ran at once under a limit of 2");
+}

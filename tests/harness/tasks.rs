@@ -120,9 +120,10 @@ pub struct Step {
 }
 
 /// Work on the `limited` queue for the global concurrency and rate tests,
-/// recorded in `intervals` like [`Step`].
+/// recorded in `intervals` like [`Step`]. An attempt cut short by a
+/// database outage is retried soon.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[outbox_task(task_type = "test.slot", queue = "limited")]
+#[outbox_task(task_type = "test.slot", queue = "limited", retry_delays = ["200ms", "200ms", "200ms", "200ms", "200ms"])]
 pub struct Slot {
     /// How long the handler works.
     pub ms: u64,
@@ -193,15 +194,34 @@ pub async fn create_intervals_table(pool: &PgPool) {
 }
 
 /// The most attempts recorded in `intervals` that overlapped at any
-/// instant (an attempt without an end counts until now).
+/// instant. An attempt without a recorded end (its process killed) counts
+/// until its task's next attempt started, or until now.
 pub async fn max_overlap(pool: &PgPool) -> i64 {
+    overlap(pool, true).await
+}
+
+/// Like [`max_overlap`], counting only attempts whose end was recorded:
+/// for a database outage, where an attempt's last write fails and its
+/// attempt ends (its failure is written) at a time nobody recorded.
+pub async fn max_overlap_of_finished(pool: &PgPool) -> i64 {
+    overlap(pool, false).await
+}
+
+async fn overlap(pool: &PgPool, unfinished: bool) -> i64 {
     sqlx::query_scalar(
-        "SELECT coalesce(max(running), 0)::bigint FROM ( \
+        "WITH spans AS ( \
+           SELECT i.started_at, coalesce(i.finished_at, \
+                    (SELECT min(n.started_at) FROM intervals n \
+                     WHERE n.task_id = i.task_id AND n.started_at > i.started_at), \
+                    clock_timestamp()) AS finished_at \
+           FROM intervals i WHERE $1 OR i.finished_at IS NOT NULL) \
+         SELECT coalesce(max(running), 0)::bigint FROM ( \
            SELECT sum(delta) OVER (ORDER BY at, delta) AS running FROM ( \
-             SELECT started_at AS at, 1 AS delta FROM intervals \
+             SELECT started_at AS at, 1 AS delta FROM spans \
              UNION ALL \
-             SELECT coalesce(finished_at, clock_timestamp()), -1 FROM intervals) AS edges) AS r",
+             SELECT finished_at, -1 FROM spans) AS edges) AS r",
     )
+    .bind(unfinished)
     .fetch_one(pool)
     .await
     .expect("max overlap")

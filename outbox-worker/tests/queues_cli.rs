@@ -1,0 +1,210 @@
+//! The `queues`, `workers` and `tasks explain` commands and
+//! `tasks submit --ordering-key`, through the real binary.
+
+use std::process::Output;
+
+use outbox_tests::TestDb;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-worker");
+
+async fn cli(args: &[&str]) -> Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .await
+        .expect("run outbox-worker")
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn queues_are_paused_resumed_limited_and_listed() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let set = ok(&cli(&[
+        "queues",
+        "set",
+        "mail",
+        "--global-concurrency",
+        "3",
+        "--rate",
+        "120/m",
+        "--per-key-concurrency",
+        "2",
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert!(
+        set.contains("global concurrency 3, rate 2/s, per-key concurrency 2"),
+        "{set}"
+    );
+    assert!(
+        ok(&cli(&["queues", "pause", "mail", "--database-url", url]).await).contains("paused mail")
+    );
+    let listed: Value = serde_json::from_str(&ok(&cli(&[
+        "queues",
+        "list",
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    let settings = &listed[0]["settings"];
+    assert_eq!(settings["name"], "mail");
+    assert!(settings["paused_at"].is_string());
+    assert_eq!(settings["global_concurrency"], 3);
+    assert_eq!(settings["rate_per_second"], 2.0);
+    ok(&cli(&["queues", "resume", "mail", "--database-url", url]).await);
+    ok(&cli(&[
+        "queues",
+        "set",
+        "mail",
+        "--global-concurrency",
+        "none",
+        "--rate",
+        "none",
+        "--database-url",
+        url,
+    ])
+    .await);
+    let table = ok(&cli(&["queues", "list", "--database-url", url]).await);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("mail"))
+        .expect("a row for mail");
+    assert!(row.contains("running") && row.contains(" - "), "{table}");
+
+    // Bad values: exit 2, the range named, nothing written.
+    for (args, needle) in [
+        (&["--global-concurrency", "0"][..], "use 1 to 1000000"),
+        (&["--global-concurrency", "x"][..], "not a whole number"),
+        (&["--rate", "0/s"][..], "out of range"),
+        (&["--rate", "5"][..], "N/s, N/m or N/h"),
+        (&["--rate", "NaN/s"][..], "out of range"),
+        (
+            &["--per-key-concurrency", "99999999999"][..],
+            "use 1 to 1000000",
+        ),
+        (&[][..], "nothing to set"),
+    ] {
+        let mut all = vec!["queues", "set", "other", "--database-url", url];
+        all.extend_from_slice(args);
+        let out = cli(&all).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = cli(&["queues", "pause", "no such queue!", "--database-url", url]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM outbox_queues")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(names, vec!["mail"]);
+}
+
+#[tokio::test]
+async fn ordered_submits_are_explained_and_workers_listed() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let submit = |key: &'static str| {
+        let url = url.to_owned();
+        async move {
+            ok(&cli(&[
+                "tasks",
+                "submit",
+                "outbox.noop",
+                "{}",
+                "--ordering-key",
+                key,
+                "--database-url",
+                &url,
+            ])
+            .await)
+            .trim()
+            .parse::<i64>()
+            .expect("the id")
+        }
+    };
+    let first = submit("acct-1").await;
+    let second = submit("acct-1").await;
+    let explained = ok(&cli(&[
+        "tasks",
+        "explain",
+        &second.to_string(),
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert!(
+        explained.contains(&format!(
+            "why: behind task {first} (pending) of its ordering key \"acct-1\""
+        )),
+        "{explained}"
+    );
+    assert!(
+        explained.contains("why: no live worker serves its queue \"default\""),
+        "{explained}"
+    );
+    assert!(explained.contains("ordering key  acct-1"), "{explained}");
+    let json: Value = serde_json::from_str(&ok(&cli(&[
+        "tasks",
+        "explain",
+        &first.to_string(),
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    assert_eq!(json["reasons"][0]["reason"], "no_live_worker");
+    let out = cli(&["tasks", "explain", "424242", "--database-url", url]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no task with id 424242"));
+    let out = cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--ordering-key",
+        "",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert!(ok(&cli(&["workers", "list", "--database-url", url]).await).contains("(no workers)"));
+    sqlx::query(
+        "INSERT INTO outbox_workers (id, host, pid, queues, expires_at) VALUES \
+         ('h:1:a/1', 'h', 1, '[{\"queue\": \"default\", \"concurrency\": 10}]', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let table = ok(&cli(&["workers", "list", "--database-url", url]).await);
+    assert!(
+        table.contains("h:1:a/1") && table.contains("alive") && table.contains("default=10"),
+        "{table}"
+    );
+}

@@ -1,0 +1,357 @@
+//! Ordering keys, queue limits, pause and the workers table with two or
+//! three worker processes on one database (and one of them killed).
+
+use std::time::Duration;
+
+use outbox::admin::{self, QueueChange};
+use outbox_tests::TestDb;
+use outbox_tests::process::{WorkerProcess, wait_until};
+use outbox_tests::tasks::{Slot, Step, create_intervals_table, max_overlap};
+
+use crate::WORKER;
+
+const ORDERED: &[&str] = &[
+    "--queue",
+    "ordered=6",
+    "--poll-interval",
+    "100ms",
+    "--heartbeat-interval",
+    "100ms",
+    "--heartbeat-timeout",
+    "1s",
+    "--maintenance-interval",
+    "100ms",
+];
+
+const LIMITED: &[&str] = &["--queue", "limited=10", "--poll-interval", "100ms"];
+
+fn step(key: &str, n: i64) -> Step {
+    Step {
+        key: key.to_owned(),
+        n,
+        ms: 40,
+        fail_first: 0,
+        poison: false,
+    }
+}
+
+type Attempt = (
+    String,
+    i64,
+    i64,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blocks_only_its_key() {
+    const KEYS: i64 = 12;
+    const STEPS: i64 = 10;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        for k in 0..KEYS {
+            let mut s = step(&format!("k{k}"), n);
+            s.fail_first = i32::from(k == 3 && n == 1);
+            batch.push(&s).unwrap();
+        }
+    }
+    let mut poison = step("poison", 1);
+    poison.poison = true;
+    batch.push(&poison).unwrap();
+    batch.push(&step("poison", 2)).unwrap();
+    batch.push(&step("poison", 3)).unwrap();
+    batch.submit(&mut *db.conn().await).await.unwrap();
+
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, ORDERED))
+        .collect();
+    let killed = i64::from(workers[0].pid());
+    // Killed with tasks in flight, after a good part of the work.
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT (SELECT count(*) >= 30 FROM intervals WHERE finished_at IS NOT NULL) \
+                AND (SELECT count(*) >= 1 FROM outbox_tasks \
+                     WHERE state = 'processing' AND claimed_by LIKE '%:{killed}:%')"
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    workers[0].signal("KILL");
+    workers[0].wait(Duration::from_secs(10)).await;
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT count(*) = {} FROM outbox_tasks WHERE state = 'completed'",
+            KEYS * STEPS
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    for w in &mut workers[1..] {
+        w.terminate_within(Duration::from_secs(10)).await;
+    }
+
+    let attempts: Vec<Attempt> = sqlx::query_as(
+        "SELECT key, n, pid, started_at, finished_at FROM intervals \
+         WHERE key <> 'poison' ORDER BY key, started_at",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut cut_short = 0;
+    for pair in attempts.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 != b.0 {
+            continue;
+        }
+        assert!(
+            a.1 <= b.1,
+            "key {}: step {} ran after step {}",
+            a.0,
+            b.1,
+            a.1
+        );
+        match a.4 {
+            Some(end) => assert!(
+                end <= b.3,
+                "key {}: step {} ran until {end}, step {} started at {}",
+                a.0,
+                a.1,
+                b.1,
+                b.3
+            ),
+            // Only the killed worker's attempts have no end.
+            None => {
+                assert_eq!(a.2, killed, "an unfinished attempt of a live worker");
+                cut_short += 1;
+            }
+        }
+    }
+    println!(
+        "{} attempts over {KEYS} keys, {cut_short} cut short by the kill",
+        attempts.len()
+    );
+    assert!(cut_short >= 1, "the kill caught attempts in flight");
+    let retried_head: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM intervals WHERE key = 'k3' AND n = 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(retried_head >= 2, "k3's head failed once and ran again");
+    // The poison key: its head dead, the rest waiting, never attempted.
+    let poison: Vec<(bool, bool, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+        "SELECT dead_at IS NOT NULL, blocked, attempted_at FROM outbox_tasks \
+         WHERE ordering_key = 'poison' ORDER BY key_seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(poison[0].0 && !poison[0].1);
+    assert_eq!(poison[1..], [(false, true, None), (false, true, None)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
+    const TASKS: usize = 45;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let limit = QueueChange {
+        global_concurrency: Some(Some(3)),
+        ..QueueChange::default()
+    };
+    admin::set_queue(&db.pool, "limited", &limit).await.unwrap();
+    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| Slot { ms: 60 }))
+        .await
+        .unwrap();
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, LIMITED))
+        .collect();
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    for w in &mut workers {
+        w.terminate_within(Duration::from_secs(10)).await;
+    }
+    let overlap = max_overlap(&db.pool).await;
+    let pids: i64 = sqlx::query_scalar("SELECT count(DISTINCT pid) FROM intervals")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    println!("limit 3: at most {overlap} at once, on {pids} workers");
+    assert!(
+        overlap <= 3,
+        "{overlap} tasks ran at once under a limit of 3"
+    );
+    assert!(overlap >= 2, "the limit still lets tasks run in parallel");
+    assert!(pids >= 2, "more than one worker took part");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_across_three_workers() {
+    const TASKS: i64 = 50;
+    const RATE: f64 = 20.0;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let limit = QueueChange {
+        rate_per_second: Some(Some(RATE)),
+        ..QueueChange::default()
+    };
+    admin::set_queue(&db.pool, "limited", &limit).await.unwrap();
+    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| Slot { ms: 0 }))
+        .await
+        .unwrap();
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, LIMITED))
+        .collect();
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    for w in &mut workers {
+        w.terminate_within(Duration::from_secs(10)).await;
+    }
+    // Attempts started in any one-second window, by the database clock.
+    let (busiest, span): (i64, f64) = sqlx::query_as(
+        "SELECT (SELECT max(c) FROM (SELECT (SELECT count(*) FROM outbox_tasks b \
+                   WHERE b.attempted_at >= a.attempted_at \
+                     AND b.attempted_at < a.attempted_at + interval '1 second') AS c \
+                 FROM outbox_tasks a) AS w), \
+                extract(epoch FROM max(attempted_at) - min(attempted_at))::float8 \
+         FROM outbox_tasks",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    println!("rate {RATE}/s: at most {busiest} attempts in a second; {TASKS} took {span:.2}s");
+    // The bucket holds a tenth of a second's worth (2) on top of the rate.
+    assert!(
+        busiest <= 22,
+        "{busiest} attempts started within one second"
+    );
+    assert!(
+        span >= 2.2,
+        "{TASKS} attempts at {RATE}/s took only {span:.2}s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_reach_every_worker() {
+    const TASKS: i64 = 16;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| Slot { ms: 400 }))
+        .await
+        .unwrap();
+    let args = &["--queue", "limited=2", "--poll-interval", "100ms"];
+    let mut workers: Vec<WorkerProcess> = (0..2)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, args))
+        .collect();
+    wait_until(
+        &db.pool,
+        "SELECT count(*) >= 2 FROM outbox_tasks WHERE state = 'processing'",
+        Duration::from_secs(30),
+    )
+    .await;
+    let paused = admin::pause_queue(&db.pool, "limited").await.unwrap();
+    let paused_at = paused.paused_at.expect("paused");
+    // Running tasks finish; nothing new starts.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 0 FROM outbox_tasks WHERE state = 'processing'",
+        Duration::from_secs(30),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (after, done): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE attempted_at > $1), count(*) FILTER (WHERE state = 'completed') \
+         FROM outbox_tasks",
+    )
+    .bind(paused_at)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(after, 0, "no claim after the pause committed");
+    assert!(done < TASKS, "the pause held tasks back");
+    admin::resume_queue(&db.pool, "limited").await.unwrap();
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    for w in &mut workers {
+        w.terminate_within(Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_listed_and_a_killed_one_is_forgotten() {
+    let db = TestDb::migrated().await;
+    let args = &[
+        "--queue",
+        "limited=3",
+        "--heartbeat-interval",
+        "200ms",
+        "--heartbeat-timeout",
+        "2s",
+        "--maintenance-interval",
+        "100ms",
+        "--forget-workers-after",
+        "1s",
+    ];
+    let mut a = WorkerProcess::spawn(WORKER, &db.url, args);
+    let mut b = WorkerProcess::spawn(WORKER, &db.url, args);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_workers WHERE expires_at > now()",
+        Duration::from_secs(30),
+    )
+    .await;
+    let listed = admin::list_workers(&db.pool).await.unwrap();
+    let mut pids: Vec<i32> = listed.iter().map(|w| w.pid).collect();
+    pids.sort_unstable();
+    let mut expected = vec![a.pid() as i32, b.pid() as i32];
+    expected.sort_unstable();
+    assert_eq!(pids, expected);
+    for w in &listed {
+        assert!(w.alive);
+        assert_eq!(w.queues.len(), 1);
+        assert_eq!(
+            (w.queues[0].queue.as_str(), w.queues[0].concurrency),
+            ("limited", 3)
+        );
+    }
+    a.signal("KILL");
+    a.wait(Duration::from_secs(10)).await;
+    let gone = a.pid() as i32;
+    // First shown gone (its row expired), then removed by maintenance.
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT count(*) = 1 FROM outbox_workers WHERE pid = {gone} AND expires_at <= now()"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = 0 FROM outbox_workers WHERE pid = {gone}"),
+        Duration::from_secs(30),
+    )
+    .await;
+    // A clean shutdown removes the row at once.
+    b.terminate_within(Duration::from_secs(10)).await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_workers")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
