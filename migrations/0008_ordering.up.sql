@@ -124,8 +124,11 @@ END
 $$;
 
 -- Hands key (q, k) to the next waiting tasks, as many as its concurrency
--- allows now that task `gone` stopped holding it. Returns how many.
-CREATE FUNCTION outbox_key_advance(q text, k text, gone bigint) RETURNS integer
+-- allows now. Returns how many. Runs after the statement that made a task
+-- let go of the key (an AFTER trigger), so that a statement changing
+-- several tasks of one key (an operator's bulk cancel) has changed them all
+-- before any is handed the key.
+CREATE FUNCTION outbox_key_advance(q text, k text) RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -143,7 +146,6 @@ BEGIN
                 WHERE queue = q AND ordering_key = k
                   AND ordering_key IS NOT NULL AND NOT blocked AND state <> 'completed'
                   AND (dead_at IS NULL OR NOT skip_dead)
-                  AND id IS DISTINCT FROM gone
                 LIMIT lim) AS holders);
         EXIT WHEN free <= 0;
         UPDATE outbox_tasks SET blocked = false
@@ -171,21 +173,18 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox_key_on_update() RETURNS trigger
+-- A task stops or starts needing its key: its own flag. Handing the key
+-- on is the AFTER trigger's.
+CREATE FUNCTION outbox_key_on_change() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    held boolean := NOT OLD.blocked AND outbox_needs_key(OLD.state, OLD.dead_at, OLD.skip_dead);
 BEGIN
     IF NOT outbox_needs_key(NEW.state, NEW.dead_at, NEW.skip_dead) THEN
-        -- Finished, or dead and skipped: out of the line, and the key goes on.
+        -- Finished, or dead and skipped: out of the line.
         NEW.blocked := false;
-        IF held THEN
-            PERFORM outbox_key_advance(OLD.queue, OLD.ordering_key, OLD.id);
-        END IF;
-    ELSIF NOT outbox_needs_key(OLD.state, OLD.dead_at, OLD.skip_dead) THEN
-        -- Back from the dead (an operator's retry): it queues for its key
-        -- again.
+    ELSE
+        -- Back from the dead (an operator's retry of a skipped task): it
+        -- queues for its key again.
         PERFORM outbox_lock_key(NEW.queue, NEW.ordering_key);
         NEW.blocked := outbox_key_full(NEW.queue, NEW.ordering_key, NEW.id);
     END IF;
@@ -193,14 +192,13 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox_key_on_delete() RETURNS trigger
+-- A task that held its key let go of it (finished, skipped, deleted).
+CREATE FUNCTION outbox_key_on_release() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT OLD.blocked AND outbox_needs_key(OLD.state, OLD.dead_at, OLD.skip_dead) THEN
-        PERFORM outbox_key_advance(OLD.queue, OLD.ordering_key, OLD.id);
-    END IF;
-    RETURN OLD;
+    PERFORM outbox_key_advance(OLD.queue, OLD.ordering_key);
+    RETURN NULL;
 END
 $$;
 
@@ -212,15 +210,23 @@ CREATE TRIGGER outbox_key_insert
     FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION outbox_key_on_insert();
 
-CREATE TRIGGER outbox_key_update
+CREATE TRIGGER outbox_key_change
     BEFORE UPDATE OF state, dead_at, skip_dead ON outbox_tasks
     FOR EACH ROW WHEN (OLD.ordering_key IS NOT NULL
                        AND (OLD.state <> 'completed' AND (OLD.dead_at IS NULL OR NOT OLD.skip_dead))
                            IS DISTINCT FROM
                            (NEW.state <> 'completed' AND (NEW.dead_at IS NULL OR NOT NEW.skip_dead)))
-    EXECUTE FUNCTION outbox_key_on_update();
+    EXECUTE FUNCTION outbox_key_on_change();
+
+CREATE TRIGGER outbox_key_release
+    AFTER UPDATE OF state, dead_at, skip_dead ON outbox_tasks
+    FOR EACH ROW WHEN (OLD.ordering_key IS NOT NULL AND NOT OLD.blocked
+                       AND OLD.state <> 'completed' AND (OLD.dead_at IS NULL OR NOT OLD.skip_dead)
+                       AND NOT (NEW.state <> 'completed' AND (NEW.dead_at IS NULL OR NOT NEW.skip_dead)))
+    EXECUTE FUNCTION outbox_key_on_release();
 
 CREATE TRIGGER outbox_key_delete
-    BEFORE DELETE ON outbox_tasks
-    FOR EACH ROW WHEN (OLD.ordering_key IS NOT NULL AND OLD.state <> 'completed')
-    EXECUTE FUNCTION outbox_key_on_delete();
+    AFTER DELETE ON outbox_tasks
+    FOR EACH ROW WHEN (OLD.ordering_key IS NOT NULL AND NOT OLD.blocked
+                       AND OLD.state <> 'completed' AND (OLD.dead_at IS NULL OR NOT OLD.skip_dead))
+    EXECUTE FUNCTION outbox_key_on_release();

@@ -362,3 +362,46 @@ async fn bad_ordering_keys_are_refused_before_anything_is_written() {
     }
     assert_eq!(db.task_count().await, 0);
 }
+
+#[tokio::test]
+async fn operators_change_many_tasks_of_one_key_in_one_statement() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        ids.push(outbox::submit(&mut conn, step("bulk", n, 1)).await.unwrap());
+    }
+    let blocked = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT blocked FROM outbox_tasks WHERE ordering_key = 'bulk' AND dead_at IS NULL ORDER BY key_seq",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(blocked(&db).await, vec![false, true, true, true, true]);
+    // The head and the next one cancelled together: the third holds the key.
+    admin::cancel_tasks(&db.pool, &ids[..2]).await.unwrap();
+    assert_eq!(blocked(&db).await, vec![false, true, true]);
+    // Both retried together: they queue behind the holder, in key order.
+    admin::retry_tasks(&db.pool, &ids[..2]).await.unwrap();
+    let order: Vec<(i64, bool)> = sqlx::query_as(
+        "SELECT (payload->>'n')::bigint, blocked FROM outbox_tasks ORDER BY key_seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        order,
+        vec![(1, true), (2, true), (3, false), (4, true), (5, true)]
+    );
+    // Deleting every task of the key at once is no error either.
+    sqlx::query("DELETE FROM outbox_tasks WHERE ordering_key = 'bulk'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(db.task_count().await, 0);
+}

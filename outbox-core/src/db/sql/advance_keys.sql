@@ -3,6 +3,6 @@
 -- cancelled was passed over at the very moment its key moved on) to its
 -- next tasks. Maintenance runs it now and then; `queues set` after a change
 -- of per-key concurrency. $1 queue (null = all). Returns the tasks released.
-SELECT coalesce(sum(outbox_key_advance(w.queue, w.ordering_key, NULL)), 0)::bigint
+SELECT coalesce(sum(outbox_key_advance(w.queue, w.ordering_key)), 0)::bigint
 FROM (SELECT DISTINCT queue, ordering_key FROM outbox_tasks
       WHERE blocked AND ($1::text IS NULL OR queue = $1)) AS w
