@@ -45,6 +45,8 @@
 extern crate self as outbox;
 
 pub mod admin;
+#[doc(hidden)]
+pub mod bench_support;
 mod clock;
 mod db;
 mod error;

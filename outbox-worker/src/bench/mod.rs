@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod operator_views;
+mod ordering;
 
 use crate::Register;
 use crate::builtin::{Builtins, Noop};
@@ -84,6 +85,8 @@ pub(crate) struct BenchArgs {
     /// pg_stat_statements (private cluster only).
     #[arg(long)]
     statements: bool,
+    #[command(flatten)]
+    ordering: ordering::OrderingArgs,
     /// Print one JSON object with every figure instead of text.
     #[arg(long)]
     json: bool,
@@ -146,6 +149,8 @@ struct Report {
     ratio_vs_peer: Option<f64>,
     /// Our delete-mode burn-down over the peer's (which deletes too).
     delete_mode_ratio_vs_peer: Option<f64>,
+    /// Ordering keys: drains and claim times.
+    ordering: Option<ordering::OrderingReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -306,6 +311,11 @@ impl Bench {
             ));
         }
 
+        if self.args.ordering.ordered_keys > 0 {
+            let figures = ordering::measure(self, drain.rate).await?;
+            self.report.ordering = Some(figures);
+        }
+
         if let Some(command) = self.args.peer_command.clone() {
             let peer = self.run_peer(&command).await?;
             let peer_rate = peer["drain_jobs_per_s"].as_f64().unwrap_or(0.0).max(1e-9);
@@ -430,13 +440,29 @@ impl Bench {
 
     /// Inserts `n` no-op tasks in transactions of `insert_batch`; tasks/s.
     async fn insert(&self, n: usize) -> Result<f64, Failure> {
+        self.insert_keyed(n, |_| None).await
+    }
+
+    /// Inserts `n` no-op tasks, task `i` with ordering key `key(i)`, in
+    /// transactions of `insert_batch`; tasks/s.
+    async fn insert_keyed(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> Option<String>,
+    ) -> Result<f64, Failure> {
         let started = Instant::now();
         let mut left = n;
+        let mut i = 0;
         while left > 0 {
             let size = left.min(self.args.insert_batch.max(1));
             let mut batch = Batch::new();
             for _ in 0..size {
-                batch.push_with(&Noop {}, TaskOptions::new().queue(QUEUE))?;
+                let mut options = TaskOptions::new().queue(QUEUE);
+                if let Some(k) = key(i) {
+                    options = options.ordering_key(k);
+                }
+                batch.push_with(&Noop {}, options)?;
+                i += 1;
             }
             let mut tx = self.pool.begin().await.map_err(db)?;
             batch.submit(&mut tx).await?;
@@ -481,6 +507,11 @@ impl Bench {
 
     /// Runs a worker until `tasks` outcomes are committed.
     async fn drain(&self, delete: bool) -> Result<Drain, Failure> {
+        self.drain_count(delete, self.args.tasks).await
+    }
+
+    /// Runs a worker until `count` outcomes are committed.
+    async fn drain_count(&self, delete: bool, count: usize) -> Result<Drain, Failure> {
         let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16) as u32).await?;
         let config = WorkerConfig {
             maintenance: false,
@@ -501,15 +532,14 @@ impl Bench {
         let started = Instant::now();
         let running = tokio::spawn(worker.run(shutdown.clone()));
         let mut done = 0;
-        while done < self.args.tasks {
+        while done < count {
             match tokio::time::timeout(Duration::from_secs(120), events.recv()).await {
                 Ok(Ok(e)) if e.kind == TaskEventKind::Completed => done += 1,
                 Ok(Ok(_)) => {}
                 Ok(Err(RecvError::Lagged(n))) => done += n as usize,
                 Ok(Err(RecvError::Closed)) | Err(_) => {
                     return Err(Failure::runtime(format!(
-                        "drain stalled at {done} of {}",
-                        self.args.tasks
+                        "drain stalled at {done} of {count}"
                     )));
                 }
             }
@@ -521,7 +551,7 @@ impl Bench {
         pool.close().await;
         self.reset().await?;
         Ok(Drain {
-            rate: self.args.tasks as f64 / seconds,
+            rate: count as f64 / seconds,
             seconds,
             counters,
         })
