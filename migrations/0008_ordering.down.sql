@@ -1,9 +1,6 @@
 DROP TRIGGER IF EXISTS outbox_key_insert ON outbox_tasks;
-DROP TRIGGER IF EXISTS outbox_key_change ON outbox_tasks;
-DROP TRIGGER IF EXISTS outbox_key_delete ON outbox_tasks;
 DROP FUNCTION IF EXISTS outbox_key_on_insert();
-DROP FUNCTION IF EXISTS outbox_key_on_change();
-DROP FUNCTION IF EXISTS outbox_key_on_delete();
+DROP FUNCTION IF EXISTS outbox_keys_advance(text[], text[]);
 DROP FUNCTION IF EXISTS outbox_key_advance(text, text);
 DROP FUNCTION IF EXISTS outbox_key_full(text, text, bigint);
 DROP FUNCTION IF EXISTS outbox_lock_key(text, text);

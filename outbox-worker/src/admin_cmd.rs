@@ -407,6 +407,8 @@ struct Stats {
     in_flight: i64,
     claimable: i64,
     scheduled: i64,
+    /// Waiting for earlier tasks of their ordering key.
+    blocked: i64,
     oldest_claimable_age_seconds: f64,
     oldest_heartbeat_age_seconds: f64,
 }
@@ -430,6 +432,7 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
         in_flight: health.processing,
         claimable: health.claimable,
         scheduled: health.scheduled,
+        blocked: health.blocked,
         oldest_claimable_age_seconds: health.oldest_claimable_age_s,
         oldest_heartbeat_age_seconds: health.oldest_heartbeat_age_s,
         totals,
@@ -460,9 +463,10 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
     }
     println!();
     println!(
-        "\nclaimable now: {}   scheduled: {}   in flight: {}   dead: {}   oldest claimable: {:.1}s",
+        "\nclaimable now: {}   scheduled: {}   behind their ordering key: {}   in flight: {}   dead: {}   oldest claimable: {:.1}s",
         stats.claimable,
         stats.scheduled,
+        stats.blocked,
         stats.in_flight,
         stats.dead,
         stats.oldest_claimable_age_seconds

@@ -39,7 +39,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     );
     metrics::describe_gauge!(
         "outbox_tasks",
-        "Tasks in the database by state (claimable, scheduled, processing, dead)"
+        "Tasks in the database by state (claimable, scheduled, blocked behind their ordering key, processing, dead)"
     );
     metrics::describe_gauge!(
         "outbox_oldest_claimable_age_seconds",
@@ -87,6 +87,7 @@ async fn render(State(state): State<AppState>) -> (StatusCode, String) {
         Ok(Ok(h)) => {
             metrics::gauge!("outbox_tasks", "state" => "claimable").set(h.claimable as f64);
             metrics::gauge!("outbox_tasks", "state" => "scheduled").set(h.scheduled as f64);
+            metrics::gauge!("outbox_tasks", "state" => "blocked").set(h.blocked as f64);
             metrics::gauge!("outbox_tasks", "state" => "processing").set(h.processing as f64);
             metrics::gauge!("outbox_tasks", "state" => "dead").set(h.dead as f64);
             metrics::gauge!("outbox_oldest_claimable_age_seconds").set(h.oldest_claimable_age_s);

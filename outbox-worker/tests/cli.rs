@@ -585,6 +585,7 @@ async fn stats_json_has_the_documented_fields() {
         "in_flight",
         "claimable",
         "scheduled",
+        "blocked",
         "oldest_claimable_age_seconds",
         "oldest_heartbeat_age_seconds",
     ] {

@@ -151,7 +151,17 @@ async fn explain_gives_each_reason() {
             finished_at: Some(_)
         }]
     ));
-    // The hand-over made the next task of the key due.
+    // Completed behind the engine's back (raw SQL): nobody handed the key
+    // on, and explain says maintenance will.
+    assert_eq!(
+        reasons(&db, behind).await,
+        vec![Reason::BehindKey {
+            key: "acct-1".to_owned(),
+            holder: None,
+            holder_state: None,
+        }]
+    );
+    sql(&db, "SELECT outbox_key_advance('ordered', 'acct-1')").await;
     assert_eq!(reasons(&db, behind).await, vec![Reason::Due { ahead: 0 }]);
 
     // Gone workers do not count.

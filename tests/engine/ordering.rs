@@ -405,3 +405,38 @@ async fn operators_change_many_tasks_of_one_key_in_one_statement() {
         .unwrap();
     assert_eq!(db.task_count().await, 0);
 }
+
+#[tokio::test]
+async fn maintenance_hands_on_a_key_whose_holder_finished_behind_the_engines_back() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut conn = db.conn().await;
+    let head = outbox::submit(&mut conn, step("manual", 1, 1)).await.unwrap();
+    outbox::submit(&mut conn, step("manual", 2, 1)).await.unwrap();
+    drop(conn);
+    // Finished by hand, not through the engine: nothing hands the key on.
+    sqlx::query("UPDATE outbox_tasks SET state = 'completed', finished_at = now() WHERE id = $1")
+        .bind(head.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let w = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                maintenance_interval: Duration::from_millis(100),
+                cleanup_interval: Duration::from_millis(200),
+                ..WorkerConfig::default()
+            })
+            .handler::<Step>(IntervalRecorder)
+            .queue("ordered", 2)
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    w.stop().await;
+}

@@ -1,4 +1,4 @@
-//! docs/guide.md, sections 2 to 4.
+//! docs/guide.md, sections 2 to 7.
 
 use std::error::Error;
 
@@ -117,7 +117,7 @@ pub struct OrderCreated {
     pub order_id: i64,
 }
 
-/// A task the tests of section 8 expect not to see.
+/// A task the tests of section 9 expect not to see.
 #[derive(Debug, Serialize, Deserialize)]
 #[outbox_task(task_type = "refund.issued", queue = "orders")]
 pub struct RefundIssued {
@@ -285,4 +285,21 @@ fn main() -> std::process::ExitCode {
          .handler::<GenerateReport>(Reports::new(pool))
     })
 }
+}
+
+// Section 7: ordering keys.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "ledger.apply", ordering_key = "account_id")]
+struct ApplyEntry { account_id: i64, amount_cents: i64 }
+
+/// Ordered submits.
+pub async fn submit_ordered(pool: PgPool, account_id: i64) -> Result<(), Box<dyn Error>> {
+    use outbox::TaskOptions;
+    let mut tx = pool.begin().await?;
+    let entry = ApplyEntry { account_id, amount_cents: 100 };
+// Or per submit, whatever the type declares:
+let options = TaskOptions::new().ordering_key(format!("account-{account_id}"));
+outbox::submit_with(&mut tx, entry, options).await?;
+    tx.commit().await?;
+    Ok(())
 }

@@ -239,13 +239,13 @@ pub(crate) async fn fail_unwritable(
     finish: &Finish,
     error: &str,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(include_str!("sql/fail_unwritable.sql"))
+    let done: Option<i64> = sqlx::query_scalar(include_str!("sql/fail_unwritable.sql"))
         .bind(finish.id)
         .bind(&*finish.token)
         .bind(error)
-        .execute(conn)
+        .fetch_optional(conn)
         .await?;
-    Ok(done.rows_affected() > 0)
+    Ok(done.is_some())
 }
 
 /// Bumps heartbeat_at of `ids` still held under one of `tokens`; returns

@@ -14,11 +14,13 @@ WITH waiting AS (
         finished_at = now(),
         last_error = 'cancelled by an operator',
         skip_dead = true,
+        -- Out of its key's line, if it was waiting in it.
+        blocked = false,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
       AND dead_at IS NULL
-    RETURNING id
+    RETURNING id, queue, ordering_key
 ),
 running AS (
     UPDATE outbox_tasks
@@ -38,12 +40,19 @@ skipped AS (
       AND dead_at IS NOT NULL
       AND ordering_key IS NOT NULL
       AND NOT skip_dead
-    RETURNING id
+    RETURNING id, queue, ordering_key
+),
+handed AS (
+    -- Their keys go on, after every row above is written.
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM (SELECT queue, ordering_key FROM waiting UNION ALL SELECT queue, ordering_key FROM skipped) AS k
+    WHERE ordering_key IS NOT NULL
+    HAVING count(*) > 0
 ),
 told AS (
     SELECT pg_notify('outbox_control', 'cancel:' || id) FROM running
 )
-SELECT id FROM waiting
+SELECT id FROM waiting WHERE (SELECT count(*) FROM handed) >= 0
 UNION ALL
 SELECT id FROM skipped
 UNION ALL

@@ -18,7 +18,7 @@ gone AS (
     DELETE FROM outbox_tasks AS t
     USING batch
     WHERE t.id = batch.id AND NOT batch.cancelled
-    RETURNING t.id
+    RETURNING t.id, t.queue, t.ordering_key
 ),
 cancelled AS (
     UPDATE outbox_tasks AS t
@@ -31,8 +31,16 @@ cancelled AS (
         updated_at = now()
     FROM batch
     WHERE t.id = batch.id AND batch.cancelled
-    RETURNING t.id
+    RETURNING t.id, t.queue, t.ordering_key
+),
+handed AS (
+    -- Every one of them let go of its ordering key (a cancelled task is
+    -- skipped): the key goes on, after every row above is written.
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM (SELECT queue, ordering_key FROM gone UNION ALL SELECT queue, ordering_key FROM cancelled) AS k
+    WHERE ordering_key IS NOT NULL
+    HAVING count(*) > 0
 )
-SELECT id FROM gone
+SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
 UNION ALL
 SELECT id FROM cancelled

@@ -4,15 +4,28 @@
 -- follows its retry schedule (claimable at once; dead if it was the last
 -- attempt). Fenced on the claim token like every outcome.
 -- $1 id, $2 claim token, $3 error message.
-UPDATE outbox_tasks
-SET state = 'failed',
-    retry_count = retry_count + 1,
-    dead_at = CASE WHEN retry_count + 1 >= max_attempts THEN now() END,
-    execute_at = now(),
-    last_error = $3,
-    finished_at = now(),
-    claimed_by = NULL,
-    heartbeat_at = NULL,
-    updated_at = now()
-WHERE id = $1
-  AND claimed_by = $2
+WITH done AS (
+    UPDATE outbox_tasks
+    SET state = 'failed',
+        retry_count = retry_count + 1,
+        dead_at = CASE WHEN retry_count + 1 >= max_attempts THEN now() END,
+        execute_at = now(),
+        last_error = $3,
+        finished_at = now(),
+        claimed_by = NULL,
+        heartbeat_at = NULL,
+        updated_at = now()
+    WHERE id = $1
+      AND claimed_by = $2
+    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
+),
+handed AS (
+    -- Tasks that let go of their ordering key hand it on (after every row
+    -- above is written: the aggregate reads them all first).
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM done
+    WHERE ordering_key IS NOT NULL
+      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+    HAVING count(*) > 0
+)
+SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0

@@ -17,20 +17,32 @@ WITH stuck AS (
     ORDER BY heartbeat_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+),
+done AS (
+    UPDATE outbox_tasks AS t
+    SET state = 'failed',
+        retry_count = t.retry_count + 1,
+        dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts OR t.cancel_requested_at IS NOT NULL
+                       THEN coalesce($3::timestamptz, now()) END,
+        execute_at = coalesce($3::timestamptz, now()),
+        last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                     ELSE 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
+                          || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never') END,
+        finished_at = coalesce($3::timestamptz, now()),
+        claimed_by = NULL,
+        heartbeat_at = NULL,
+        updated_at = coalesce($3::timestamptz, now())
+    FROM stuck
+    WHERE t.id = stuck.id
+    RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
+),
+handed AS (
+    -- Tasks that let go of their ordering key hand it on (after every row
+    -- above is written: the aggregate reads them all first).
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM done
+    WHERE ordering_key IS NOT NULL
+      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+    HAVING count(*) > 0
 )
-UPDATE outbox_tasks AS t
-SET state = 'failed',
-    retry_count = t.retry_count + 1,
-    dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts OR t.cancel_requested_at IS NOT NULL
-                   THEN coalesce($3::timestamptz, now()) END,
-    execute_at = coalesce($3::timestamptz, now()),
-    last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
-                 ELSE 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
-                      || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never') END,
-    finished_at = coalesce($3::timestamptz, now()),
-    claimed_by = NULL,
-    heartbeat_at = NULL,
-    updated_at = coalesce($3::timestamptz, now())
-FROM stuck
-WHERE t.id = stuck.id
-RETURNING t.id, t.dead_at IS NOT NULL AS dead
+SELECT id, dead FROM done WHERE (SELECT count(*) FROM handed) >= 0

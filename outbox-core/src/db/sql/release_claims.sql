@@ -4,17 +4,29 @@
 -- claim may have committed although the connection broke first).
 -- $1 claim tokens text[]. Reads only PROCESSING rows
 -- (outbox_tasks_processing_idx).
-UPDATE outbox_tasks
-SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
-    -- An operator asked to cancel it: dead, not released.
-    dead_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
-    last_error = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
-                      ELSE last_error END,
-    claimed_by = NULL,
-    heartbeat_at = NULL,
-    execute_at = least(execute_at, now()),
-    updated_at = now()
-WHERE state = 'processing'
-  AND claimed_by = ANY($1::text[])
-RETURNING id
+WITH done AS (
+    UPDATE outbox_tasks
+    SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
+        -- An operator asked to cancel it: dead, not released.
+        dead_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        last_error = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                          ELSE last_error END,
+        claimed_by = NULL,
+        heartbeat_at = NULL,
+        execute_at = least(execute_at, now()),
+        updated_at = now()
+    WHERE state = 'processing'
+      AND claimed_by = ANY($1::text[])
+    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
+),
+handed AS (
+    -- Tasks that let go of their ordering key hand it on (after every row
+    -- above is written: the aggregate reads them all first).
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM done
+    WHERE ordering_key IS NOT NULL
+      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+    HAVING count(*) > 0
+)
+SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0

@@ -3,20 +3,33 @@
 -- another live task holds meanwhile is left dead (retrying it would be the
 -- duplicate its uniqueness forbids). $1 ids (null = every
 -- dead task), $2 task type filter for the dead-task form (null = any).
-UPDATE outbox_tasks
-SET state = 'pending',
-    retry_count = 0,
-    dead_at = NULL,
-    cancel_requested_at = NULL,
-    finished_at = NULL,
-    execute_at = now(),
-    updated_at = now()
-WHERE state = 'failed'
-  AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
-       OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
-  AND (unique_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM outbox_tasks AS holder
-        WHERE holder.unique_key = outbox_tasks.unique_key
-          AND holder.id <> outbox_tasks.id
-          AND outbox_unique_covers(holder.unique_states, holder.state, holder.dead_at IS NOT NULL)))
-RETURNING id
+WITH done AS (
+    UPDATE outbox_tasks
+    SET state = 'pending',
+        retry_count = 0,
+        dead_at = NULL,
+        cancel_requested_at = NULL,
+        finished_at = NULL,
+        execute_at = now(),
+        -- A task that had let its ordering key go on (skipped) queues for it
+        -- again; one that held it (a dead head) holds it still.
+        blocked = (ordering_key IS NOT NULL AND dead_at IS NOT NULL AND skip_dead),
+        updated_at = now()
+    WHERE state = 'failed'
+      AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+           OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+      AND (unique_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM outbox_tasks AS holder
+            WHERE holder.unique_key = outbox_tasks.unique_key
+              AND holder.id <> outbox_tasks.id
+              AND outbox_unique_covers(holder.unique_states, holder.state, holder.dead_at IS NOT NULL)))
+    RETURNING id, queue, ordering_key, blocked
+),
+handed AS (
+    -- Tasks back in their key's line get it if it is free.
+    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
+    FROM done
+    WHERE blocked
+    HAVING count(*) > 0
+)
+SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0
