@@ -168,6 +168,7 @@ async fn a_read_only_dashboard_refuses_every_change() {
         format!("/tasks/{id}/retry"),
         "/dead/retry".to_owned(),
         "/tasks/bulk".to_owned(),
+        "/queues/mail/pause".to_owned(),
     ] {
         let reply = send(
             Method::POST,
@@ -186,6 +187,76 @@ async fn a_read_only_dashboard_refuses_every_change() {
     assert_eq!(state_of(&db, id).await.state, "dead");
     let dead_count = admin::queue_health(&db.pool).await.unwrap().dead;
     assert_eq!(dead_count, 1);
+    assert!(
+        admin::list_queues(&db.pool).await.unwrap().is_empty(),
+        "no queue was paused"
+    );
+}
+
+#[tokio::test]
+async fn a_script_pauses_and_resumes_a_queue_and_a_foreign_page_cannot() {
+    let db = TestDb::migrated().await;
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let paused = || {
+        let pool = db.pool.clone();
+        async move {
+            admin::list_queues(&pool)
+                .await
+                .unwrap()
+                .first()
+                .is_some_and(|q| q.paused_at.is_some())
+        }
+    };
+    let reply = send(
+        Method::POST,
+        &format!("{}/queues/mail/pause", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    assert!(paused().await);
+    let unknown = send(
+        Method::POST,
+        &format!("{}/queues/mail/explode", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let bad_name = send(
+        Method::POST,
+        &format!("{}/queues/no%20such%20queue!/pause", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(
+        bad_name.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        bad_name.body
+    );
+    // A page of another site, with the browser's cookie but no page token.
+    let forged = send(
+        Method::POST,
+        &format!("{}/queues/mail/resume", served.url),
+        &[("origin", "https://evil.example"), FORM],
+        "csrf=guess",
+    )
+    .await;
+    assert_ne!(forged.status, StatusCode::SEE_OTHER);
+    assert!(paused().await, "still paused");
+    let resumed = send(
+        Method::POST,
+        &format!("{}/queues/mail/resume", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(resumed.status, StatusCode::SEE_OTHER);
+    assert!(!paused().await);
 }
 
 #[tokio::test]

@@ -369,6 +369,7 @@ async fn a_read_only_dashboard_shows_no_actions() {
         },
     )
     .await;
+    admin::resume_queue(&db.pool, "mail").await.unwrap();
     let served = ServedDashboard::start(db.pool.clone(), token_auth().read_only(true)).await;
     let url = served.url.clone();
     with_browser("read_only", move |client| async move {
@@ -385,6 +386,15 @@ async fn a_read_only_dashboard_shows_no_actions() {
             .unwrap();
         assert!(client.find(Locator::Id("bulk-retry")).await.is_err());
         assert!(client.find(Locator::Id("retry-all-dead")).await.is_err());
+        client.goto(&format!("{url}/queues")).await.unwrap();
+        client
+            .find(Locator::Css("tr.queue-setting[data-queue=\"mail\"]"))
+            .await
+            .expect("the queue is listed");
+        assert!(
+            client.find(Locator::Css("button.pause")).await.is_err(),
+            "no pause button"
+        );
     })
     .await;
 }
@@ -473,6 +483,81 @@ async fn the_periodic_page_lists_what_the_leader_recorded() {
             .unwrap();
         assert!(row.contains("0 3 * * *"), "{row}");
         assert!(row.contains("2026-11-23 03:00:00"), "{row}");
+    })
+    .await;
+}
+
+/// An ordered task type for the queues page's test.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox::outbox_task(
+    task_type = "test.dashboard.ledger",
+    queue = "ledger",
+    ordering_key = "account"
+)]
+struct Ledger {
+    account: u32,
+}
+
+#[tokio::test]
+async fn queues_are_paused_and_resumed_by_clicking_and_a_waiting_task_says_why() {
+    let db = TestDb::migrated().await;
+    let head = submit(&db, Ledger { account: 7 }).await;
+    let behind = submit(&db, Ledger { account: 7 }).await;
+    admin::resume_queue(&db.pool, "ledger").await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_workers (id, host, pid, queues, expires_at) VALUES \
+         ('host-a:42:1/1', 'host-a', 42, '[{\"queue\": \"ledger\", \"concurrency\": 4}]', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let url = served.url.clone();
+    let pool = db.pool.clone();
+    with_browser("queues", move |client| async move {
+        sign_in(&client, &url, TOKEN).await;
+        click(&client, "nav-queues").await;
+        let row = "tr.queue-setting[data-queue=\"ledger\"]";
+        let text = |css: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .find(Locator::Css(&css))
+                    .await
+                    .unwrap_or_else(|e| panic!("no {css}: {e}"))
+                    .text()
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(text(format!("{row} td.queue-state")).await, "running");
+        assert_eq!(text(format!("{row} td.blocked")).await, "1");
+        let worker = text("tr.worker[data-worker=\"host-a:42:1/1\"]".to_owned()).await;
+        assert!(
+            worker.contains("alive") && worker.contains("ledger=4"),
+            "{worker}"
+        );
+
+        navigate_by_click(&client, Locator::Css(&format!("{row} button.pause"))).await;
+        assert_eq!(text(format!("{row} td.queue-state")).await, "paused");
+        let paused = admin::list_queues(&pool).await.unwrap();
+        assert!(paused[0].paused_at.is_some());
+        navigate_by_click(&client, Locator::Css(&format!("{row} button.resume"))).await;
+        assert_eq!(text(format!("{row} td.queue-state")).await, "running");
+        assert!(
+            admin::list_queues(&pool).await.unwrap()[0]
+                .paused_at
+                .is_none()
+        );
+
+        client.goto(&format!("{url}/tasks/{behind}")).await.unwrap();
+        let why = text_of(&client, "task-why").await;
+        assert!(
+            why.contains(&format!(
+                "behind task {head} (pending) of its ordering key \"7\""
+            )),
+            "{why}"
+        );
     })
     .await;
 }

@@ -411,8 +411,12 @@ async fn maintenance_hands_on_a_key_whose_holder_finished_behind_the_engines_bac
     let db = TestDb::migrated().await;
     create_intervals_table(&db.pool).await;
     let mut conn = db.conn().await;
-    let head = outbox::submit(&mut conn, step("manual", 1, 1)).await.unwrap();
-    outbox::submit(&mut conn, step("manual", 2, 1)).await.unwrap();
+    let head = outbox::submit(&mut conn, step("manual", 1, 1))
+        .await
+        .unwrap();
+    outbox::submit(&mut conn, step("manual", 2, 1))
+        .await
+        .unwrap();
     drop(conn);
     // Finished by hand, not through the engine: nothing hands the key on.
     sqlx::query("UPDATE outbox_tasks SET state = 'completed', finished_at = now() WHERE id = $1")

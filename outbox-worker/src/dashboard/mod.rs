@@ -166,6 +166,8 @@ pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/", get(pages::overview))
         .route("/tasks", get(pages::tasks))
         .route("/periodic", get(pages::periodic))
+        .route("/queues", get(pages::queues))
+        .route("/queues/{name}/{action}", post(pages::queue_action))
         .route("/tasks/{id}", get(pages::task))
         .route("/tasks/{id}/retry", post(pages::retry_one))
         .route("/tasks/{id}/cancel", post(pages::cancel_one))

@@ -15,7 +15,8 @@ use serde::Deserialize;
 
 use super::auth::{CsrfToken, Identity, check_csrf};
 use super::views::{
-    DonePage, FilterView, OverviewPage, PeriodicPage, Refusal, TaskPage, TaskRow, TasksPage, render,
+    DonePage, FilterView, OverviewPage, PeriodicPage, QueueSettingsRow, QueuesPage, Refusal,
+    TaskPage, TaskRow, TasksPage, render,
 };
 use super::{Dashboard, QUERY_DEADLINE};
 
@@ -196,16 +197,20 @@ pub(crate) async fn task(
         let Some(id) = parse_id("the task id", &id)? else {
             return Err(Refusal::new(StatusCode::NOT_FOUND, "no such task"));
         };
-        let Some(t) = query("task", admin::get_task(&d.pool, TaskId(id))).await? else {
+        let Some(found) = query("task", admin::explain_task(&d.pool, TaskId(id))).await? else {
             return Err(Refusal::new(StatusCode::NOT_FOUND, format!("no task {id}")));
         };
+        let why = found.reasons.iter().map(ToString::to_string).collect();
+        let t = found.task;
         let payload = serde_json::to_string_pretty(&t.payload).unwrap_or_default();
         let result = t
             .result
             .as_ref()
             .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
         let can_retry = matches!(t.state.as_str(), "failed" | "dead");
-        let can_cancel = matches!(t.state.as_str(), "pending" | "failed" | "processing");
+        // A dead task holding its ordering key can be skipped (cancelled).
+        let can_cancel = matches!(t.state.as_str(), "pending" | "failed" | "processing")
+            || (t.state == "dead" && t.ordering_key.is_some());
         Ok(render(
             StatusCode::OK,
             &TaskPage {
@@ -217,6 +222,7 @@ pub(crate) async fn task(
                 result,
                 can_retry,
                 can_cancel,
+                why,
             },
         ))
     }
@@ -278,6 +284,74 @@ async fn one(
             ));
         }
         Ok(Redirect::to(&format!("{}/tasks/{id}", d.config.base_path)).into_response())
+    }
+    .await;
+    result.unwrap_or_else(|refused| refused.page(&d.config))
+}
+
+/// Queue settings and workers, with pause and resume.
+pub(crate) async fn queues(
+    State(d): State<Arc<Dashboard>>,
+    Extension(csrf): Extension<CsrfToken>,
+) -> Response {
+    let result = async {
+        let settings = query("queues", admin::list_queues(&d.pool)).await?;
+        let overview = query("overview", admin::overview(&d.pool)).await?;
+        let workers = query("workers", admin::list_workers(&d.pool)).await?;
+        let queues = settings
+            .into_iter()
+            .map(|q| {
+                let counts = overview.queues.iter().find(|o| o.queue == q.name);
+                let count = |f: fn(&admin::QueueOverview) -> i64| counts.map_or(0, f);
+                QueueSettingsRow {
+                    paused: q.paused_at.is_some(),
+                    global: q
+                        .global_concurrency
+                        .map_or("-".to_owned(), |n| n.to_string()),
+                    rate: q
+                        .rate_per_second
+                        .map_or("-".to_owned(), |r| format!("{r}/s")),
+                    per_key: q.per_key_concurrency,
+                    available: count(|o| o.available),
+                    blocked: count(|o| o.blocked),
+                    running: count(|o| o.processing),
+                    dead: count(|o| o.dead),
+                    name: q.name,
+                }
+            })
+            .collect();
+        Ok(render(
+            StatusCode::OK,
+            &QueuesPage {
+                base: &d.config.base_path,
+                csrf: &csrf.0,
+                read_only: d.config.read_only,
+                queues,
+                workers,
+            },
+        ))
+    }
+    .await;
+    result.unwrap_or_else(|refused: Refusal| refused.page(&d.config))
+}
+
+/// Pauses (`pause`) or resumes a queue for the whole cluster.
+pub(crate) async fn queue_action(
+    State(d): State<Arc<Dashboard>>,
+    Extension(identity): Extension<Identity>,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+    axum::Form(form): axum::Form<TokenForm>,
+) -> Response {
+    let result = async {
+        writable(&d)?;
+        check_csrf(identity, &headers, &form.csrf)?;
+        match action.as_str() {
+            "pause" => query("pause", admin::pause_queue(&d.pool, &name)).await?,
+            "resume" => query("resume", admin::resume_queue(&d.pool, &name)).await?,
+            _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
+        };
+        Ok(Redirect::to(&format!("{}/queues", d.config.base_path)).into_response())
     }
     .await;
     result.unwrap_or_else(|refused| refused.page(&d.config))

@@ -268,6 +268,31 @@ pub(crate) struct TaskPage<'a> {
     pub(crate) result: Option<String>,
     pub(crate) can_retry: bool,
     pub(crate) can_cancel: bool,
+    /// `tasks explain`'s reasons, as text.
+    pub(crate) why: Vec<String>,
+}
+
+/// One queue on the queues page.
+pub(crate) struct QueueSettingsRow {
+    pub(crate) name: String,
+    pub(crate) paused: bool,
+    pub(crate) global: String,
+    pub(crate) rate: String,
+    pub(crate) per_key: i32,
+    pub(crate) available: i64,
+    pub(crate) blocked: i64,
+    pub(crate) running: i64,
+    pub(crate) dead: i64,
+}
+
+#[derive(Template)]
+#[template(path = "queues.html")]
+pub(crate) struct QueuesPage<'a> {
+    pub(crate) base: &'a str,
+    pub(crate) csrf: &'a str,
+    pub(crate) read_only: bool,
+    pub(crate) queues: Vec<QueueSettingsRow>,
+    pub(crate) workers: Vec<outbox::admin::WorkerRecord>,
 }
 
 /// A timestamp or a dash.
