@@ -101,6 +101,8 @@ pub(crate) struct ClaimedTask {
     pub(crate) retry_count: i32,
     pub(crate) max_attempts: i32,
     pub(crate) claims: i32,
+    /// It has an ordering key.
+    pub(crate) ordered: bool,
     /// The claim token written to claimed_by: unique to the claim statement
     /// that took the task, and the fence of everything written about this
     /// attempt afterwards.
@@ -135,6 +137,7 @@ fn claimed(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedT
         retry_count: r.try_get("retry_count")?,
         max_attempts: r.try_get("max_attempts")?,
         claims: r.try_get("claims")?,
+        ordered: r.try_get("ordered")?,
         token: Arc::clone(token),
     })
 }

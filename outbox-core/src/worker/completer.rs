@@ -231,6 +231,14 @@ fn publish(
             continue;
         }
         shared.holdings.done(id, &d.finish.token);
+        if d.ordered
+            && ids.contains(&id)
+            && let Some(waker) = shared.wakers.get(&*d.queue)
+        {
+            // The key may have gone to its next task: look for it now
+            // rather than at the next poll.
+            waker.notify_one();
+        }
         if d.finish.delay_us > 0
             && ids.contains(&id)
             && let Some(waker) = shared.wakers.get(&*d.queue)

@@ -30,6 +30,9 @@ pub(crate) struct Done {
     /// ([`TaskContext::complete_in`]): if this outcome finds the row no
     /// longer held, that is why, and the task is completed.
     pub(crate) completed_in: bool,
+    /// The task has an ordering key: once its outcome is written, the
+    /// next task of the key may be claimable.
+    pub(crate) ordered: bool,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -93,6 +96,7 @@ pub(crate) async fn execute(
             task_type,
             queue,
             completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
+            ordered: task.ordered,
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");

@@ -50,4 +50,5 @@ SET state = 'processing',
 FROM next, async_commit
 WHERE t.id = next.id
 RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
-          t.retry_count, t.max_attempts, t.claims
+          t.retry_count, t.max_attempts, t.claims,
+          t.ordering_key IS NOT NULL AS ordered

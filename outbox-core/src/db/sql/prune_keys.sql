@@ -1,10 +1,10 @@
--- Deletes up to $1 lock rows of ordering keys unused for a day whose tasks
+-- Deletes up to $1 lock rows of ordering keys added over a day ago whose tasks
 -- have all finished. Ordering does not depend on the row (key_seq comes
 -- from one sequence), so a key used again simply gets a new row.
 DELETE FROM outbox_keys AS k
 WHERE (k.queue, k.ordering_key) IN (
     SELECT queue, ordering_key FROM outbox_keys
-    WHERE used_at < now() - interval '1 day'
+    WHERE created_at < now() - interval '1 day'
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
   AND NOT EXISTS (
