@@ -153,17 +153,13 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     assert_eq!(poison[1..], [(false, true, None), (false, true, None)]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
-    const TASKS: usize = 45;
+/// Sets the `limited` queue's limits, submits `tasks` slots of `ms` each,
+/// and lets three worker processes run them all.
+async fn three_workers_run(limit: &QueueChange, tasks: usize, ms: u64) -> TestDb {
     let db = TestDb::migrated().await;
     create_intervals_table(&db.pool).await;
-    let limit = QueueChange {
-        global_concurrency: Some(Some(3)),
-        ..QueueChange::default()
-    };
-    admin::set_queue(&db.pool, "limited", &limit).await.unwrap();
-    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| Slot { ms: 60 }))
+    admin::set_queue(&db.pool, "limited", limit).await.unwrap();
+    outbox::submit_batch(&mut *db.conn().await, (0..tasks).map(|_| Slot { ms }))
         .await
         .unwrap();
     let mut workers: Vec<WorkerProcess> = (0..3)
@@ -171,13 +167,24 @@ async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
         .collect();
     wait_until(
         &db.pool,
-        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {tasks} FROM outbox_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;
     for w in &mut workers {
         w.terminate_within(Duration::from_secs(10)).await;
     }
+    db
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
+    const TASKS: usize = 45;
+    let limit = QueueChange {
+        global_concurrency: Some(Some(3)),
+        ..QueueChange::default()
+    };
+    let db = three_workers_run(&limit, TASKS, 60).await;
     let overlap = max_overlap(&db.pool).await;
     let pids: i64 = sqlx::query_scalar("SELECT count(DISTINCT pid) FROM intervals")
         .fetch_one(&db.pool)
@@ -196,28 +203,11 @@ async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
 async fn a_rate_limit_holds_across_three_workers() {
     const TASKS: i64 = 50;
     const RATE: f64 = 20.0;
-    let db = TestDb::migrated().await;
-    create_intervals_table(&db.pool).await;
     let limit = QueueChange {
         rate_per_second: Some(Some(RATE)),
         ..QueueChange::default()
     };
-    admin::set_queue(&db.pool, "limited", &limit).await.unwrap();
-    outbox::submit_batch(&mut *db.conn().await, (0..TASKS).map(|_| Slot { ms: 0 }))
-        .await
-        .unwrap();
-    let mut workers: Vec<WorkerProcess> = (0..3)
-        .map(|_| WorkerProcess::spawn(WORKER, &db.url, LIMITED))
-        .collect();
-    wait_until(
-        &db.pool,
-        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
-        Duration::from_secs(60),
-    )
-    .await;
-    for w in &mut workers {
-        w.terminate_within(Duration::from_secs(10)).await;
-    }
+    let db = three_workers_run(&limit, TASKS as usize, 0).await;
     // Attempts started in any one-second window, by the database clock.
     let (busiest, span): (i64, f64) = sqlx::query_as(
         "SELECT (SELECT max(c) FROM (SELECT (SELECT count(*) FROM outbox_tasks b \
