@@ -34,14 +34,15 @@ pub(crate) async fn serve_queue(
 }
 
 /// TX1 of a queue with a global concurrency or a rate: one transaction that
-/// takes the queue's row, then claims what the limits allow.
+/// takes the queue's row, then claims what the limits allow. Also says
+/// whether the limits (or a pause) let it take fewer than `limit`.
 pub(crate) async fn claim_limited(
     conn: &mut PgConnection,
     queue: &str,
     limit: usize,
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<Vec<ClaimedTask>> {
+) -> sqlx::Result<(Vec<ClaimedTask>, bool)> {
     let mut tx = sqlx::Connection::begin(conn).await?;
     sqlx::query(include_str!("sql/lock_queue.sql"))
         .bind(queue)
@@ -55,7 +56,21 @@ pub(crate) async fn claim_limited(
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
-    rows.iter().map(|r| claimed(r, token)).collect()
+    let allowed: i64 = match rows.first() {
+        Some(r) => r.try_get("allowed")?,
+        // Paused (or the row vanished): held back.
+        None => 0,
+    };
+    let tasks = rows
+        .iter()
+        .filter(|r| matches!(r.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
+        .map(|r| claimed(r, token))
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    // Held back: the limits allowed fewer than asked, and all of those were
+    // taken (had the queue run out first, it is simply empty).
+    let taken = i64::try_from(tasks.len()).unwrap_or(i64::MAX);
+    let held_back = allowed < i64::try_from(limit).unwrap_or(i64::MAX) && taken >= allowed;
+    Ok((tasks, held_back))
 }
 
 /// Every queue's settings, by name.

@@ -128,12 +128,15 @@ pub(crate) async fn run(p: Producer) {
             if limited {
                 db::queues::claim_limited(conn, &queue, wanted, &token, now).await
             } else {
-                db::claim_tasks(conn, &queue, wanted, &token, now).await
+                Ok((
+                    db::claim_tasks(conn, &queue, wanted, &token, now).await?,
+                    false,
+                ))
             }
         })
         .await;
-        let got = match claimed {
-            Ok(tasks) => {
+        let (got, held_back) = match claimed {
+            Ok((tasks, held_back)) => {
                 outage.ok();
                 shared.holdings.settle(&token, &tasks);
                 shared.counters.claimed(tasks.len());
@@ -147,7 +150,7 @@ pub(crate) async fn run(p: Producer) {
                         permit,
                     ));
                 }
-                got
+                (got, held_back)
             }
             Err(error) => {
                 if is_transient(&error) {
@@ -169,11 +172,11 @@ pub(crate) async fn run(p: Producer) {
             // A full claim: there is probably more; claim again at once.
             continue;
         }
-        if limited {
-            // Cut short by the queue's limits, most likely: look again when
-            // the rate has a token again, or soon for a global limit (the
-            // tasks that free it may run on other workers, which do not
-            // say when they finish).
+        if held_back {
+            // Cut short by the queue's limits: look again when the rate has
+            // a token again, or soon for a global limit (the tasks that free
+            // it may run on other workers, which do not say when they
+            // finish).
             let wait = rate
                 .map_or(LIMIT_RETRY, |r| {
                     Duration::from_secs_f64((1.0 / r).clamp(0.001, 3600.0))

@@ -5,6 +5,9 @@
 -- a token bucket in the queue's row, refilled by the time since it was
 -- last used, holding at most a tenth of a second's worth (at least one).
 -- Parameters as in claim_tasks.sql. Nothing is claimed while paused.
+-- Returns the claimed tasks, each with `allowed` (what the limits let this
+-- claim take), and one row with a null id when it claimed nothing, so the
+-- caller can tell a queue held back by its limits from an empty one.
 WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ),
@@ -62,4 +65,6 @@ spent AS (
         rate_filled_at = coalesce($4::timestamptz, now())
     WHERE name = $1 AND (SELECT tokens FROM q) IS NOT NULL
 )
-SELECT * FROM claimed
+SELECT c.*, a.n AS allowed
+FROM allowed AS a
+LEFT JOIN claimed AS c ON true
