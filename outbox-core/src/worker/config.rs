@@ -148,9 +148,14 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
 /// `host:pid:random`, unique enough to tell workers apart on the rows.
 fn default_worker_id() -> String {
     use std::hash::{BuildHasher, RandomState};
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "unknown".to_owned());
     let random = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
-    format!("{}:{}:{random:08x}", host.trim(), std::process::id())
+    format!("{}:{}:{random:08x}", host_name(), std::process::id())
+}
+
+/// This machine's name, as the kernel or the environment has it.
+pub(super) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
 }

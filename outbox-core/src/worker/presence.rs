@@ -34,17 +34,10 @@ pub(crate) fn identity(shared: &Shared, queues: &[(String, usize)]) -> WorkerIde
         .collect();
     WorkerIdentity {
         id: shared.holdings.run_id().to_owned(),
-        host: host_name(),
+        host: super::config::host_name(),
         pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
         queues: serde_json::to_string(&queues).unwrap_or_else(|_| "[]".to_owned()),
     }
-}
-
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 pub(crate) async fn run(shared: Arc<Shared>, me: WorkerIdentity, stop: CancellationToken) {
