@@ -117,8 +117,8 @@ where
         .await
 }
 
-/// Deletes up to `limit` lock rows of long-unused keys without unfinished
-/// tasks; returns how many.
+/// Deletes up to `limit` lock rows of keys added over a day ago that have
+/// no unfinished tasks; returns how many.
 pub(crate) async fn prune_keys(conn: &mut PgConnection, limit: i64) -> sqlx::Result<u64> {
     let done = sqlx::query(include_str!("sql/prune_keys.sql"))
         .bind(limit)
