@@ -444,3 +444,62 @@ async fn maintenance_hands_on_a_key_whose_holder_finished_behind_the_engines_bac
     .await;
     w.stop().await;
 }
+
+#[tokio::test]
+async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_out_places() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut conn = db.conn().await;
+    for n in 1..=6 {
+        outbox::submit(&mut conn, step("wide", n, 150))
+            .await
+            .unwrap();
+    }
+    drop(conn);
+    let waiting = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_tasks WHERE blocked")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(waiting(&db).await, 5, "one place per key by default");
+    let change = admin::QueueChange {
+        per_key_concurrency: Some(2),
+        ..admin::QueueChange::default()
+    };
+    admin::set_queue(&db.pool, "ordered", &change)
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting(&db).await,
+        4,
+        "raising it hands out the new place at once"
+    );
+    let w = worker(&db.pool, 8);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 6 FROM outbox_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    w.stop().await;
+    assert_eq!(
+        max_overlap(&db.pool).await,
+        2,
+        "two of the key at once, never three"
+    );
+    // Places are handed out in key order: no task was claimed before an
+    // earlier one of its key (those claimed together start together).
+    let claimed: Vec<(i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT (payload->>'n')::bigint, attempted_at FROM outbox_tasks ORDER BY key_seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for pair in claimed.windows(2) {
+        assert!(pair[0].1 <= pair[1].1, "{claimed:?}");
+    }
+}
