@@ -69,7 +69,7 @@ CREATE TABLE outbox_queues (
     global_concurrency  integer CHECK (global_concurrency >= 1),
     -- At most this many attempts started per second, cluster-wide (a token
     -- bucket: rate_tokens as of rate_filled_at).
-    rate_per_second     double precision CHECK (rate_per_second > 0),
+    rate_per_second     double precision CHECK (rate_per_second > 0 AND rate_per_second <= 1000000),
     rate_tokens         double precision,
     rate_filled_at      timestamptz,
     -- Tasks of one ordering key running at once.
@@ -155,8 +155,8 @@ $$;
 -- handed the key; maintenance calls it for every key with waiting tasks,
 -- as the safety net for changes made behind the engine's back.
 --
--- Two statements: the first takes the keys' locks (in key order, so two
--- callers cannot deadlock), and the second, with a snapshot taken after
+-- Two statements: the first takes the keys' locks (in byte order, the
+-- order a batch submit writes them in, so two callers cannot deadlock), and the second, with a snapshot taken after
 -- the locks, sees every task a submitter committed while holding one.
 CREATE FUNCTION outbox_keys_advance(q text[], k text[]) RETURNS integer
 LANGUAGE plpgsql
@@ -176,17 +176,17 @@ BEGIN
     SELECT count(*) INTO locked FROM (
         SELECT 1 FROM outbox_keys AS o
         WHERE (o.queue, o.ordering_key) IN (SELECT x.q, x.k FROM unnest(q, k) AS x(q, k))
-        ORDER BY o.queue, o.ordering_key
+        ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE) AS l;
     IF locked < wanted THEN
         -- Keys whose row maintenance removed meanwhile: add and lock them.
         INSERT INTO outbox_keys (queue, ordering_key)
         SELECT DISTINCT x.q, x.k FROM unnest(q, k) AS x(q, k) WHERE x.k IS NOT NULL
-        ORDER BY 1, 2
+        ORDER BY 1 COLLATE "C", 2 COLLATE "C"
         ON CONFLICT (queue, ordering_key) DO NOTHING;
         PERFORM 1 FROM outbox_keys AS o
         WHERE (o.queue, o.ordering_key) IN (SELECT x.q, x.k FROM unnest(q, k) AS x(q, k))
-        ORDER BY o.queue, o.ordering_key
+        ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE;
     END IF;
     FOR woken IN

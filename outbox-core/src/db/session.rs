@@ -54,6 +54,10 @@ impl SessionLimits {
             .disable_statement_logging()
             .options([
                 ("statement_timeout", ms(self.statement_timeout)),
+                // Ordering keys and queue limits take a lock and then look
+                // with a fresh snapshot: only READ COMMITTED gives one,
+                // whatever the database's default.
+                ("default_transaction_isolation", "read committed".to_owned()),
                 // The engine never leaves a transaction open between
                 // statements; a session that does is stuck.
                 (

@@ -178,6 +178,7 @@ pub(crate) async fn run(p: Producer) {
             // it may run on other workers, which do not say when they
             // finish).
             let wait = rate
+                .filter(|r| r.is_finite() && *r > 0.0)
                 .map_or(LIMIT_RETRY, |r| {
                     Duration::from_secs_f64((1.0 / r).clamp(0.001, 3600.0))
                 })

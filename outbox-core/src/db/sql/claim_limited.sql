@@ -11,8 +11,11 @@
 WITH async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ),
+-- The bucket's clock is this statement's start (after the queue's lock was
+-- granted), never earlier than its last refill: now() would be the
+-- transaction's start, before the lock wait, and count refill time twice.
 clock AS (
-    SELECT coalesce($4::timestamptz, now()) AS now
+    SELECT coalesce($4::timestamptz, statement_timestamp()) AS now
 ),
 q AS (
     SELECT global_concurrency,
@@ -22,7 +25,10 @@ q AS (
                      coalesce(rate_tokens, greatest(1, rate_per_second / 10))
                      + rate_per_second
                        * greatest(0, extract(epoch FROM clock.now - coalesce(rate_filled_at, clock.now)))::float8)
-           END AS tokens
+           END AS tokens,
+           CASE WHEN rate_per_second IS NOT NULL THEN
+               greatest(clock.now, coalesce(rate_filled_at, clock.now))
+           END AS filled_at
     FROM outbox_queues, clock
     WHERE name = $1 AND paused_at IS NULL
 ),
@@ -62,7 +68,7 @@ claimed AS (
 spent AS (
     UPDATE outbox_queues
     SET rate_tokens = (SELECT tokens FROM q) - (SELECT count(*) FROM claimed),
-        rate_filled_at = coalesce($4::timestamptz, now())
+        rate_filled_at = (SELECT filled_at FROM q)
     WHERE name = $1 AND (SELECT tokens FROM q) IS NOT NULL
 )
 SELECT c.*, a.n AS allowed
