@@ -2,7 +2,6 @@
 //! the task round trip, refusals with their exit codes, stats, demo and
 //! metrics.
 
-use std::process::Output;
 use std::time::Duration;
 
 use outbox::{Clock, TaskEventKind, Worker};
@@ -10,41 +9,13 @@ use outbox_tests::{RunningWorker, TestDb};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-worker");
+mod common;
 
-async fn cli(args: &[&str]) -> Output {
-    tokio::process::Command::new(BIN)
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .await
-        .expect("run outbox-worker")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{BIN, cli, ok, stderr};
 
 /// Runs a command that prints JSON and parses it.
 async fn json(args: &[&str]) -> Value {
     serde_json::from_str(&ok(&cli(args).await)).expect("the command printed JSON")
-}
-
-#[track_caller]
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        stdout(o),
-        stderr(o)
-    );
-    stdout(o)
 }
 
 #[tokio::test]

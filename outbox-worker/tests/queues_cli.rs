@@ -1,34 +1,12 @@
 //! The `queues`, `workers` and `tasks explain` commands and
 //! `tasks submit --ordering-key`, through the real binary.
 
-use std::process::Output;
-
 use outbox_tests::TestDb;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-worker");
+mod common;
 
-async fn cli(args: &[&str]) -> Output {
-    tokio::process::Command::new(BIN)
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .await
-        .expect("run outbox-worker")
-}
-
-#[track_caller]
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{cli, ok};
 
 #[tokio::test]
 async fn queues_are_paused_resumed_limited_and_listed() {
