@@ -95,6 +95,17 @@ struct RunArgs {
     /// types, 10 each.
     #[arg(long = "queue", env = "OUTBOX_QUEUES", value_delimiter = ',', value_parser = parse_queue)]
     queues: Vec<(String, usize)>,
+    /// The most tasks each queue may hold claimed beyond its running slots,
+    /// so the next claim overlaps the running tasks (0 to 100000; 0 claims
+    /// only what can start). The buffer holds at most what starts within
+    /// --claim-ahead-window at the queue's pace, so slow handlers get
+    /// little or none; queues with a global concurrency or a rate get none.
+    #[arg(long, env = "OUTBOX_CLAIM_AHEAD", default_value_t = 200, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
+    claim_ahead: usize,
+    /// How long a claimed-ahead task may wait for its slot at the queue's
+    /// pace (1ms to 1h): the buffer holds what starts in this time.
+    #[arg(long, env = "OUTBOX_CLAIM_AHEAD_WINDOW", default_value = "50ms", value_parser = flags::duration(MS, HOUR))]
+    claim_ahead_window: Duration,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms
     /// (1ms to 1h).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
@@ -315,6 +326,8 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db.database_url, args.max_connections).await?;
     let config = WorkerConfig {
         poll_interval: args.poll_interval,
+        claim_ahead: args.claim_ahead,
+        claim_ahead_window: args.claim_ahead_window,
         shutdown_grace: args.shutdown_grace,
         flush_timeout: args.flush_timeout,
         statement_timeout: args.statement_timeout,

@@ -68,3 +68,100 @@ async fn sigterm_finishes_what_it_can_releases_the_rest_and_exits_0() {
         "SIGTERM: 3 quick tasks COMPLETED, 3 slow tasks released to PENDING (retry_count 0), exit code 0"
     );
 }
+
+#[tokio::test]
+async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    // Ten quick tasks set the pace (20 starts a second on one slot), so the
+    // worker claims ahead; then slow ones: one runs, the rest wait in the
+    // buffer when SIGTERM comes.
+    let mut batch = Batch::new();
+    for i in 0..40 {
+        batch
+            .push(&Record {
+                ms: if i < 10 { 50 } else { 600_000 },
+            })
+            .unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let first_slow = ids[10].0;
+
+    let mut worker = WorkerProcess::spawn(
+        WORKER,
+        &db.url,
+        &[
+            "--queue",
+            "record=1",
+            "--claim-ahead",
+            "20",
+            "--claim-ahead-window",
+            "10s",
+            "--shutdown-grace",
+            "4s",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 11 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        held > 5,
+        "one running and a buffer claimed ahead, got {held} held:\n{}",
+        worker.log()
+    );
+
+    worker.signal("TERM");
+    // The buffer comes back at once, not when the running task's grace
+    // period ends (4 s); the running one is still held meanwhile.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 29 FROM outbox_tasks WHERE state = 'pending' AND claimed_by IS NULL",
+        Duration::from_secs(3),
+    )
+    .await;
+    let (running_state, retries): (String, i32) =
+        sqlx::query_as("SELECT state::text, retry_count FROM outbox_tasks WHERE id = $1")
+            .bind(first_slow)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        running_state, "processing",
+        "its handler is still in its grace period"
+    );
+    assert_eq!(retries, 0);
+    let never_ran: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_tasks t WHERE state = 'pending' AND retry_count = 0 \
+         AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(never_ran, 29, "given back without counting an attempt");
+
+    // After the grace period the running one is cancelled and released.
+    let status = worker.wait(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(0), "clean exit:\n{}", worker.log());
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_tasks WHERE state = 'pending' AND claimed_by IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 30, "every slow task is claimable again");
+    eprintln!(
+        "claim-ahead at SIGTERM: {} held (1 running + buffer), buffer back to PENDING at once, \
+         no attempt counted",
+        held
+    );
+}

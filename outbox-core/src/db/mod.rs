@@ -282,6 +282,21 @@ pub(crate) async fn release_claims(
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(include_str!("sql/release_claims.sql"))
         .bind(tokens.iter().map(|t| &**t).collect::<Vec<_>>())
+        .bind(None::<Vec<i64>>)
+        .fetch_all(conn)
+        .await
+}
+
+/// Puts these held tasks (id, claim token) back to PENDING without counting
+/// an attempt: claimed ahead, their handlers never started. Returns the ids
+/// released.
+pub(crate) async fn release_unstarted(
+    conn: &mut PgConnection,
+    tasks: &[(i64, Arc<str>)],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(include_str!("sql/release_claims.sql"))
+        .bind(tasks.iter().map(|(_, t)| &**t).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|(id, _)| *id).collect::<Vec<_>>())
         .fetch_all(conn)
         .await
 }

@@ -18,6 +18,15 @@ pub struct WorkerConfig {
     pub busy_poll_interval: Duration,
     /// The most tasks one claim takes (claims are also capped by free slots).
     pub max_claim_batch: usize,
+    /// The most tasks a queue's producer may hold claimed beyond its
+    /// running slots (0: claim only what can start now). The buffer follows
+    /// the rate at which this worker starts the queue's tasks: it holds at
+    /// most what starts within `claim_ahead_window`, so slow handlers get
+    /// little or none (see the guide on claim-ahead).
+    pub claim_ahead: usize,
+    /// How long, at the queue's current pace, a claimed-ahead task may wait
+    /// for its slot: the buffer holds what this worker starts in this time.
+    pub claim_ahead_window: Duration,
     /// The most outcomes one TX2 writes.
     pub max_finish_batch: usize,
     /// How many TX2 statements may be in flight at once.
@@ -80,6 +89,8 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             busy_poll_interval: Duration::from_millis(5),
             max_claim_batch: 100,
+            claim_ahead: 200,
+            claim_ahead_window: Duration::from_millis(50),
             max_finish_batch: 1000,
             finish_lanes: 2,
             shutdown_grace: Duration::from_secs(30),
@@ -114,12 +125,19 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
             ));
         }
     }
+    if config.claim_ahead > MAX_CONCURRENCY {
+        problems.push(format!(
+            "claim_ahead is {}: use 0 to {MAX_CONCURRENCY}",
+            config.claim_ahead
+        ));
+    }
     let positive = [
         ("poll_interval", config.poll_interval),
         ("heartbeat_interval", config.heartbeat_interval),
         ("maintenance_interval", config.maintenance_interval),
         ("statement_timeout", config.statement_timeout),
         ("keepalive", config.keepalive),
+        ("claim_ahead_window", config.claim_ahead_window),
     ];
     for (name, value) in positive {
         if value.is_zero() {

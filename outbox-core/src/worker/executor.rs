@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::Shared;
+use super::claim_ahead::Places;
 use super::events::TaskEventKind;
 use crate::db::{ClaimedTask, Finish, NextState};
 use crate::handler::{Outcome, TaskContext};
@@ -36,14 +37,14 @@ pub(crate) struct Done {
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
-/// producer) and queues its outcome. The permit (the executor slot) is held
-/// until the outcome is queued, so a slow completer slows claiming instead
+/// producer) and queues its outcome. The places (the executor slot and the
+/// place in the queue's capacity) are held until the outcome is queued, so a slow completer slows claiming instead
 /// of piling up outcomes in memory.
 pub(crate) async fn execute(
     shared: Arc<Shared>,
     task: ClaimedTask,
     done: mpsc::Sender<Done>,
-    permit: OwnedSemaphorePermit,
+    permit: Places,
 ) {
     let attempt = task.retry_count + 1;
     // ERROR level so the span (and its fields) is enabled under any filter

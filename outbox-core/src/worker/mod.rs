@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod claim_ahead;
 mod completer;
 mod config;
 mod counters;
@@ -45,7 +46,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::periodic::PeriodicTask;
-use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -330,7 +331,6 @@ impl Worker {
             producers.push(tokio::spawn(producer::run(producer::Producer {
                 shared: Arc::clone(&shared),
                 queue: queue.clone(),
-                slots: Arc::new(Semaphore::new(*concurrency)),
                 concurrency: *concurrency,
                 waker: Arc::clone(&wakers[queue]),
                 stop: stop_claiming.clone(),

@@ -1,5 +1,7 @@
-//! One producer per queue: waits for free executor slots, claims that many
-//! due tasks in one TX1, and hands them to the executor. It sleeps until a
+//! One producer per queue: waits for free places in the queue's capacity
+//! (its executor slots plus the claim-ahead buffer, see `claim_ahead`),
+//! claims that many due tasks in one TX1, and hands them to the queue's
+//! dispatcher, which starts them as slots free up. It sleeps until a
 //! NOTIFY for its queue, the fallback poll, or the due time of a retry it
 //! wrote itself, whichever comes first (see `wake`).
 //!
@@ -17,6 +19,7 @@
 //! attempt).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -24,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
-use super::executor::{self, Done};
+use super::claim_ahead::{self, Buffered, Dispatcher, Sizer};
+use super::executor::Done;
 use super::outage::Outage;
 use super::wake::QueueWaker;
 use crate::db::{self, classify::is_transient, session::call};
@@ -40,8 +44,7 @@ const LIMIT_RETRY: Duration = Duration::from_millis(25);
 pub(crate) struct Producer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) queue: String,
-    /// The queue's executor slots (its concurrency).
-    pub(crate) slots: Arc<Semaphore>,
+    /// The queue's concurrency: how many of its handlers run at once.
     pub(crate) concurrency: usize,
     pub(crate) waker: Arc<QueueWaker>,
     pub(crate) stop: CancellationToken,
@@ -50,35 +53,62 @@ pub(crate) struct Producer {
 }
 
 pub(crate) async fn run(p: Producer) {
+    let slots = Arc::new(Semaphore::new(p.concurrency));
+    let started = Arc::new(AtomicU64::new(0));
+    let (to_dispatch, buffer) = mpsc::unbounded_channel();
+    let dispatcher = tokio::spawn(claim_ahead::dispatch(Dispatcher {
+        shared: Arc::clone(&p.shared),
+        slots,
+        buffer,
+        started: Arc::clone(&started),
+        tracker: p.tracker.clone(),
+        done: p.done.clone(),
+        stop: p.stop.clone(),
+    }));
+    claim_loop(p, &started, to_dispatch).await;
+    // The dispatcher gives back what it still buffers once it sees the
+    // stop; it is part of this producer's shutdown.
+    let _ = dispatcher.await;
+}
+
+async fn claim_loop(
+    p: Producer,
+    started: &AtomicU64,
+    to_dispatch: mpsc::UnboundedSender<Buffered>,
+) {
     let Producer {
         shared,
         queue,
-        slots,
         concurrency,
         waker,
         stop,
-        tracker,
-        done,
+        tracker: _,
+        done: _,
     } = p;
+    // Places for running and buffered tasks: the concurrency, plus `ahead`
+    // places that follow the sizer's target.
+    let capacity = Arc::new(Semaphore::new(concurrency));
+    let mut ahead = 0;
+    let mut sizer = Sizer::new(shared.config.claim_ahead, shared.config.claim_ahead_window);
     let mut outage = Outage::new("producer");
     let mut settings: Option<(QueueSettings, Instant)> = None;
     loop {
-        // Wait for at least one free slot, then take every free one (up to
-        // the batch cap): the claim is sized to what can run now.
+        // Wait for at least one free place, then take every free one (up to
+        // the batch cap): the claim is sized to what can run now, plus what
+        // the buffer may hold.
         let first = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
+            permit = Arc::clone(&capacity).acquire_owned() => match permit {
                 Ok(p) => p,
                 Err(_) => return,
             },
             () = stop.cancelled() => return,
         };
         let mut permits = gather_slots(
-            &slots,
+            &capacity,
             first,
-            concurrency.min(shared.config.max_claim_batch),
+            (concurrency + ahead).min(shared.config.max_claim_batch),
         )
         .await;
-        let wanted = permits.len();
         if let Err(error) = release_lost_claims(&shared).await {
             let backoff = outage.failed(&error);
             drop(permits);
@@ -122,6 +152,19 @@ pub(crate) async fn run(p: Producer) {
         }
         let limited = current.is_limited();
         let rate = current.rate_per_second;
+        // A queue with limits gets no buffer: its limits count claimed
+        // tasks, and a buffered one would hold a place another worker could
+        // run now.
+        let target = if limited {
+            0
+        } else {
+            sizer.target(started.load(Ordering::Relaxed), Instant::now())
+        };
+        claim_ahead::resize(&capacity, &mut ahead, target, &mut permits);
+        let wanted = permits.len();
+        if wanted == 0 {
+            continue;
+        }
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
@@ -142,13 +185,10 @@ pub(crate) async fn run(p: Producer) {
                 shared.counters.claimed(tasks.len());
                 let got = tasks.len();
                 for task in tasks {
-                    let Some(permit) = permits.pop() else { break };
-                    tracker.spawn(executor::execute(
-                        Arc::clone(&shared),
-                        task,
-                        done.clone(),
-                        permit,
-                    ));
+                    let Some(capacity) = permits.pop() else { break };
+                    // Only fails when the dispatcher stopped (shutdown): the
+                    // task stays held and is released with the rest.
+                    let _ = to_dispatch.send(Buffered { task, capacity });
                 }
                 (got, held_back)
             }

@@ -55,6 +55,10 @@ pub(crate) struct BenchArgs {
     /// Worker concurrency during the drain.
     #[arg(long, default_value_t = 24, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
     concurrency: usize,
+    /// Tasks each drain's worker may claim beyond its running slots (see
+    /// `run --claim-ahead`).
+    #[arg(long, default_value_t = 200, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
+    claim_ahead: usize,
     /// Tasks per insert transaction.
     #[arg(long, default_value_t = 5000, value_parser = flags::count(1, 1_000_000))]
     insert_batch: usize,
@@ -113,6 +117,7 @@ struct Report {
     postgres: String,
     tasks: usize,
     concurrency: usize,
+    claim_ahead: usize,
     insert_batch: usize,
     insert_tasks_per_s: f64,
     single_submit_clients: usize,
@@ -213,6 +218,7 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
             .map_err(db)?,
         tasks: args.tasks,
         concurrency: args.concurrency,
+        claim_ahead: args.claim_ahead,
         insert_batch: args.insert_batch,
         single_submit_clients: args.submitters,
         single_submits: args.single_submits,
@@ -516,6 +522,7 @@ impl Bench {
         let config = WorkerConfig {
             maintenance: false,
             delete_completed: delete,
+            claim_ahead: self.args.claim_ahead,
             ..WorkerConfig::default()
         };
         let (probes, _) = mpsc::unbounded_channel();

@@ -2,8 +2,10 @@
 -- at once, without counting an attempt: tasks whose handlers were stopped
 -- at shutdown, and the tasks of a claim whose answer never arrived (the
 -- claim may have committed although the connection broke first).
--- $1 claim tokens text[]. Reads only PROCESSING rows
--- (outbox_tasks_processing_idx).
+-- $1 claim tokens text[]. With $2 (task ids, bigint[], parallel to $1),
+-- only those (id, token) pairs: claimed-ahead tasks whose handlers never
+-- started, given back at shutdown while other tasks of their claims still
+-- run. Reads only PROCESSING rows (outbox_tasks_processing_idx).
 WITH done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
@@ -18,6 +20,8 @@ WITH done AS (
         updated_at = now()
     WHERE state = 'processing'
       AND claimed_by = ANY($1::text[])
+      AND ($2::bigint[] IS NULL
+           OR (id, claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[])))
     RETURNING id, queue, ordering_key, state, dead_at, skip_dead
 ),
 handed AS (
