@@ -10,8 +10,8 @@ use crate::task::TaskId;
 
 pub use crate::explain::{Explanation, Reason, explain_task};
 pub use crate::records::{
-    MinuteThroughput, Overview, QueueChange, QueueHealth, QueueOverview, QueueSettings, TaskFilter,
-    TaskPage, TaskRecord, TypeStateCount, WorkerQueue, WorkerRecord,
+    MinuteThroughput, Overview, QueueChange, QueueHealth, QueueOverview, QueueSettings,
+    TableHealth, TaskFilter, TaskPage, TaskRecord, TypeStateCount, WorkerQueue, WorkerRecord,
 };
 
 /// The states an operator can filter on. `dead` is FAILED with no attempts

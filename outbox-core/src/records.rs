@@ -89,6 +89,30 @@ pub struct QueueHealth {
     /// none runs). Far above the heartbeat interval means a lost worker
     /// whose tasks recovery has not reclaimed yet.
     pub oldest_heartbeat_age_s: f64,
+    /// The task table's health: dead row versions and the oldest open
+    /// snapshot.
+    #[serde(flatten)]
+    pub table: TableHealth,
+}
+
+/// What keeps the task table lean or lets it bloat.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TableHealth {
+    /// Dead row versions in the task table not yet vacuumed (the
+    /// statistics collector's estimate). Claims step over them: a count
+    /// that keeps growing means vacuum cannot keep up, or is held back by
+    /// an old snapshot.
+    pub dead_tuples: i64,
+    /// Live rows in the task table (estimate), for scale.
+    pub live_tuples: i64,
+    /// How long the oldest snapshot held by a session of this database has
+    /// been open, in seconds (0 when none is). While it stays open, vacuum
+    /// cannot remove row versions that died after it began. Sessions of
+    /// other roles are seen only with `pg_read_all_stats`.
+    pub oldest_snapshot_age_s: f64,
+    /// Which session holds it: pid, application or user, state, and the
+    /// start of its query.
+    pub oldest_snapshot_holder: Option<String>,
 }
 
 /// One queue on the operator overview.

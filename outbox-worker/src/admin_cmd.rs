@@ -411,6 +411,15 @@ struct Stats {
     blocked: i64,
     oldest_claimable_age_seconds: f64,
     oldest_heartbeat_age_seconds: f64,
+    /// Dead row versions in the task table not vacuumed yet (estimate).
+    dead_tuples: i64,
+    /// Live rows in the task table (estimate).
+    live_tuples: i64,
+    /// How long the oldest snapshot of a session of this database has been
+    /// open (vacuum cannot clean behind it).
+    oldest_snapshot_age_seconds: f64,
+    /// The session holding it.
+    oldest_snapshot_holder: Option<String>,
 }
 
 pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
@@ -435,6 +444,10 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
         blocked: health.blocked,
         oldest_claimable_age_seconds: health.oldest_claimable_age_s,
         oldest_heartbeat_age_seconds: health.oldest_heartbeat_age_s,
+        dead_tuples: health.table.dead_tuples,
+        live_tuples: health.table.live_tuples,
+        oldest_snapshot_age_seconds: health.table.oldest_snapshot_age_s,
+        oldest_snapshot_holder: health.table.oldest_snapshot_holder,
         totals,
         by_type,
     };
@@ -470,6 +483,17 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
         stats.in_flight,
         stats.dead,
         stats.oldest_claimable_age_seconds
+    );
+    println!(
+        "task table: {} live rows, {} dead row versions   oldest open snapshot: {:.0}s{}",
+        stats.live_tuples,
+        stats.dead_tuples,
+        stats.oldest_snapshot_age_seconds,
+        stats
+            .oldest_snapshot_holder
+            .as_deref()
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default()
     );
     Ok(())
 }

@@ -151,6 +151,11 @@ struct RunArgs {
     /// lost) its row leaves `workers list` (1s to 30d).
     #[arg(long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
     forget_workers_after: Duration,
+    /// The maintenance leader warns while a session of the database holds a
+    /// snapshot open for longer than this: vacuum cannot clean the task
+    /// table behind it (1s to 7d).
+    #[arg(long, env = "OUTBOX_WARN_SNAPSHOT_AGE", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
+    warn_snapshot_age: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
@@ -339,6 +344,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         retention: args.retention,
         delete_completed: args.retention.is_zero(),
         forget_workers_after: args.forget_workers_after,
+        snapshot_age_warning: args.warn_snapshot_age,
         ..WorkerConfig::default()
     };
     let mut builder = register(builtin::register(

@@ -92,6 +92,10 @@ async fn render(State(state): State<AppState>) -> (StatusCode, String) {
             metrics::gauge!("outbox_tasks", "state" => "dead").set(h.dead as f64);
             metrics::gauge!("outbox_oldest_claimable_age_seconds").set(h.oldest_claimable_age_s);
             metrics::gauge!("outbox_oldest_heartbeat_age_seconds").set(h.oldest_heartbeat_age_s);
+            metrics::gauge!("outbox_task_table_dead_tuples").set(h.table.dead_tuples as f64);
+            metrics::gauge!("outbox_task_table_live_tuples").set(h.table.live_tuples as f64);
+            metrics::gauge!("outbox_oldest_snapshot_age_seconds")
+                .set(h.table.oldest_snapshot_age_s);
             metrics::gauge!("outbox_database_up").set(1.0);
         }
         _ => metrics::gauge!("outbox_database_up").set(0.0),

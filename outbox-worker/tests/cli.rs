@@ -256,6 +256,14 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--keepalive", "10ms"], "out of range"),
         (&["run", "--flush-timeout", "2h"], "out of range"),
         (&["run", "--retention", "99999years"], "out of range"),
+        (
+            &["run", "--claim-ahead", "100001"],
+            "100001 is not in 0..=100000",
+        ),
+        (&["run", "--claim-ahead=-1"], "invalid digit"),
+        (&["run", "--claim-ahead-window", "0ms"], "out of range"),
+        (&["run", "--warn-snapshot-age", "0s"], "out of range"),
+        (&["bench", "--claim-ahead", "1e9"], "invalid digit"),
         (&["run", "--shutdown-grace=-1s"], "is not a duration"),
         (
             &[
@@ -559,6 +567,10 @@ async fn stats_json_has_the_documented_fields() {
         "blocked",
         "oldest_claimable_age_seconds",
         "oldest_heartbeat_age_seconds",
+        "dead_tuples",
+        "live_tuples",
+        "oldest_snapshot_age_seconds",
+        "oldest_snapshot_holder",
     ] {
         assert!(stats.get(field).is_some(), "missing {field}: {stats}");
     }
@@ -657,6 +669,9 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
         "outbox_tasks{state=\"dead\"} 0",
         "outbox_oldest_claimable_age_seconds",
         "outbox_oldest_heartbeat_age_seconds",
+        "outbox_task_table_dead_tuples",
+        "outbox_task_table_live_tuples",
+        "outbox_oldest_snapshot_age_seconds",
         "# HELP outbox_tasks_processed_total",
     ];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -12,6 +12,7 @@ mod leader;
 mod periodic;
 mod restart;
 mod sigterm;
+mod table_health;
 mod terminate;
 mod txcomplete;
 

@@ -2,10 +2,11 @@
 //! and the counts behind `stats` and the gauges.
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 use crate::records::{
-    MinuteThroughput, Overview, QueueHealth, QueueOverview, TaskFilter, TaskRecord, TypeStateCount,
+    MinuteThroughput, Overview, QueueHealth, QueueOverview, TableHealth, TaskFilter, TaskRecord,
+    TypeStateCount,
 };
 
 fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
@@ -102,6 +103,25 @@ pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
         dead,
         oldest_claimable_age_s,
         oldest_heartbeat_age_s,
+        table: table_health(&mut *pool.acquire().await?).await?,
+    })
+}
+
+/// Dead row versions in the task table and the oldest open snapshot.
+pub(crate) async fn table_health(conn: &mut PgConnection) -> sqlx::Result<TableHealth> {
+    let (dead_tuples, live_tuples, age, oldest_snapshot_holder): (
+        i64,
+        i64,
+        Option<f64>,
+        Option<String>,
+    ) = sqlx::query_as(include_str!("sql/table_health.sql"))
+        .fetch_one(conn)
+        .await?;
+    Ok(TableHealth {
+        dead_tuples,
+        live_tuples,
+        oldest_snapshot_age_s: age.unwrap_or(0.0).max(0.0),
+        oldest_snapshot_holder,
     })
 }
 

@@ -75,6 +75,10 @@ pub struct WorkerConfig {
     /// How long after a worker stopped reporting itself (killed, or its
     /// machine lost) maintenance removes its row from `outbox_workers`.
     pub forget_workers_after: Duration,
+    /// The maintenance leader warns while a session of the database has
+    /// held a snapshot open for longer than this (vacuum cannot clean the
+    /// task table behind it).
+    pub snapshot_age_warning: Duration,
     /// Whether to LISTEN for submit notifications.
     pub listen: bool,
     /// The clock for time-dependent statements.
@@ -106,6 +110,7 @@ impl Default for WorkerConfig {
             delete_completed: false,
             cleanup_interval: Duration::from_secs(60),
             forget_workers_after: Duration::from_secs(3600),
+            snapshot_age_warning: Duration::from_secs(300),
             listen: true,
             clock: Clock::database(),
             worker_id: default_worker_id(),
@@ -138,6 +143,7 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
         ("statement_timeout", config.statement_timeout),
         ("keepalive", config.keepalive),
         ("claim_ahead_window", config.claim_ahead_window),
+        ("snapshot_age_warning", config.snapshot_age_warning),
     ];
     for (name, value) in positive {
         if value.is_zero() {

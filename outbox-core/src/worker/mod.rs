@@ -37,6 +37,7 @@ mod presence;
 mod producer;
 pub(crate) mod registry;
 mod shutdown;
+mod table_watch;
 mod throughput;
 mod wake;
 
