@@ -160,8 +160,7 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
     .unwrap();
     assert_eq!(pending, 30, "every slow task is claimable again");
     eprintln!(
-        "claim-ahead at SIGTERM: {} held (1 running + buffer), buffer back to PENDING at once, \
-         no attempt counted",
-        held
+        "claim-ahead at SIGTERM: {held} held (1 running + buffer), buffer back to PENDING at \
+         once, no attempt counted"
     );
 }
