@@ -283,3 +283,89 @@ async fn a_task_id_binds_and_decodes_as_a_bigint() {
             .unwrap();
     assert_eq!(all, ids);
 }
+
+#[tokio::test]
+async fn a_single_submit_writes_the_same_row_whichever_statement_carries_it() {
+    let db = TestDb::migrated().await;
+    let greet = Greet {
+        name: "row".into(),
+        times: 2,
+    };
+    // Due now on a queue this process never notified: the batch statement
+    // with its NOTIFY. Not due (delayed): the single-row statement, which
+    // has no NOTIFY.
+    let due_queue = format!("single-due-{}", std::process::id());
+    let cases = [
+        TaskOptions::new()
+            .queue(due_queue.clone())
+            .priority(3)
+            .ordering_key("acct-1"),
+        TaskOptions::new()
+            .queue("single-later")
+            .priority(3)
+            .ordering_key("acct-1")
+            .delay(Duration::from_secs(3600)),
+        TaskOptions::new()
+            .queue("single-later")
+            .priority(3)
+            .ordering_key("acct-1")
+            .delay(Duration::from_secs(3600)),
+    ];
+    let mut listener = PgListener::connect_with(&db.pool).await.unwrap();
+    listener.listen("outbox_tasks").await.unwrap();
+    let mut ids = Vec::new();
+    for options in cases {
+        let mut conn = db.conn().await;
+        ids.push(
+            outbox::submit_with(&mut conn, greet.clone(), options)
+                .await
+                .unwrap(),
+        );
+    }
+    let notified = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the due submit notified")
+        .unwrap();
+    assert_eq!(notified.payload(), due_queue);
+    type Row = (
+        String,
+        String,
+        i16,
+        i32,
+        Option<String>,
+        bool,
+        bool,
+        f64,
+        serde_json::Value,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT task_type, state::text, priority, max_attempts, ordering_key, key_seq IS NOT NULL, \
+         blocked, extract(epoch FROM execute_at - created_at)::float8, payload \
+         FROM outbox_tasks WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let payload = serde_json::json!({"name": "row", "times": 2});
+    let (due, later, behind) = (&rows[0], &rows[1], &rows[2]);
+    for row in &rows {
+        assert_eq!(
+            (&row.0[..], &row.1[..], row.2, &row.4, row.5, &row.8),
+            (
+                "test.submit.greet",
+                "pending",
+                3,
+                &Some("acct-1".to_owned()),
+                true,
+                &payload
+            ),
+            "{row:?}"
+        );
+        assert_eq!(row.3, due.3, "the same max_attempts");
+    }
+    assert!(due.7.abs() < 1.0, "due at once: {due:?}");
+    assert!((later.7 - 3600.0).abs() < 1.0, "an hour later: {later:?}");
+    assert!(!due.6 && !later.6, "heads of their queues' key run");
+    assert!(behind.6, "waits behind the task before it of its key");
+}

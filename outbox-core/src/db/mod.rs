@@ -54,6 +54,22 @@ pub(crate) async fn insert_tasks(
     tasks: Vec<NewTask>,
     notify: Vec<String>,
 ) -> sqlx::Result<Vec<i64>> {
+    if tasks.len() == 1 && notify.is_empty() {
+        let t = tasks.into_iter().next().expect("one task");
+        let id = sqlx::query_scalar(include_str!("sql/insert_task.sql"))
+            .bind(t.task_type)
+            .bind(t.queue)
+            .bind(t.payload)
+            .bind(t.priority)
+            .bind(t.max_attempts)
+            .bind(t.run_at)
+            .bind(t.delay_us)
+            .bind(t.ordering_key)
+            .bind(t.skip_dead)
+            .fetch_one(conn)
+            .await?;
+        return Ok(vec![id]);
+    }
     let n = tasks.len();
     let mut task_type = Vec::with_capacity(n);
     let mut queue = Vec::with_capacity(n);

@@ -30,6 +30,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod business;
 mod operator_views;
 mod ordering;
 
@@ -91,6 +92,8 @@ pub(crate) struct BenchArgs {
     statements: bool,
     #[command(flatten)]
     ordering: ordering::OrderingArgs,
+    #[command(flatten)]
+    business: business::BusinessArgs,
     /// Print one JSON object with every figure instead of text.
     #[arg(long)]
     json: bool,
@@ -126,6 +129,10 @@ struct Report {
     single_submit_tx_per_s: Option<f64>,
     /// One autocommit submit statement per task.
     single_submit_autocommit_per_s: Option<f64>,
+    /// The same clients inserting one order row (primary key and one
+    /// secondary index) per autocommit statement: what any one-row write
+    /// reaches through this client on this machine in this run.
+    single_submit_floor_per_s: Option<f64>,
     /// Burn-down with history kept: COMPLETED rows stay until cleanup.
     drain_tasks_per_s: f64,
     drain_seconds: f64,
@@ -156,6 +163,8 @@ struct Report {
     delete_mode_ratio_vs_peer: Option<f64>,
     /// Ordering keys: drains and claim times.
     ordering: Option<ordering::OrderingReport>,
+    /// The application's transaction with and without a submit.
+    business_transaction: Option<business::BusinessReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -270,17 +279,18 @@ impl Bench {
     async fn run_phases(&mut self) -> Result<(), Failure> {
         if self.args.single_submits > 0 {
             let clients = self.args.submitters;
-            let rate = self.single_submits(true).await?;
-            self.report.single_submit_tx_per_s = Some(rate);
+            let [tx, autocommit, floor] = self.single_submits().await?;
+            self.report.single_submit_tx_per_s = Some(tx);
+            self.report.single_submit_autocommit_per_s = Some(autocommit);
+            self.report.single_submit_floor_per_s = Some(floor);
             self.say(format!(
-                "submit: BEGIN; submit; COMMIT from {clients} clients: {rate:.0} tasks/s"
-            ));
-            let rate = self.single_submits(false).await?;
-            self.report.single_submit_autocommit_per_s = Some(rate);
-            self.say(format!(
-                "submit: one autocommit submit per task from {clients} clients: {rate:.0} tasks/s"
+                "submit from {clients} clients: BEGIN; submit; COMMIT {tx:.0} tasks/s; one autocommit \
+                 submit per task {autocommit:.0} tasks/s\n  floor, one autocommit INSERT of an order row \
+                 per statement: {floor:.0} rows/s (submit / floor: {:.2}x)",
+                autocommit / floor.max(1e-9)
             ));
         }
+        self.report.business_transaction = business::measure(self).await?;
 
         let (n, batch) = (self.args.tasks, self.args.insert_batch);
         self.report.insert_tasks_per_s = self.insert(n).await?;
@@ -478,37 +488,61 @@ impl Bench {
         Ok(n as f64 / started.elapsed().as_secs_f64())
     }
 
-    /// The submitters send `single_submits` tasks, one per transaction
-    /// (`explicit`: BEGIN; submit; COMMIT, else one autocommit statement);
-    /// tasks/s. The tasks are removed again afterwards.
-    async fn single_submits(&self, explicit: bool) -> Result<f64, Failure> {
+    /// The submitters send `single_submits` tasks, one per transaction, in
+    /// three ways: BEGIN; submit; COMMIT, one autocommit submit statement,
+    /// and (the floor) one autocommit INSERT of an order row. The three
+    /// alternate in rounds so that a slow spell of the machine falls on all
+    /// alike; per second, in that order. Everything written is removed.
+    async fn single_submits(&self) -> Result<[f64; 3], Failure> {
+        const ROUNDS: usize = 4;
         let (clients, total) = (self.args.submitters.max(1), self.args.single_submits);
-        let started = Instant::now();
-        let mut handles = Vec::new();
-        for c in 0..clients {
-            let pool = self.pool.clone();
-            let share = total / clients + usize::from(c < total % clients);
-            handles.push(tokio::spawn(async move {
-                let options = || TaskOptions::new().queue(SUBMIT_QUEUE);
-                let mut conn = pool.acquire().await?;
-                for _ in 0..share {
-                    if explicit {
-                        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                        outbox::submit_with(&mut tx, Noop {}, options()).await?;
-                        tx.commit().await?;
-                    } else {
-                        outbox::submit_with(&mut conn, Noop {}, options()).await?;
-                    }
+        sqlx::raw_sql(business::CREATE_ORDERS)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        let mut seconds = [0.0; 3];
+        let mut done = [0usize; 3];
+        for round in 0..ROUNDS {
+            let count = total / ROUNDS + usize::from(round < total % ROUNDS);
+            for k in 0..3 {
+                let way = (round + k) % 3;
+                let started = Instant::now();
+                let mut handles = Vec::new();
+                for c in 0..clients {
+                    let pool = self.pool.clone();
+                    let share = count / clients + usize::from(c < count % clients);
+                    handles.push(tokio::spawn(async move {
+                        let options = || TaskOptions::new().queue(SUBMIT_QUEUE);
+                        let mut conn = pool.acquire().await?;
+                        for i in 0..share {
+                            match way {
+                                0 => {
+                                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                                    outbox::submit_with(&mut tx, Noop {}, options()).await?;
+                                    tx.commit().await?;
+                                }
+                                1 => {
+                                    outbox::submit_with(&mut conn, Noop {}, options()).await?;
+                                }
+                                _ => business::insert_order(&mut conn, i as i64).await?,
+                            }
+                        }
+                        Ok::<_, outbox::Error>(())
+                    }));
                 }
-                Ok::<_, outbox::Error>(())
-            }));
+                for h in handles {
+                    h.await.map_err(Failure::runtime)??;
+                }
+                seconds[way] += started.elapsed().as_secs_f64();
+                done[way] += count;
+            }
         }
-        for h in handles {
-            h.await.map_err(Failure::runtime)??;
-        }
-        let rate = total as f64 / started.elapsed().as_secs_f64();
+        sqlx::raw_sql("DROP TABLE bench_orders")
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
         self.reset().await?;
-        Ok(rate)
+        Ok([0, 1, 2].map(|w| done[w] as f64 / seconds[w].max(1e-9)))
     }
 
     /// Runs a worker until `tasks` outcomes are committed.
