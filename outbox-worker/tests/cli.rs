@@ -723,6 +723,12 @@ async fn bench_smoke_run_prints_every_figure() {
             "200",
             "--history-dead",
             "20",
+            "--business-txs",
+            "60",
+            "--peer-command",
+            r#"echo '{"drain_jobs_per_s": 100}'"#,
+            "--peer-command",
+            r#"echo "{\"drain_jobs_per_s\": {tasks}, \"c\": {concurrency}}""#,
             "--json",
         ])
         .env("DATABASE_URL", &db.url)
@@ -735,18 +741,42 @@ async fn bench_smoke_run_prints_every_figure() {
         "insert_tasks_per_s",
         "single_submit_tx_per_s",
         "single_submit_autocommit_per_s",
+        "single_submit_floor_per_s",
         "drain_tasks_per_s",
         "drain_delete_mode_tasks_per_s",
         "round_trips_per_task",
         "peak_rss_mb",
         "drain_with_history_tasks_per_s",
         "history_ratio",
+        "ratio_vs_best_peer",
     ] {
         assert!(
             report[field].as_f64().is_some_and(|v| v > 0.0),
             "{field}: {report}"
         );
     }
+    let business = &report["business_transaction"];
+    for field in [
+        "plain_tx_per_s",
+        "with_submit_tx_per_s",
+        "with_second_row_tx_per_s",
+        "throughput_ratio",
+        "submit_vs_second_row",
+    ] {
+        assert!(
+            business[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+    assert!(business["p99_overhead_pct"].is_number(), "{report}");
+    // Both peers ran with this run's figures; the faster one is the yardstick.
+    assert_eq!(
+        report["peers"].as_array().map(Vec::len),
+        Some(2),
+        "{report}"
+    );
+    assert_eq!(report["peers"][1]["c"], 24, "{report}");
+    assert_eq!(report["best_peer_drain_jobs_per_s"], 300.0, "{report}");
     assert_eq!(report["pickup_latency_ms"]["samples"], 5);
     assert_eq!(db.task_count().await, 0, "the bench cleans up after itself");
 }

@@ -84,8 +84,10 @@ pub(crate) struct BenchArgs {
     /// A peer's burn-down to run on the same database in the same run, for a
     /// ratio: a shell command that reads DATABASE_URL and prints one JSON
     /// line with `drain_jobs_per_s` (see PERFORMANCE.md).
+    /// Repeat it for several peers; `{tasks}` and `{concurrency}` in the
+    /// command become this run's values.
     #[arg(long)]
-    peer_command: Option<String>,
+    peer_command: Vec<String>,
     /// Print where the database's time went: the top statements from
     /// pg_stat_statements (private cluster only).
     #[arg(long)]
@@ -155,12 +157,14 @@ struct Report {
     history_ratio: Option<f64>,
     /// The operator views' query times with the history in the table.
     operator_views: Option<operator_views::OperatorViews>,
-    /// What the peer printed, run on the same database in the same run.
-    peer: Option<serde_json::Value>,
-    /// Our history-kept burn-down over the peer's.
-    ratio_vs_peer: Option<f64>,
-    /// Our delete-mode burn-down over the peer's (which deletes too).
-    delete_mode_ratio_vs_peer: Option<f64>,
+    /// What each peer printed, run on the same database in the same run.
+    peers: Vec<serde_json::Value>,
+    /// The fastest peer's burn-down.
+    best_peer_drain_jobs_per_s: Option<f64>,
+    /// Our history-kept burn-down over the fastest peer's.
+    ratio_vs_best_peer: Option<f64>,
+    /// Our delete-mode burn-down over the fastest peer's.
+    delete_mode_ratio_vs_best_peer: Option<f64>,
     /// Ordering keys: drains and claim times.
     ordering: Option<ordering::OrderingReport>,
     /// The application's transaction with and without a submit.
@@ -332,22 +336,37 @@ impl Bench {
             self.report.ordering = Some(figures);
         }
 
-        if let Some(command) = self.args.peer_command.clone() {
+        for command in self.args.peer_command.clone() {
+            let command = command
+                .replace("{tasks}", &n.to_string())
+                .replace("{concurrency}", &self.args.concurrency.to_string());
             let peer = self.run_peer(&command).await?;
             let peer_rate = peer["drain_jobs_per_s"].as_f64().unwrap_or(0.0).max(1e-9);
-            self.report.ratio_vs_peer = Some(drain.rate / peer_rate);
-            self.report.delete_mode_ratio_vs_peer = self
-                .report
-                .drain_delete_mode_tasks_per_s
-                .map(|rate| rate / peer_rate);
             self.say(format!(
                 "peer: {peer}\n  ours / peer: {:.2}x (history kept), {} (deleted at once)",
                 drain.rate / peer_rate,
                 self.report
-                    .delete_mode_ratio_vs_peer
-                    .map_or("-".to_owned(), |r| format!("{r:.2}x"))
+                    .drain_delete_mode_tasks_per_s
+                    .map_or("-".to_owned(), |r| format!("{:.2}x", r / peer_rate))
             ));
-            self.report.peer = Some(peer);
+            self.report.peers.push(peer);
+            if self
+                .report
+                .best_peer_drain_jobs_per_s
+                .is_none_or(|best| peer_rate > best)
+            {
+                self.report.best_peer_drain_jobs_per_s = Some(peer_rate);
+                self.report.ratio_vs_best_peer = Some(drain.rate / peer_rate);
+                self.report.delete_mode_ratio_vs_best_peer = self
+                    .report
+                    .drain_delete_mode_tasks_per_s
+                    .map(|rate| rate / peer_rate);
+            }
+        }
+        if let Some(ratio) = self.report.ratio_vs_best_peer
+            && self.report.peers.len() > 1
+        {
+            self.say(format!("ours / fastest peer: {ratio:.2}x (history kept)"));
         }
 
         if self.args.latency_samples > 0 {
