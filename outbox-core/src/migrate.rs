@@ -73,6 +73,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0008_ordering.up.sql"),
         down: include_str!("../../migrations/0008_ordering.down.sql"),
     },
+    Migration {
+        version: 9,
+        name: "keyed_isolation",
+        up: include_str!("../../migrations/0009_keyed_isolation.up.sql"),
+        down: include_str!("../../migrations/0009_keyed_isolation.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

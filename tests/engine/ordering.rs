@@ -503,3 +503,55 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
         assert!(pair[0].1 <= pair[1].1, "{claimed:?}");
     }
 }
+
+#[tokio::test]
+async fn a_keyed_submit_outside_read_committed_is_refused_and_writes_nothing() {
+    let db = TestDb::migrated().await;
+    let step = |n| Step {
+        key: "acct-rr".into(),
+        n,
+        ms: 0,
+        fail_first: 0,
+        poison: false,
+    };
+    for (level, set) in [
+        (
+            "REPEATABLE READ",
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        ),
+        (
+            "SERIALIZABLE",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        ),
+    ] {
+        let mut conn = db.conn().await;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        sqlx::query(set).execute(&mut *tx).await.unwrap();
+        let error = outbox::submit(&mut tx, step(1))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("ordering key") && error.contains(&level.to_lowercase()),
+            "{level}: {error}"
+        );
+        tx.rollback().await.unwrap();
+        // A task without a key is fine at any isolation.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        sqlx::query(set).execute(&mut *tx).await.unwrap();
+        outbox::submit(&mut tx, outbox_tests::tasks::Record { ms: 0 })
+            .await
+            .unwrap_or_else(|e| panic!("{level}, no key: {e}"));
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(db.task_count().await, 0);
+    let mut conn = db.conn().await;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    outbox::submit(&mut tx, step(3)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        db.task_count().await,
+        1,
+        "READ COMMITTED, the default, is accepted"
+    );
+}

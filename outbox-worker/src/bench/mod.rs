@@ -78,6 +78,11 @@ pub(crate) struct BenchArgs {
     /// Dead rows to pre-fill for the history burn-down.
     #[arg(long, default_value_t = 0, value_parser = flags::count_u64(0, 100_000_000))]
     history_dead: u64,
+    /// After the main drain, drain this many tasks more (history kept) and
+    /// compare its rate with the main drain's (0 skips; 1000000 is the
+    /// long-drain figure of PERFORMANCE.md).
+    #[arg(long, default_value_t = 0, value_parser = flags::count(0, 100_000_000))]
+    long_drain: usize,
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     delete_mode: bool,
@@ -155,6 +160,12 @@ struct Report {
     history_dead: u64,
     drain_with_history_tasks_per_s: Option<f64>,
     history_ratio: Option<f64>,
+    /// The long drain (`--long-drain` tasks, history kept).
+    long_drain_tasks: usize,
+    long_drain_tasks_per_s: Option<f64>,
+    /// Its rate over the main drain's.
+    long_drain_ratio: Option<f64>,
+    long_drain_peak_rss_mb: Option<f64>,
     /// The operator views' query times with the history in the table.
     operator_views: Option<operator_views::OperatorViews>,
     /// What each peer printed, run on the same database in the same run.
@@ -320,6 +331,23 @@ impl Bench {
             self.report.round_trips_per_task,
             self.report.peak_rss_mb.unwrap_or(0.0)
         ));
+
+        if self.args.long_drain > 0 {
+            let long = self.args.long_drain;
+            self.insert(long).await?;
+            let drained = self.drain_count(false, long).await?;
+            let ratio = drained.rate / drain.rate.max(1e-9);
+            self.report.long_drain_tasks = long;
+            self.report.long_drain_tasks_per_s = Some(drained.rate);
+            self.report.long_drain_ratio = Some(ratio);
+            self.report.long_drain_peak_rss_mb = peak_rss_mb();
+            self.say(format!(
+                "long drain, history kept: {long} tasks: {:.0} tasks/s, {ratio:.2}x the main drain, \
+                 peak RSS {:.0} MB",
+                drained.rate,
+                self.report.long_drain_peak_rss_mb.unwrap_or(0.0)
+            ));
+        }
 
         if self.args.delete_mode {
             self.insert(n).await?;
