@@ -25,6 +25,10 @@ pub(crate) struct QueueWaker {
     notify: Notify,
     /// Known future due times, earliest first.
     due: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// A due time earlier than every one known was added: a wait in
+    /// progress sets its alarm again (without ending, which would cost a
+    /// claim that finds nothing due yet).
+    sooner: Notify,
 }
 
 impl QueueWaker {
@@ -45,31 +49,42 @@ impl QueueWaker {
             }
             due.retain(|Reverse(t)| *t != latest);
         }
+        let sooner = due.peek().is_none_or(|Reverse(first)| at < *first);
         due.push(Reverse(at));
+        drop(due);
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 
     /// Waits for a notification, the earliest known due time, or `poll`,
     /// whichever comes first. Due times that have passed are forgotten.
     pub(crate) async fn wait(&self, poll: Duration) {
-        let now = Instant::now();
-        let mut until = now + poll;
-        {
-            let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
-            while due.peek().is_some_and(|Reverse(t)| *t <= now) {
-                due.pop();
+        let end = Instant::now() + poll;
+        loop {
+            // Registered before the due times are read, so a sooner one
+            // added from now on is not missed.
+            let sooner = self.sooner.notified();
+            let now = Instant::now();
+            let mut until = end;
+            {
+                let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+                while due.peek().is_some_and(|Reverse(t)| *t <= now) {
+                    due.pop();
+                }
+                if let Some(&Reverse(next)) = due.peek() {
+                    until = until.min(next);
+                }
             }
-            if let Some(&Reverse(next)) = due.peek() {
-                until = until.min(next);
+            tokio::select! {
+                () = self.notify.notified() => return,
+                () = tokio::time::sleep_until(until) => return,
+                () = sooner => {}
             }
-        }
-        tokio::select! {
-            () = self.notify.notified() => {}
-            () = tokio::time::sleep_until(until) => {}
         }
     }
 }
 
-/// Wakers for `queues`.
 pub(crate) fn for_queues<'a>(queues: impl IntoIterator<Item = &'a String>) -> Wakers {
     Arc::new(
         queues
@@ -99,6 +114,21 @@ mod tests {
             Duration::from_millis(10_300),
             "then the poll"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_due_time_learned_during_a_wait_ends_it_on_time() {
+        let waker = Arc::new(QueueWaker::default());
+        let start = Instant::now();
+        let waiting = tokio::spawn({
+            let waker = Arc::clone(&waker);
+            async move { waker.wait(Duration::from_secs(600)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A retry written while the producer already sleeps.
+        waker.due_at(start + Duration::from_millis(300));
+        waiting.await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
     }
 
     #[tokio::test(start_paused = true)]
