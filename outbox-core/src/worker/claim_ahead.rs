@@ -12,8 +12,8 @@
 //! The buffer is sized by time, not by count: it holds at most what this
 //! worker starts in `claim_ahead_window` (measured over the last few
 //! hundred milliseconds), capped at `claim_ahead`. Fast handlers get a
-//! deep buffer; slow handlers (a second each, say) get one or two tasks
-//! ahead, so a buffered task never waits long behind its queue's running
+//! deep buffer; slow handlers (a second each, say) get one task ahead or
+//! none, so a buffered task never waits long behind its queue's running
 //! ones while another worker idles, and a higher-priority task that
 //! arrives waits at most about one window. Queues with a global
 //! concurrency or a rate get no buffer: their limits count claimed tasks.
