@@ -32,8 +32,8 @@ use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::executor::{self, Done};
-use super::outage::Outage;
-use crate::db::{self, ClaimedTask, session::call};
+use super::shutdown::{Release, release_until};
+use crate::db::ClaimedTask;
 
 /// The places a started task holds until its outcome is queued: an
 /// executor slot (the queue's concurrency) and a place in the queue's
@@ -198,37 +198,23 @@ async fn give_back(shared: &Shared, unstarted: Vec<Buffered>) {
         .iter()
         .map(|b| (b.task.id, Arc::clone(&b.task.token)))
         .collect();
-    let mut outage = Outage::new("release");
-    let give_up = Instant::now() + shared.deadline;
-    loop {
-        let released = call(&shared.engine, shared.deadline, "release", async |conn| {
-            db::release_unstarted(conn, &tasks).await
-        })
-        .await;
-        match released {
-            Ok(ids) => {
-                for (id, token) in &tasks {
-                    shared.holdings.done(*id, token);
-                }
-                tracing::info!(
-                    released = ids.len(),
-                    "shutdown: gave back tasks claimed ahead that had not started"
-                );
-                return;
+    let give_up = tokio::time::Instant::now() + shared.deadline;
+    let released = release_until(shared, give_up, Release::Tasks(&tasks)).await;
+    match released {
+        Ok(ids) => {
+            for (id, token) in &tasks {
+                shared.holdings.done(*id, token);
             }
-            Err(error) => {
-                let backoff = outage.failed(&error);
-                if !db::classify::is_transient(&error) || Instant::now() + backoff > give_up {
-                    tracing::warn!(
-                        %error,
-                        "could not give back the tasks claimed ahead yet; they are released \
-                         with the rest at the end of shutdown"
-                    );
-                    return;
-                }
-                tokio::time::sleep(backoff).await;
-            }
+            tracing::info!(
+                released = ids.len(),
+                "shutdown: gave back tasks claimed ahead that had not started"
+            );
         }
+        Err(why) => tracing::warn!(
+            why,
+            "could not give back the tasks claimed ahead yet; they are released with the \
+             rest at the end of shutdown"
+        ),
     }
 }
 

@@ -5,10 +5,11 @@
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use std::sync::Arc;
+
 use super::Shared;
 use super::outage::Outage;
-use crate::db::classify::is_transient;
-use crate::db::session::call;
+use crate::db::{self, classify::is_transient, session::call};
 
 /// Waits for the handlers until `grace_over`; then fires their cancellation
 /// token and, after `cancel_grace`, aborts those still running (their tasks
@@ -57,34 +58,55 @@ pub(super) async fn release_remaining(shared: &Shared, deadline: Instant) {
         return;
     }
     let held = shared.holdings.held_ids();
+    let result = release_until(shared, deadline, Release::Claims(&tokens)).await;
+    match result {
+        Ok(released) => {
+            tracing::info!(released = ?released, "released this worker's unfinished tasks");
+            shared.holdings.clear();
+        }
+        Err(why) => not_released(&held, &why),
+    }
+}
+
+/// What a release puts back to PENDING.
+pub(super) enum Release<'a> {
+    /// Every task held under these claim tokens.
+    Claims(&'a [Arc<str>]),
+    /// Exactly these (task id, claim token) pairs.
+    Tasks(&'a [(i64, Arc<str>)]),
+}
+
+/// Runs `release` until it succeeds, retrying transient errors with backoff
+/// until `deadline`; returns the ids released, or why it gave up (a
+/// permanent error, or the deadline).
+pub(super) async fn release_until(
+    shared: &Shared,
+    deadline: Instant,
+    release: Release<'_>,
+) -> Result<Vec<i64>, String> {
     let mut outage = Outage::new("release");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            not_released(&held, "the flush deadline passed");
-            return;
+            return Err("the deadline passed".to_owned());
         }
         let result = call(
             &shared.engine,
             left.min(shared.deadline),
             "release",
-            async |conn| crate::db::release_claims(conn, &tokens).await,
+            async |conn| match release {
+                Release::Claims(tokens) => db::release_claims(conn, tokens).await,
+                Release::Tasks(tasks) => db::release_unstarted(conn, tasks).await,
+            },
         )
         .await;
         match result {
-            Ok(released) => {
-                tracing::info!(released = ?released, "released this worker's unfinished tasks");
-                shared.holdings.clear();
-                return;
-            }
+            Ok(released) => return Ok(released),
             Err(error) if is_transient(&error) && Instant::now() < deadline => {
                 let backoff = outage.failed(&error);
                 tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
             }
-            Err(error) => {
-                not_released(&held, &error.to_string());
-                return;
-            }
+            Err(error) => return Err(error.to_string()),
         }
     }
 }
