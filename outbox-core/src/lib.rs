@@ -80,7 +80,8 @@ pub use handler::{
     HandlerError, HandlerResult, MAX_RESULT_BYTES, Outcome, TaskContext, TaskHandler,
 };
 pub use migrate::{
-    MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, schema_status,
+    MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, migrate_to,
+    schema_status,
 };
 pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique};
 pub use outbox_macros::outbox_task;

@@ -15,7 +15,7 @@ use crate::builtin;
 use crate::connect::{DbArgs, connect, connect_migrated};
 use crate::demo::DemoArgs;
 use crate::failure::Failure;
-use crate::flags::{self, DAY, HOUR, MS, SECOND};
+use crate::flags::{self, DAY, HOUR, MINUTE, MS, SECOND};
 use crate::signals::stop_on_signal;
 
 pub use crate::failure::{
@@ -142,11 +142,16 @@ struct RunArgs {
     /// 10ms to 1h).
     #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = flags::duration(10 * MS, HOUR))]
     maintenance_interval: Duration,
-    /// How long COMPLETED tasks are kept before cleanup deletes them; 0
-    /// deletes successful tasks at once (cheapest; no completed history; up
+    /// How long successful tasks are kept in the history before cleanup drops
+    /// them, a partition at a time (each is dropped once its end is this
+    /// old); 0 deletes successful tasks at once (cheapest; no history; up
     /// to 3650d).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
+    /// How much time one partition of the history covers; the maintenance
+    /// leader creates them two ahead (1m to 366d).
+    #[arg(long, env = "OUTBOX_HISTORY_PARTITION", default_value = "1d", value_parser = flags::duration(MINUTE, 366 * DAY))]
+    history_partition: Duration,
     /// How long after a worker stopped reporting itself (killed, machine
     /// lost) its row leaves `workers list` (1s to 30d).
     #[arg(long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
@@ -342,6 +347,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance: !args.no_maintenance,
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
+        history_partition: args.history_partition,
         delete_completed: args.retention.is_zero(),
         forget_workers_after: args.forget_workers_after,
         snapshot_age_warning: args.warn_snapshot_age,

@@ -10,6 +10,8 @@ use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 pub(crate) const MS: Duration = Duration::from_millis(1);
 /// A second.
 pub(crate) const SECOND: Duration = Duration::from_secs(1);
+/// A minute.
+pub(crate) const MINUTE: Duration = Duration::from_secs(60);
 /// An hour.
 pub(crate) const HOUR: Duration = Duration::from_secs(3600);
 /// A day.

@@ -353,7 +353,7 @@ async fn payloads_come_from_an_argument_stdin_or_a_file_and_unstorable_ones_are_
     drop(stdin);
     ok(&child.wait_with_output().await.unwrap());
     let payloads: Vec<String> =
-        sqlx::query_scalar("SELECT payload::text FROM outbox_tasks ORDER BY id")
+        sqlx::query_scalar("SELECT payload::text FROM outbox_all_tasks ORDER BY id")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -612,7 +612,7 @@ async fn demo_completes_against_a_given_database() {
         "{text}"
     );
     let dead: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE dead_at IS NOT NULL")
             .fetch_one(&db.pool)
             .await
             .unwrap();
@@ -725,6 +725,8 @@ async fn bench_smoke_run_prints_every_figure() {
             "20",
             "--business-txs",
             "60",
+            "--retention-rows",
+            "500",
             "--peer-command",
             r#"echo '{"drain_jobs_per_s": 100}'"#,
             "--peer-command",
@@ -778,6 +780,17 @@ async fn bench_smoke_run_prints_every_figure() {
     assert_eq!(report["peers"][1]["c"], 24, "{report}");
     assert_eq!(report["best_peer_drain_jobs_per_s"], 300.0, "{report}");
     assert_eq!(report["pickup_latency_ms"]["samples"], 5);
+    // Retention of an expired day: partitions dropped, no row deleted.
+    let retention = &report["retention"];
+    assert_eq!(retention["rows"], 500, "{report}");
+    assert_eq!(retention["rows_deleted"], 0, "{report}");
+    assert!(
+        retention["partitions_dropped"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{report}"
+    );
+    assert!(retention["seconds"].as_f64().is_some(), "{report}");
     assert_eq!(db.task_count().await, 0, "the bench cleans up after itself");
 }
 

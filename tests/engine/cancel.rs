@@ -59,7 +59,7 @@ async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecor
     );
     wait_until(
         &db.pool,
-        &format!("SELECT state = 'processing' FROM outbox_tasks WHERE id = {id}"),
+        &format!("SELECT state = 'processing' FROM outbox_all_tasks WHERE id = {id}"),
         Duration::from_secs(20),
     )
     .await;
@@ -145,7 +145,7 @@ async fn never_heard_of(delete_completed: bool) {
     );
     wait_until(
         &db.pool,
-        &format!("SELECT state = 'processing' FROM outbox_tasks WHERE id = {id}"),
+        &format!("SELECT state = 'processing' FROM outbox_all_tasks WHERE id = {id}"),
         Duration::from_secs(20),
     )
     .await;

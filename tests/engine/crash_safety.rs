@@ -109,7 +109,7 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
     assert_eq!(started_b.recv().await, Some(id.0));
     let row = || async {
         sqlx::query_as::<_, (String, i32, i32, Option<String>, Option<DateTime<Utc>>)>(
-            "SELECT state::text, claims, retry_count, claimed_by, finished_at FROM outbox_tasks WHERE id = $1",
+            "SELECT state::text, claims, retry_count, claimed_by, finished_at FROM outbox_all_tasks WHERE id = $1",
         )
         .bind(id.0)
         .fetch_one(&db.pool)
@@ -148,7 +148,7 @@ async fn a_claim_lost_in_a_server_crash_does_not_let_its_late_outcome_through() 
     let quiet = quiet();
     let row = || async {
         sqlx::query_as::<_, (String, i32, Option<String>)>(
-            "SELECT state::text, claims, claimed_by FROM outbox_tasks WHERE id = $1",
+            "SELECT state::text, claims, claimed_by FROM outbox_all_tasks WHERE id = $1",
         )
         .bind(id.0)
         .fetch_one(&db.pool)
@@ -231,14 +231,16 @@ async fn heartbeats_move_for_every_in_flight_task_and_leave_updated_at_alone() {
     for _ in 0..3 {
         started.recv().await.unwrap();
     }
-    sqlx::query("CREATE TABLE first_seen AS SELECT id, heartbeat_at, updated_at FROM outbox_tasks")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "CREATE TABLE first_seen AS SELECT id, heartbeat_at, updated_at FROM outbox_all_tasks",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     wait_until(
         &db.pool,
         "SELECT bool_and(t.heartbeat_at > f.heartbeat_at AND t.updated_at = f.updated_at) \
-         FROM outbox_tasks t JOIN first_seen f USING (id)",
+         FROM outbox_all_tasks t JOIN first_seen f USING (id)",
         WAIT,
     )
     .await;
@@ -271,8 +273,9 @@ async fn cleanup_deletes_only_expired_completed_rows_in_batches() {
         .unwrap();
     assert_eq!(
         (report.deleted, report.batches),
-        (25, 3),
-        "10 + 10 + 5 rows, one statement each"
+        (25, 4),
+        "10 + 10 + 5 rows of outbox_tasks, one statement each, and one that \
+         finds nothing expired in the history's default partition"
     );
     assert_eq!(
         db.count_by_state().await,
@@ -299,7 +302,7 @@ async fn cleanup_deletes_only_expired_completed_rows_in_batches() {
     );
     wait_until(
         &db.pool,
-        "SELECT count(*) = 0 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 0 FROM outbox_all_tasks WHERE state = 'completed'",
         WAIT,
     )
     .await;

@@ -92,7 +92,7 @@ type RowTuple = (
 async fn row(db: &TestDb, id: TaskId) -> Row {
     let (state, retry_count, claims, last_error, execute_at, finished_at, dead_at): RowTuple = sqlx::query_as(
         "SELECT state::text AS state, retry_count, claims, last_error, execute_at, finished_at, dead_at \
-         FROM outbox_tasks WHERE id = $1",
+         FROM outbox_all_tasks WHERE id = $1",
     )
     .bind(id.0)
     .fetch_one(&db.pool)
@@ -216,7 +216,7 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
         "still in the table, never claimed again"
     );
     let in_hot_index: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND id = $1",
+        "SELECT count(*) FROM outbox_all_tasks WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND id = $1",
     )
     .bind(id.0)
     .fetch_one(&db.pool)

@@ -5,6 +5,7 @@ mod crash_safety;
 mod dispatch;
 mod explain;
 mod failures;
+mod history;
 mod migrations;
 mod ordering;
 mod periodic;

@@ -101,7 +101,7 @@ async fn tasks_of_one_key_run_one_at_a_time_in_order_and_keys_in_parallel() {
     let b = worker(&other, 8);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 64 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 64 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(60),
     )
     .await;
@@ -116,7 +116,7 @@ async fn tasks_of_one_key_run_one_at_a_time_in_order_and_keys_in_parallel() {
         max_overlap(&db.pool).await > 1,
         "different keys ran in parallel"
     );
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE blocked")
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE blocked")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -141,7 +141,7 @@ async fn a_failing_head_delays_its_key_and_no_other() {
     let w = worker(&db.pool, 4);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 8 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 8 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
@@ -181,14 +181,14 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     let w = worker(&db.pool, 4);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 3 FROM outbox_tasks WHERE state = 'completed' AND ordering_key = 'b'",
+        "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'completed' AND ordering_key = 'b'",
         Duration::from_secs(30),
     )
     .await;
     wait_until(
         &db.pool,
         &format!(
-            "SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = {}",
+            "SELECT dead_at IS NOT NULL FROM outbox_all_tasks WHERE id = {}",
             head.0
         ),
         Duration::from_secs(30),
@@ -196,7 +196,7 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     .await;
     // Behind the dead head: waiting, never attempted.
     let waiting: Vec<(bool, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
-        "SELECT blocked, attempted_at FROM outbox_tasks WHERE ordering_key = 'a' AND id <> $1",
+        "SELECT blocked, attempted_at FROM outbox_all_tasks WHERE ordering_key = 'a' AND id <> $1",
     )
     .bind(head.0)
     .fetch_all(&db.pool)
@@ -226,7 +226,7 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     );
     wait_until(
         &db.pool,
-        "SELECT count(*) = 2 FROM outbox_tasks WHERE state = 'completed' AND ordering_key = 'a'",
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed' AND ordering_key = 'a'",
         Duration::from_secs(30),
     )
     .await;
@@ -234,7 +234,7 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     let by_key = assert_one_at_a_time(&db).await;
     assert_eq!(by_key[0], ("a".to_owned(), vec![1, 2, 3]));
     let still_dead: bool =
-        sqlx::query_scalar("SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = $1")
+        sqlx::query_scalar("SELECT dead_at IS NOT NULL FROM outbox_all_tasks WHERE id = $1")
             .bind(head.0)
             .fetch_one(&db.pool)
             .await
@@ -277,7 +277,7 @@ async fn a_type_that_skips_dead_tasks_goes_on_without_an_operator() {
             .await
             .unwrap();
     }
-    let key: String = sqlx::query_scalar("SELECT DISTINCT ordering_key FROM outbox_tasks")
+    let key: String = sqlx::query_scalar("SELECT DISTINCT ordering_key FROM outbox_all_tasks")
         .fetch_one(&mut *conn)
         .await
         .unwrap();
@@ -331,7 +331,7 @@ async fn concurrent_submitters_on_one_key_are_handled_in_commit_order() {
     let w = worker(&db.pool, 8);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 12 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 12 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
@@ -339,7 +339,7 @@ async fn concurrent_submitters_on_one_key_are_handled_in_commit_order() {
     let by_key = assert_one_at_a_time(&db).await;
     assert_eq!(by_key, vec![("one".to_owned(), committed.clone())]);
     let by_seq: Vec<i64> =
-        sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM outbox_tasks ORDER BY key_seq")
+        sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM outbox_all_tasks ORDER BY key_seq")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -375,7 +375,7 @@ async fn operators_change_many_tasks_of_one_key_in_one_statement() {
         let pool = db.pool.clone();
         async move {
             sqlx::query_scalar::<_, bool>(
-                "SELECT blocked FROM outbox_tasks WHERE ordering_key = 'bulk' AND dead_at IS NULL ORDER BY key_seq",
+                "SELECT blocked FROM outbox_all_tasks WHERE ordering_key = 'bulk' AND dead_at IS NULL ORDER BY key_seq",
             )
             .fetch_all(&pool)
             .await
@@ -389,7 +389,7 @@ async fn operators_change_many_tasks_of_one_key_in_one_statement() {
     // Both retried together: they queue behind the holder, in key order.
     admin::retry_tasks(&db.pool, &ids[..2]).await.unwrap();
     let order: Vec<(i64, bool)> = sqlx::query_as(
-        "SELECT (payload->>'n')::bigint, blocked FROM outbox_tasks ORDER BY key_seq",
+        "SELECT (payload->>'n')::bigint, blocked FROM outbox_all_tasks ORDER BY key_seq",
     )
     .fetch_all(&db.pool)
     .await
@@ -438,7 +438,7 @@ async fn maintenance_hands_on_a_key_whose_holder_finished_behind_the_engines_bac
     );
     wait_until(
         &db.pool,
-        "SELECT count(*) = 2 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
@@ -459,7 +459,7 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
     let waiting = |db: &TestDb| {
         let pool = db.pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_tasks WHERE blocked")
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_all_tasks WHERE blocked")
                 .fetch_one(&pool)
                 .await
                 .unwrap()
@@ -481,7 +481,7 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
     let w = worker(&db.pool, 8);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 6 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 6 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
@@ -494,7 +494,7 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
     // Places are handed out in key order: no task was claimed before an
     // earlier one of its key (those claimed together start together).
     let claimed: Vec<(i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT (payload->>'n')::bigint, attempted_at FROM outbox_tasks ORDER BY key_seq",
+        "SELECT (payload->>'n')::bigint, attempted_at FROM outbox_all_tasks ORDER BY key_seq",
     )
     .fetch_all(&db.pool)
     .await

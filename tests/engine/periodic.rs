@@ -51,13 +51,13 @@ async fn a_periodic_task_is_enqueued_every_tick_with_its_payload() {
     );
     wait_until(
         &db.pool,
-        "SELECT count(*) >= 2 FROM outbox_tasks WHERE task_type = 'test.periodic.sweep' AND state = 'completed'",
+        "SELECT count(*) >= 2 FROM outbox_all_tasks WHERE task_type = 'test.periodic.sweep' AND state = 'completed'",
         Duration::from_secs(20),
     )
     .await;
     worker.stop().await;
     let payloads: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT payload->>'area' FROM outbox_tasks WHERE task_type = 'test.periodic.sweep'",
+        "SELECT DISTINCT payload->>'area' FROM outbox_all_tasks WHERE task_type = 'test.periodic.sweep'",
     )
     .fetch_all(&db.pool)
     .await
@@ -105,11 +105,12 @@ async fn after_downtime_the_latest_missed_tick_runs_once_or_not_at_all() {
     )
     .await;
     worker.stop().await;
-    let by_area: Vec<(String, i64)> =
-        sqlx::query_as("SELECT payload->>'area', count(*) FROM outbox_tasks GROUP BY 1 ORDER BY 1")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let by_area: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT payload->>'area', count(*) FROM outbox_all_tasks GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(
         by_area,
         vec![("latest".to_owned(), 1)],

@@ -83,7 +83,7 @@ async fn poison_rows_fail_clearly_and_do_not_block_the_queue() {
     // decode error. The unknown type is retried (a newer worker may know it).
     let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
         "SELECT task_type, CASE WHEN dead_at IS NULL THEN state::text ELSE 'dead' END, \
-                retry_count, last_error FROM outbox_tasks \
+                retry_count, last_error FROM outbox_all_tasks \
          WHERE last_error IS NOT NULL ORDER BY id",
     )
     .fetch_all(&db.pool)
@@ -157,7 +157,7 @@ async fn an_unstorable_error_message_is_cleaned_and_blocks_nothing() {
         .await;
     worker.stop().await;
     let (state, error): (String, String) =
-        sqlx::query_as("SELECT state::text, last_error FROM outbox_tasks WHERE id = $1")
+        sqlx::query_as("SELECT state::text, last_error FROM outbox_all_tasks WHERE id = $1")
             .bind(ids[0].0)
             .fetch_one(&db.pool)
             .await
@@ -185,11 +185,12 @@ impl TaskHandler<Refused> for Succeed {
 #[tokio::test]
 async fn an_outcome_the_database_refuses_for_good_is_recorded_as_a_failure_not_dropped() {
     let db = TestDb::migrated().await;
-    // The database will refuse to mark task n = 3 completed (a constraint
-    // violation: permanent, unlike a lost connection).
+    // The database will refuse to record task n = 3 completed (a
+    // constraint violation on the history it moves to: permanent, unlike a
+    // lost connection).
     sqlx::raw_sql(
-        "ALTER TABLE outbox_tasks ADD CONSTRAINT refuse_three \
-         CHECK (NOT (state = 'completed' AND payload = '{\"n\": 3}'::jsonb))",
+        "ALTER TABLE outbox_task_history ADD CONSTRAINT refuse_three \
+         CHECK (payload <> '{\"n\": 3}'::jsonb)",
     )
     .execute(&db.pool)
     .await
@@ -213,7 +214,7 @@ async fn an_outcome_the_database_refuses_for_good_is_recorded_as_a_failure_not_d
     worker.stop().await;
     let (state, retries, error, claimed_by): (String, i32, String, Option<String>) =
         sqlx::query_as(
-            "SELECT state::text, retry_count, last_error, claimed_by FROM outbox_tasks WHERE id = $1",
+            "SELECT state::text, retry_count, last_error, claimed_by FROM outbox_all_tasks WHERE id = $1",
         )
         .bind(ids[3].0)
         .fetch_one(&db.pool)

@@ -87,7 +87,7 @@ async fn commit_runs_the_handler_once_with_the_decoded_payload() {
         "exactly one call with the decoded payload"
     );
     let (state, claims): (String, i32) =
-        sqlx::query_as("SELECT state::text, claims FROM outbox_tasks WHERE id = $1")
+        sqlx::query_as("SELECT state::text, claims FROM outbox_all_tasks WHERE id = $1")
             .bind(id.0)
             .fetch_one(&db.pool)
             .await
@@ -114,8 +114,8 @@ async fn a_batch_of_1000_goes_in_one_transaction() {
     tx.commit().await.unwrap();
     assert_eq!(db.task_count().await, 1000);
     let (first, last): (String, String) = sqlx::query_as(
-        "SELECT (SELECT payload->>'name' FROM outbox_tasks WHERE id = $1), \
-                (SELECT payload->>'name' FROM outbox_tasks WHERE id = $2)",
+        "SELECT (SELECT payload->>'name' FROM outbox_all_tasks WHERE id = $1), \
+                (SELECT payload->>'name' FROM outbox_all_tasks WHERE id = $2)",
     )
     .bind(ids[0].0)
     .bind(ids[999].0)
@@ -142,7 +142,7 @@ async fn options_set_queue_priority_and_delay() {
     .await
     .unwrap();
     let (queue, priority, delay_s): (String, i16, f64) = sqlx::query_as(
-        "SELECT queue, priority, extract(epoch FROM execute_at - created_at)::float8 FROM outbox_tasks WHERE id = $1",
+        "SELECT queue, priority, extract(epoch FROM execute_at - created_at)::float8 FROM outbox_all_tasks WHERE id = $1",
     )
     .bind(id.0)
     .fetch_one(&db.pool)
@@ -269,18 +269,19 @@ async fn a_task_id_binds_and_decodes_as_a_bigint() {
         .unwrap();
     let ids = batch.submit(&mut *db.conn().await).await.unwrap();
     let found: outbox::TaskId =
-        outbox::sqlx::query_scalar("SELECT id FROM outbox_tasks WHERE id = $1")
+        outbox::sqlx::query_scalar("SELECT id FROM outbox_all_tasks WHERE id = $1")
             .bind(ids[0])
             .fetch_one(&db.pool)
             .await
             .unwrap();
     assert_eq!(found, ids[0]);
-    let all: Vec<outbox::TaskId> =
-        outbox::sqlx::query_scalar("SELECT id FROM outbox_tasks WHERE id = ANY($1) ORDER BY id")
-            .bind(&ids)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let all: Vec<outbox::TaskId> = outbox::sqlx::query_scalar(
+        "SELECT id FROM outbox_all_tasks WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(&ids)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(all, ids);
 }
 
@@ -341,7 +342,7 @@ async fn a_single_submit_writes_the_same_row_whichever_statement_carries_it() {
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT task_type, state::text, priority, max_attempts, ordering_key, key_seq IS NOT NULL, \
          blocked, extract(epoch FROM execute_at - created_at)::float8, payload \
-         FROM outbox_tasks WHERE id = ANY($1) ORDER BY id",
+         FROM outbox_all_tasks WHERE id = ANY($1) ORDER BY id",
     )
     .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
     .fetch_all(&db.pool)

@@ -41,7 +41,7 @@ fn invoice(order_id: i64) -> Invoice {
 }
 
 async fn rows_with_key(db: &TestDb, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE unique_key = $1")
+    sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE unique_key = $1")
         .bind(key)
         .fetch_one(&db.pool)
         .await
@@ -204,7 +204,7 @@ async fn a_period_allows_one_task_per_period_of_the_database_clock() {
     let first = outbox::submit_detailed(&mut *db.conn().await, Plain { n: 3 }, short())
         .await
         .unwrap();
-    let key: String = sqlx::query_scalar("SELECT unique_key FROM outbox_tasks WHERE id = $1")
+    let key: String = sqlx::query_scalar("SELECT unique_key FROM outbox_all_tasks WHERE id = $1")
         .bind(first.id)
         .fetch_one(&db.pool)
         .await

@@ -123,7 +123,7 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
         "A's tasks to be recovered",
         || async {
             sqlx::query_scalar::<_, bool>(
-                "SELECT count(*) = 4 FROM outbox_tasks WHERE retry_count = 1 \
+                "SELECT count(*) = 4 FROM outbox_all_tasks WHERE retry_count = 1 \
              AND last_error LIKE 'worker lost (heartbeat expired)%'",
             )
             .fetch_one(&db.pool)
@@ -179,7 +179,7 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
     }
     wait_until(
         &db.pool,
-        "SELECT count(*) = 4 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 4 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
@@ -190,7 +190,7 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
         let (claims, retries, b_outcome_last): (i32, i32, bool) = sqlx::query_as(
             "SELECT t.claims, t.retry_count, \
                     t.finished_at >= (SELECT max(at) FROM executions e WHERE e.task_id = t.id) + interval '3.9 s' \
-             FROM outbox_tasks t WHERE t.id = $1",
+             FROM outbox_all_tasks t WHERE t.id = $1",
         )
         .bind(id.0)
         .fetch_one(&db.pool)

@@ -69,7 +69,7 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
         .collect();
     let killed = i64::from(workers[0].pid());
     let held_by_killed = format!(
-        "SELECT id FROM outbox_tasks WHERE state = 'processing' AND claimed_by LIKE '%:{killed}:%'"
+        "SELECT id FROM outbox_all_tasks WHERE state = 'processing' AND claimed_by LIKE '%:{killed}:%'"
     );
     // Killed holding tasks, after a good part of the work.
     wait_until(
@@ -91,7 +91,7 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     wait_until(
         &db.pool,
         &format!(
-            "SELECT count(*) = {} FROM outbox_tasks WHERE state = 'completed'",
+            "SELECT count(*) = {} FROM outbox_all_tasks WHERE state = 'completed'",
             KEYS * STEPS
         ),
         Duration::from_secs(120),
@@ -160,7 +160,7 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     assert!(retried_head >= 2, "k3's head failed once and ran again");
     // The poison key: its head dead, the rest waiting, never attempted.
     let poison: Vec<(bool, bool, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
-        "SELECT dead_at IS NOT NULL, blocked, attempted_at FROM outbox_tasks \
+        "SELECT dead_at IS NOT NULL, blocked, attempted_at FROM outbox_all_tasks \
          WHERE ordering_key = 'poison' ORDER BY key_seq",
     )
     .fetch_all(&db.pool)
@@ -184,7 +184,7 @@ async fn three_workers_run(limit: &QueueChange, tasks: usize, ms: u64) -> TestDb
         .collect();
     wait_until(
         &db.pool,
-        &format!("SELECT count(*) = {tasks} FROM outbox_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {tasks} FROM outbox_all_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;
@@ -227,12 +227,12 @@ async fn a_rate_limit_holds_across_three_workers() {
     let db = three_workers_run(&limit, TASKS as usize, 0).await;
     // Attempts started in any one-second window, by the database clock.
     let (busiest, span): (i64, f64) = sqlx::query_as(
-        "SELECT (SELECT max(c) FROM (SELECT (SELECT count(*) FROM outbox_tasks b \
+        "SELECT (SELECT max(c) FROM (SELECT (SELECT count(*) FROM outbox_all_tasks b \
                    WHERE b.attempted_at >= a.attempted_at \
                      AND b.attempted_at < a.attempted_at + interval '1 second') AS c \
-                 FROM outbox_tasks a) AS w), \
+                 FROM outbox_all_tasks a) AS w), \
                 extract(epoch FROM max(attempted_at) - min(attempted_at))::float8 \
-         FROM outbox_tasks",
+         FROM outbox_all_tasks",
     )
     .fetch_one(&db.pool)
     .await
@@ -263,7 +263,7 @@ async fn pause_and_resume_reach_every_worker() {
         .collect();
     wait_until(
         &db.pool,
-        "SELECT count(*) >= 2 FROM outbox_tasks WHERE state = 'processing'",
+        "SELECT count(*) >= 2 FROM outbox_all_tasks WHERE state = 'processing'",
         Duration::from_secs(30),
     )
     .await;
@@ -272,14 +272,14 @@ async fn pause_and_resume_reach_every_worker() {
     // Running tasks finish; nothing new starts.
     wait_until(
         &db.pool,
-        "SELECT count(*) = 0 FROM outbox_tasks WHERE state = 'processing'",
+        "SELECT count(*) = 0 FROM outbox_all_tasks WHERE state = 'processing'",
         Duration::from_secs(30),
     )
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (after, done): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE attempted_at > $1), count(*) FILTER (WHERE state = 'completed') \
-         FROM outbox_tasks",
+         FROM outbox_all_tasks",
     )
     .bind(paused_at)
     .fetch_one(&db.pool)
@@ -290,7 +290,7 @@ async fn pause_and_resume_reach_every_worker() {
     admin::resume_queue(&db.pool, "limited").await.unwrap();
     wait_until(
         &db.pool,
-        &format!("SELECT count(*) = {TASKS} FROM outbox_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {TASKS} FROM outbox_all_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;

@@ -40,7 +40,7 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
     let mut second = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 30 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 30 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(60),
     )
     .await;
@@ -55,13 +55,13 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
         .await
         .unwrap();
     let never_ran: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks t WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)",
+        "SELECT count(*) FROM outbox_all_tasks t WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
     let recovered: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks WHERE retry_count = 1 AND last_error LIKE 'worker lost (heartbeat expired)%'",
+        "SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 AND last_error LIKE 'worker lost (heartbeat expired)%'",
     )
     .fetch_one(&db.pool)
     .await

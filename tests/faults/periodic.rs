@@ -23,7 +23,7 @@ const ARGS: &[&str] = &[
 async fn ticks(db: &TestDb) -> Vec<(i64, i64)> {
     sqlx::query_as(
         "SELECT extract(epoch FROM execute_at)::bigint AS tick, count(*) \
-         FROM outbox_tasks WHERE task_type = 'outbox.noop' GROUP BY 1 ORDER BY 1",
+         FROM outbox_all_tasks WHERE task_type = 'outbox.noop' GROUP BY 1 ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await
@@ -34,7 +34,7 @@ async fn wait_for_ticks(db: &TestDb, n: usize) {
     wait_until(
         &db.pool,
         &format!(
-            "SELECT count(DISTINCT execute_at) >= {n} FROM outbox_tasks WHERE task_type = 'outbox.noop'"
+            "SELECT count(DISTINCT execute_at) >= {n} FROM outbox_all_tasks WHERE task_type = 'outbox.noop'"
         ),
         Duration::from_secs(30),
     )

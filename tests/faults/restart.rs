@@ -90,9 +90,11 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
     // acknowledged to nobody (the session died right after COMMIT) is
     // reported as stale by the worker, though the row is right.
     let completed = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_tasks WHERE state = 'completed'")
-            .fetch_one(&pool)
-            .await
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
+        )
+        .fetch_one(&pool)
+        .await
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     let mut restarted = false;
@@ -126,7 +128,7 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let states: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state::text, count(*) FROM outbox_tasks GROUP BY 1")
+        sqlx::query_as("SELECT state::text, count(*) FROM outbox_all_tasks GROUP BY 1")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -192,7 +194,7 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
     on(&cluster, LocalPostgres::start_again).await;
     let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
     let processing: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -223,7 +225,7 @@ async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
     );
     wait_until(
         &pool,
-        &format!("SELECT count(*) = {N} FROM outbox_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {N} FROM outbox_all_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;
@@ -291,7 +293,7 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
     );
     wait_until(
         &pool,
-        "SELECT count(*) >= 10 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) >= 10 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(60),
     )
     .await;
@@ -305,7 +307,7 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
         .unwrap();
     wait_until(
         &pool,
-        &format!("SELECT count(*) = {N} FROM outbox_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {N} FROM outbox_all_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;

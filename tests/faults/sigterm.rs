@@ -43,7 +43,7 @@ async fn sigterm_finishes_what_it_can_releases_the_rest_and_exits_0() {
     assert_eq!(status.code(), Some(0), "clean exit:\n{}", worker.log());
 
     let states: Vec<(i64, String, i32, Option<String>, bool)> = sqlx::query_as(
-        "SELECT id, state::text, retry_count, claimed_by, execute_at <= now() FROM outbox_tasks ORDER BY id",
+        "SELECT id, state::text, retry_count, claimed_by, execute_at <= now() FROM outbox_all_tasks ORDER BY id",
     )
     .fetch_all(&db.pool)
     .await
@@ -110,7 +110,7 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
     )
     .await;
     let held: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
             .fetch_one(&db.pool)
             .await
             .unwrap();
@@ -125,12 +125,12 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
     // period ends (4 s); the running one is still held meanwhile.
     wait_until(
         &db.pool,
-        "SELECT count(*) = 29 FROM outbox_tasks WHERE state = 'pending' AND claimed_by IS NULL",
+        "SELECT count(*) = 29 FROM outbox_all_tasks WHERE state = 'pending' AND claimed_by IS NULL",
         Duration::from_secs(3),
     )
     .await;
     let (running_state, retries): (String, i32) =
-        sqlx::query_as("SELECT state::text, retry_count FROM outbox_tasks WHERE id = $1")
+        sqlx::query_as("SELECT state::text, retry_count FROM outbox_all_tasks WHERE id = $1")
             .bind(first_slow)
             .fetch_one(&db.pool)
             .await
@@ -141,7 +141,7 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
     );
     assert_eq!(retries, 0);
     let never_ran: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks t WHERE state = 'pending' AND retry_count = 0 \
+        "SELECT count(*) FROM outbox_all_tasks t WHERE state = 'pending' AND retry_count = 0 \
          AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)",
     )
     .fetch_one(&db.pool)
@@ -153,7 +153,7 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
     let status = worker.wait(Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(0), "clean exit:\n{}", worker.log());
     let pending: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks WHERE state = 'pending' AND claimed_by IS NULL",
+        "SELECT count(*) FROM outbox_all_tasks WHERE state = 'pending' AND claimed_by IS NULL",
     )
     .fetch_one(&db.pool)
     .await

@@ -73,7 +73,7 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
     loop {
         let (done, killed): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM outbox_tasks WHERE state = 'completed' OR dead_at IS NOT NULL), \
+            "SELECT (SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed' OR dead_at IS NOT NULL), \
                     (SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                       WHERE datname = current_database() AND application_name LIKE $1 \
                         AND pid <> pg_backend_pid()) t)",
@@ -97,7 +97,7 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
 
     let states = db.count_by_state().await;
     let dead: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE dead_at IS NOT NULL")
             .fetch_one(&db.pool)
             .await
             .unwrap();

@@ -42,7 +42,7 @@ async fn crash_at(point: &str) -> (i64, String, i32) {
         "the handler killed its worker: {status:?}"
     );
     let after_crash: String =
-        sqlx::query_scalar("SELECT state::text FROM outbox_tasks WHERE id = $1")
+        sqlx::query_scalar("SELECT state::text FROM outbox_all_tasks WHERE id = $1")
             .bind(id.0)
             .fetch_one(&db.pool)
             .await
@@ -53,7 +53,7 @@ async fn crash_at(point: &str) -> (i64, String, i32) {
     wait_until(
         &db.pool,
         &format!(
-            "SELECT state = 'completed' FROM outbox_tasks WHERE id = {}",
+            "SELECT state = 'completed' FROM outbox_all_tasks WHERE id = {}",
             id.0
         ),
         Duration::from_secs(30),

@@ -143,7 +143,7 @@ impl TestDb {
 
     /// Number of task rows.
     pub async fn task_count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks")
             .fetch_one(&self.pool)
             .await
             .expect("count tasks")
@@ -151,7 +151,7 @@ impl TestDb {
 
     /// Number of tasks in each state, as `(state, count)` sorted by state.
     pub async fn count_by_state(&self) -> Vec<(String, i64)> {
-        sqlx::query_as("SELECT state::text, count(*) FROM outbox_tasks GROUP BY 1 ORDER BY 1")
+        sqlx::query_as("SELECT state::text, count(*) FROM outbox_all_tasks GROUP BY 1 ORDER BY 1")
             .fetch_all(&self.pool)
             .await
             .expect("count tasks by state")

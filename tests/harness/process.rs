@@ -95,7 +95,7 @@ impl WorkerProcess {
         loop {
             let (done, busy): (i64, i64) = sqlx::query_as(
                 "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'processing') \
-                 FROM outbox_tasks",
+                 FROM outbox_all_tasks",
             )
             .fetch_one(pool)
             .await
@@ -113,7 +113,7 @@ impl WorkerProcess {
         self.signal("KILL");
         let status = self.wait(Duration::from_secs(10)).await;
         assert!(!status.success(), "killed, not exited: {status:?}");
-        sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE state = 'processing'")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
             .fetch_one(pool)
             .await
             .expect("count tasks in flight")

@@ -33,7 +33,7 @@ async fn the_cli_submits_and_runs_the_applications_own_task_type() {
     );
     wait_until(
         &db.pool,
-        "SELECT count(*) = 1 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 1 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;

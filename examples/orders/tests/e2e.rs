@@ -118,7 +118,7 @@ async fn every_order_event_arrives_exactly_once_after_dedup_even_across_a_worker
         WorkerProcess::spawn_with_env(WORKER, &db.url, WORKER_ARGS, &[("WEBHOOK_URL", &webhook)]);
     wait_until(
         &db.pool,
-        "SELECT count(*) = 40 FROM outbox_tasks WHERE state = 'completed'",
+        "SELECT count(*) = 40 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(60),
     )
     .await;

@@ -3,6 +3,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod classify;
+pub(crate) mod history;
 pub(crate) mod queues;
 pub(crate) mod session;
 pub(crate) mod throughput;

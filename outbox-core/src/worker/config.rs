@@ -64,8 +64,12 @@ pub struct WorkerConfig {
     /// How often the maintenance leader runs recovery, and how often the
     /// other workers try to take over the role.
     pub maintenance_interval: Duration,
-    /// How long COMPLETED tasks are kept before cleanup deletes them.
+    /// How long successful tasks are kept in the history before cleanup
+    /// drops them (a partition goes once its end is this old).
     pub retention: Duration,
+    /// How much time one partition of the history covers (daily by
+    /// default). The maintenance leader creates them two widths ahead.
+    pub history_partition: Duration,
     /// Delete successful tasks at once instead of keeping them as COMPLETED
     /// history (a retention of zero). Cheaper for the database; FAILED and
     /// dead rows are kept either way.
@@ -107,6 +111,7 @@ impl Default for WorkerConfig {
             maintenance: true,
             maintenance_interval: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
+            history_partition: Duration::from_secs(24 * 3600),
             delete_completed: false,
             cleanup_interval: Duration::from_secs(60),
             forget_workers_after: Duration::from_secs(3600),
@@ -156,6 +161,9 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
              or live tasks would be recovered while they run",
             config.heartbeat_timeout, config.heartbeat_interval
         ));
+    }
+    if let Err(e) = crate::maintenance::check_history_partition(config.history_partition) {
+        problems.push(format!("history_partition: {e}"));
     }
     for (name, value) in [
         ("heartbeat_timeout", config.heartbeat_timeout),

@@ -180,6 +180,13 @@ async fn maintain(
     }
     forget_gone_workers(shared).await?;
     if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
+        // Best effort, like the key hand-over below: partition DDL gives up
+        // on a lock it cannot get at once (a long reader of the history),
+        // and that must not hold recovery back. Until a partition exists,
+        // outcomes land in the default partition.
+        if let Err(error) = history(shared).await {
+            tracing::warn!(%error, "could not prepare or trim the task history this round");
+        }
         // A large backlog is worked off over several rounds, half an
         // interval each, so the lease keeps being renewed on time.
         let budget = (config.maintenance_interval / 2).min(shared.deadline / 2);
@@ -216,6 +223,30 @@ async fn maintain(
             }
             *last_cleanup = Some(Instant::now());
         }
+    }
+    Ok(())
+}
+
+/// Creates the history partitions ahead of time and drops those past the
+/// retention.
+async fn history(shared: &Shared) -> sqlx::Result<()> {
+    let config = &shared.config;
+    let width_us = delay_micros(config.history_partition).unwrap_or(i64::MAX);
+    let retention_us = delay_micros(config.retention).unwrap_or(i64::MAX);
+    let now = config.clock.now();
+    let created = call(&shared.engine, shared.deadline, "history", async |conn| {
+        db::history::prepare(conn, width_us.saturating_mul(2), width_us, now).await
+    })
+    .await?;
+    if created > 0 {
+        tracing::info!(created, "created partitions of the task history");
+    }
+    let dropped = call(&shared.engine, shared.deadline, "history", async |conn| {
+        db::history::drop_expired(conn, retention_us, now).await
+    })
+    .await?;
+    if !dropped.is_empty() {
+        tracing::info!(partitions = ?dropped, "dropped history partitions past the retention");
     }
     Ok(())
 }

@@ -1,29 +1,57 @@
 -- A handler completes its own task inside its own transaction (the
 -- transaction of the handler's database work). Fenced like the outcome
 -- writer: only while this attempt still holds the task (claims and claim
--- token), and not once an operator asked to cancel it. $1 id, $2 claims,
--- $3 claim token, $4 result (JSON text, or null).
-WITH done AS (
-    UPDATE outbox_tasks
+-- token), and not once an operator asked to cancel it. The task moves to
+-- the history, unless its uniqueness covers COMPLETED (it stays here,
+-- holding its key; see complete_tasks.sql). $1 id, $2 claims, $3 claim
+-- token, $4 result (JSON text, or null).
+WITH task AS (
+    SELECT id, coalesce(unique_states & 8, 0) = 0 AS archive
+    FROM outbox_tasks
+    WHERE id = $1
+      AND claims = $2
+      AND claimed_by = $3
+      AND cancel_requested_at IS NULL
+    FOR UPDATE
+),
+gone AS (
+    DELETE FROM outbox_tasks AS t
+    USING task
+    WHERE t.id = task.id AND task.archive
+    RETURNING t.*
+),
+archived AS (
+    INSERT INTO outbox_task_history (id, task_type, queue, payload, priority, retry_count,
+                                     max_attempts, claims, execute_at, created_at, attempted_at,
+                                     finished_at, last_error, result, unique_key, ordering_key,
+                                     key_seq)
+    SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
+           execute_at, created_at, attempted_at, now(), last_error, $4::jsonb, unique_key,
+           ordering_key, key_seq
+    FROM gone
+),
+kept AS (
+    UPDATE outbox_tasks AS t
     SET state = 'completed',
         finished_at = now(),
         claimed_by = NULL,
         heartbeat_at = NULL,
         result = $4::jsonb,
         updated_at = now()
-    WHERE id = $1
-      AND claims = $2
-      AND claimed_by = $3
-      AND cancel_requested_at IS NULL
-    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
+    FROM task
+    WHERE t.id = task.id AND NOT task.archive
+    RETURNING t.id, t.queue, t.ordering_key
 ),
 handed AS (
-    -- Tasks that let go of their ordering key hand it on (after every row
-    -- above is written: the aggregate reads them all first).
+    -- The task lets go of its ordering key and hands it on (after the row
+    -- above is written: the aggregate reads it first).
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM done
+    FROM (SELECT queue, ordering_key FROM gone
+          UNION ALL
+          SELECT queue, ordering_key FROM kept) AS k
     WHERE ordering_key IS NOT NULL
-      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
     HAVING count(*) > 0
 )
-SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0
+SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
+UNION ALL
+SELECT id FROM kept

@@ -1,35 +1,69 @@
 -- TX2 fast path: the usual outcome, success, for a batch of attempts, with
--- only ids and claims to send. Fenced like finish_tasks.sql.
+-- only ids and claims to send. Fenced like finish_tasks.sql. A successful
+-- task leaves outbox_tasks for the history (migration 10 says why); a task an operator asked to cancel ends dead instead, and one
+-- whose uniqueness covers COMPLETED stays here, completed, holding its key.
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
 -- override (tests).
-WITH done AS (
+WITH batch AS (
+    -- Locked first, so that what decides a row's fate is its latest version
+    -- (a cancel committed meanwhile is seen), and the DELETE and UPDATE
+    -- below split the batch between them exactly.
+    SELECT t.id,
+           t.cancel_requested_at IS NOT NULL AS cancelled,
+           coalesce(t.unique_states & 8, 0) <> 0 AS keeps_key
+    FROM outbox_tasks AS t
+    JOIN unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
+      ON t.id = o.id
+    WHERE t.claims = o.claims
+      -- The claim token is unique to the claim statement (only PROCESSING
+      -- rows have one: a CHECK constraint says so). Testing claimed_by rather
+      -- than state keeps the planner from walking outbox_tasks_processing_idx
+      -- and re-scanning the batch for every row.
+      AND t.claimed_by = o.token
+    FOR UPDATE OF t
+),
+gone AS (
+    DELETE FROM outbox_tasks AS t
+    USING batch
+    WHERE t.id = batch.id AND NOT batch.cancelled AND NOT batch.keeps_key
+    RETURNING t.*
+),
+archived AS (
+    INSERT INTO outbox_task_history (id, task_type, queue, payload, priority, retry_count,
+                                     max_attempts, claims, execute_at, created_at, attempted_at,
+                                     finished_at, last_error, result, unique_key, ordering_key,
+                                     key_seq)
+    SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
+           execute_at, created_at, attempted_at, coalesce($4::timestamptz, now()), last_error,
+           NULL, unique_key, ordering_key, key_seq
+    FROM gone
+),
+kept AS (
     UPDATE outbox_tasks AS t
-    SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'completed' END::outbox_task_state,
+    SET state = CASE WHEN batch.cancelled THEN 'failed' ELSE 'completed' END::outbox_task_state,
         -- An operator asked to cancel it: it ends dead, whatever it returned.
-        dead_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN coalesce($4::timestamptz, now()) END,
-        last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
-                          ELSE t.last_error END,
+        dead_at = CASE WHEN batch.cancelled THEN coalesce($4::timestamptz, now()) END,
+        last_error = CASE WHEN batch.cancelled THEN 'cancelled by an operator' ELSE t.last_error END,
         finished_at = coalesce($4::timestamptz, now()),
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($4::timestamptz, now())
-    FROM unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
-    WHERE t.id = o.id
-      AND t.claims = o.claims
-      -- The claim token is unique to the claim statement (only PROCESSING rows
-      -- have one: a CHECK constraint says so). Testing claimed_by rather than
-      -- state keeps the planner from walking outbox_tasks_processing_idx and
-      -- re-scanning the batch for every row.
-      AND t.claimed_by = o.token
+    FROM batch
+    WHERE t.id = batch.id AND (batch.cancelled OR batch.keeps_key)
     RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
-    -- above is written: the aggregate reads them all first).
+    -- above is written: the aggregate reads them all first). A task gone to
+    -- the history has let go of it.
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM done
+    FROM (SELECT queue, ordering_key FROM gone
+          UNION ALL
+          SELECT queue, ordering_key FROM kept
+          WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
     WHERE ordering_key IS NOT NULL
-      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
     HAVING count(*) > 0
 )
-SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0
+SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
+UNION ALL
+SELECT id FROM kept

@@ -3,6 +3,6 @@
 SELECT task_type,
        CASE WHEN dead_at IS NOT NULL THEN 'dead' ELSE state::text END AS state,
        count(*) AS count
-FROM outbox_tasks
+FROM outbox_all_tasks
 GROUP BY 1, 2
 ORDER BY 1, 2

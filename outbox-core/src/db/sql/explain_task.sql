@@ -4,7 +4,7 @@
 -- live workers serving the queue, and how many due tasks are ahead of it
 -- in its queue (counted up to 10,000). $1 task id.
 WITH t AS (
-    SELECT id, queue, ordering_key, priority, execute_at, skip_dead FROM outbox_tasks WHERE id = $1
+    SELECT id, queue, ordering_key, priority, execute_at, skip_dead FROM outbox_all_tasks WHERE id = $1
 )
 SELECT
     t.skip_dead,

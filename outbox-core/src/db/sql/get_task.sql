@@ -4,5 +4,5 @@ SELECT id, task_type, queue,
        finished_at, dead_at, claimed_by, heartbeat_at, last_error, unique_key,
        ordering_key, key_seq, blocked, attempted_at, result::text AS result,
        payload::text AS payload
-FROM outbox_tasks
+FROM outbox_all_tasks
 WHERE id = $1

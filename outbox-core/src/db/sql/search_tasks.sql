@@ -13,7 +13,7 @@ SELECT id, task_type, queue,
        ordering_key, key_seq, blocked, attempted_at,
        CASE WHEN NOT $8 THEN result::text END AS result,
        CASE WHEN $8 THEN 'null' ELSE payload::text END AS payload
-FROM outbox_tasks
+FROM outbox_all_tasks
 WHERE ($1::text IS NULL
        OR ($1 = 'dead' AND dead_at IS NOT NULL)
        OR ($1 <> 'dead' AND state::text = $1 AND dead_at IS NULL))
