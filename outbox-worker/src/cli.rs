@@ -148,6 +148,11 @@ struct RunArgs {
     /// to 3650d).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
+    /// The maintenance leader vacuums the task table once it holds more dead
+    /// row versions than this (and than a tenth of its live rows), rather
+    /// than wait for autovacuum; 0 leaves it to autovacuum (0 to 1000000000).
+    #[arg(long, env = "OUTBOX_VACUUM_THRESHOLD", default_value_t = 10_000, value_parser = flags::count_u64(0, 1_000_000_000))]
+    vacuum_threshold: u64,
     /// How much time one partition of the history covers; the maintenance
     /// leader creates them two ahead (1m to 366d).
     #[arg(long, env = "OUTBOX_HISTORY_PARTITION", default_value = "1d", value_parser = flags::duration(MINUTE, 366 * DAY))]
@@ -348,6 +353,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
         history_partition: args.history_partition,
+        vacuum_threshold: args.vacuum_threshold,
         delete_completed: args.retention.is_zero(),
         forget_workers_after: args.forget_workers_after,
         snapshot_age_warning: args.warn_snapshot_age,

@@ -257,6 +257,14 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--flush-timeout", "2h"], "out of range"),
         (&["run", "--retention", "99999years"], "out of range"),
         (
+            &["run", "--history-partition", "30s"],
+            "out of range: use 1m to 366d",
+        ),
+        (
+            &["run", "--vacuum-threshold", "1000000001"],
+            "1000000001 is not in 0..=1000000000",
+        ),
+        (
             &["run", "--claim-ahead", "100001"],
             "100001 is not in 0..=100000",
         ),

@@ -17,3 +17,4 @@ mod testing_helpers;
 mod timeouts;
 mod txcomplete;
 mod unique;
+mod vacuum;

@@ -187,3 +187,31 @@ pub(crate) async fn overview(pool: &PgPool) -> sqlx::Result<Overview> {
         completed_estimate,
     })
 }
+
+/// The task table's dead and live row estimates, and whether this role may
+/// vacuum it.
+pub(crate) async fn vacuum_due(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, bool)> {
+    sqlx::query_as(include_str!("sql/vacuum_due.sql"))
+        .fetch_one(conn)
+        .await
+}
+
+/// Vacuums the task table under a statement timeout of `timeout`, then puts
+/// the session's own timeout (`restore`) back, whatever the vacuum did.
+pub(crate) async fn vacuum_tasks(
+    conn: &mut PgConnection,
+    timeout: std::time::Duration,
+    restore: std::time::Duration,
+) -> sqlx::Result<()> {
+    let set = |d: std::time::Duration| format!("SET statement_timeout = {}", d.as_millis().max(1));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(set(timeout)))
+        .execute(&mut *conn)
+        .await?;
+    let vacuumed = sqlx::raw_sql(include_str!("sql/vacuum_tasks.sql"))
+        .execute(&mut *conn)
+        .await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(set(restore)))
+        .execute(&mut *conn)
+        .await?;
+    vacuumed.map(|_| ())
+}

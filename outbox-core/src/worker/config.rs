@@ -74,6 +74,12 @@ pub struct WorkerConfig {
     /// history (a retention of zero). Cheaper for the database; FAILED and
     /// dead rows are kept either way.
     pub delete_completed: bool,
+    /// The maintenance leader vacuums `outbox_tasks` when it holds more dead
+    /// row versions than this (and than a tenth of its live rows): each
+    /// claim leaves one in the claim index's path until a vacuum removes it,
+    /// and autovacuum comes by once a minute at most. 0 leaves it to
+    /// autovacuum.
+    pub vacuum_threshold: u64,
     /// How often the leader runs cleanup.
     pub cleanup_interval: Duration,
     /// How long after a worker stopped reporting itself (killed, or its
@@ -113,6 +119,7 @@ impl Default for WorkerConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             history_partition: Duration::from_secs(24 * 3600),
             delete_completed: false,
+            vacuum_threshold: 10_000,
             cleanup_interval: Duration::from_secs(60),
             forget_workers_after: Duration::from_secs(3600),
             snapshot_age_warning: Duration::from_secs(300),

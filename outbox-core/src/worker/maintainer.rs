@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::outage::Outage;
 use super::table_watch::TableWatch;
+use super::vacuumer::Vacuumer;
 use crate::db::{self, session::call};
 use crate::maintenance::{DEFAULT_BATCH, cleanup_completed_us, recover_stuck_as};
 use crate::options::delay_micros;
@@ -50,6 +51,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut declared = false;
     let mut last_cleanup: Option<Instant> = None;
     let mut watch = TableWatch::default();
+    let mut vacuumer = Vacuumer::default();
     let settle = shared.config.heartbeat_interval * 2;
     // Since when this worker has reached the database without a failure.
     let mut reachable_since = Some(Instant::now());
@@ -82,6 +84,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     }
                     enqueue_periodic(&shared, &holder).await?;
                     watch.check(&shared).await;
+                    vacuumer.check(&shared).await;
                     maintain(&shared, &holder, recover, &mut last_cleanup).await
                 };
                 match tokio::select! { r = work => r, () = stop.cancelled() => break } {

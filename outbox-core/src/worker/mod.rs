@@ -39,6 +39,7 @@ pub(crate) mod registry;
 mod shutdown;
 mod table_watch;
 mod throughput;
+mod vacuumer;
 mod wake;
 
 use std::sync::Arc;
@@ -261,9 +262,9 @@ impl Worker {
             keepalive: self.config.keepalive,
         };
         // A claim in flight per queue, the outcome lanes, the heartbeat, the
-        // maintainer, the throughput counts, the worker's row, and one to
-        // spare for releases.
-        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 5;
+        // maintainer and its vacuum, the throughput counts, the worker's
+        // row, and one to spare for releases.
+        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 6;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
         let listen_options = engine.options().clone();
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));

@@ -635,8 +635,9 @@ impl Bench {
     /// Runs a worker until `count` outcomes are committed.
     async fn drain_count(&self, delete: bool, count: usize) -> Result<Drain, Failure> {
         let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16) as u32).await?;
+        // Maintenance on, as in a worker of `run`: its leader vacuums the
+        // task table as a drain goes.
         let config = WorkerConfig {
-            maintenance: false,
             delete_completed: delete,
             claim_ahead: self.args.claim_ahead,
             ..WorkerConfig::default()
