@@ -13,7 +13,6 @@ FROM outbox_task_history;
 ALTER TABLE outbox_tasks ENABLE TRIGGER outbox_key_insert;
 DROP VIEW outbox_all_tasks;
 DROP FUNCTION outbox_history_drop(timestamptz);
-DROP FUNCTION outbox_history_prepare(timestamptz, timestamptz, interval);
 DROP FUNCTION outbox_history_cover(timestamptz, interval);
 DROP FUNCTION outbox_history_partitions();
 DROP TABLE outbox_task_history;

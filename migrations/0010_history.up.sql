@@ -47,11 +47,17 @@ CREATE TABLE outbox_task_history_default PARTITION OF outbox_task_history DEFAUL
 CREATE INDEX outbox_task_history_default_finished_idx
     ON outbox_task_history_default (finished_at);
 
+-- The functions below read partition bounds back from their text
+-- (pg_get_expr), which follows the session's DateStyle and TimeZone; they
+-- pin both, so that a bound reads back as the instant it was written.
+
 -- The history's partitions with their bounds, read from the catalog (the
 -- default partition has none and is left out).
 CREATE FUNCTION outbox_history_partitions()
 RETURNS TABLE (schema_name text, table_name text, lower_bound timestamptz, upper_bound timestamptz)
 LANGUAGE sql STABLE
+SET TimeZone = 'UTC'
+SET DateStyle = 'ISO, YMD'
 AS $$
     SELECT n.nspname::text, c.relname::text, b[1]::timestamptz, b[2]::timestamptz
     FROM pg_inherits AS i
@@ -71,12 +77,19 @@ $$;
 --
 -- The new table is created on its own and then attached: CREATE TABLE ...
 -- PARTITION OF would lock the whole history (ACCESS EXCLUSIVE, blocking
--- every outcome), ATTACH takes SHARE UPDATE EXCLUSIVE, which outcomes do
--- not wait for. lock_timeout keeps the DDL from queueing behind a long
--- reader and holding outcomes up meanwhile; maintenance tries again next
--- round.
+-- every outcome); ATTACH takes SHARE UPDATE EXCLUSIVE on it, which outcomes
+-- do not wait for, and ACCESS EXCLUSIVE on the default partition, which
+-- only outcomes landing there and readers of the history wait for. The
+-- default partition is locked against inserts before its rows move, or an
+-- outcome landing there meanwhile would make the ATTACH fail. A short
+-- lock_timeout keeps the DDL from queueing behind a long reader and holding
+-- others up meanwhile; maintenance tries again next round. Run it as the
+-- owner of outbox_task_history (the role that migrated).
 CREATE FUNCTION outbox_history_cover(t timestamptz, width interval) RETURNS boolean
 LANGUAGE plpgsql
+SET TimeZone = 'UTC'
+SET DateStyle = 'ISO, YMD'
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     w double precision := extract(epoch FROM width);
@@ -86,18 +99,15 @@ DECLARE
     above timestamptz;
     schema_name text;
     part text;
-    old_timeout text := current_setting('lock_timeout');
 BEGIN
     IF w IS NULL OR w < 60 THEN
         RAISE EXCEPTION 'history partitions must be at least a minute wide, not %', width
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- One creator at a time (an arbitrary constant names the lock).
+    -- One creator or dropper at a time (an arbitrary constant names the lock).
     PERFORM pg_advisory_xact_lock(7310582910364481891);
-    PERFORM set_config('lock_timeout', '2s', true);
     IF EXISTS (SELECT 1 FROM outbox_history_partitions() AS p
                WHERE p.lower_bound <= t AND t < p.upper_bound) THEN
-        PERFORM set_config('lock_timeout', old_timeout, true);
         RETURN false;
     END IF;
     lo := to_timestamp(floor(extract(epoch FROM t) / w) * w);
@@ -109,13 +119,15 @@ BEGIN
     SELECT n.nspname INTO schema_name
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
     WHERE c.oid = 'outbox_task_history'::regclass;
-    part := 'outbox_task_history_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS');
+    part := 'outbox_task_history_' || to_char(lo, 'YYYYMMDD"_"HH24MISS');
     EXECUTE format('CREATE TABLE %I.%I (LIKE %I.outbox_task_history INCLUDING DEFAULTS)',
                    schema_name, part, schema_name);
     -- A constraint that proves the range lets ATTACH skip scanning the new
     -- table; it is dropped once attached.
     EXECUTE format('ALTER TABLE %I.%I ADD CONSTRAINT %I CHECK (finished_at >= %L AND finished_at < %L)',
                    schema_name, part, part || '_range', lo, hi);
+    EXECUTE format('LOCK TABLE %I.outbox_task_history_default IN SHARE ROW EXCLUSIVE MODE',
+                   schema_name);
     EXECUTE format('WITH moved AS (DELETE FROM %I.outbox_task_history_default
                                    WHERE finished_at >= $1 AND finished_at < $2 RETURNING *)
                     INSERT INTO %I.%I SELECT * FROM moved',
@@ -123,51 +135,35 @@ BEGIN
     EXECUTE format('ALTER TABLE %I.outbox_task_history ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
                    schema_name, schema_name, part, lo, hi);
     EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I', schema_name, part, part || '_range');
-    PERFORM set_config('lock_timeout', old_timeout, true);
     RETURN true;
 END
 $$;
 
--- Partitions from the one covering `from_t` up to the one covering
--- `until_t`, each `width` wide; returns how many it created.
-CREATE FUNCTION outbox_history_prepare(from_t timestamptz, until_t timestamptz, width interval)
-RETURNS integer
+-- Retention: drops the oldest partition that ends at or before `before`
+-- (all its tasks finished before then), whole, without deleting a row;
+-- returns its name, or null when none is left. One per call, so that each
+-- drop is its own transaction. DROP TABLE of a partition takes ACCESS
+-- EXCLUSIVE on the history for a moment: outcomes moving tasks there wait
+-- for it, and it waits for whoever reads the history (a long `tasks list`,
+-- pg_dump): the short lock_timeout bounds that wait, and maintenance tries
+-- again next round. Run it as the owner of outbox_task_history.
+CREATE FUNCTION outbox_history_drop(before timestamptz) RETURNS text
 LANGUAGE plpgsql
-AS $$
-DECLARE
-    t timestamptz := from_t;
-    created integer := 0;
-BEGIN
-    WHILE t <= until_t LOOP
-        IF outbox_history_cover(t, width) THEN
-            created := created + 1;
-        END IF;
-        t := t + width;
-    END LOOP;
-    RETURN created;
-END
-$$;
-
--- Retention: drops every partition that ends at or before `before` (all
--- its tasks finished before then), whole, without deleting a row. Returns
--- the names dropped. DROP TABLE of a partition locks the history for a
--- moment (ACCESS EXCLUSIVE); lock_timeout bounds how long outcomes can wait
--- behind it if a long reader holds the table.
-CREATE FUNCTION outbox_history_drop(before timestamptz) RETURNS SETOF text
-LANGUAGE plpgsql
+SET TimeZone = 'UTC'
+SET DateStyle = 'ISO, YMD'
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     p record;
-    old_timeout text := current_setting('lock_timeout');
 BEGIN
     PERFORM pg_advisory_xact_lock(7310582910364481891);
-    PERFORM set_config('lock_timeout', '2s', true);
-    FOR p IN SELECT * FROM outbox_history_partitions() AS h
-             WHERE h.upper_bound <= before ORDER BY h.lower_bound LOOP
-        EXECUTE format('DROP TABLE %I.%I', p.schema_name, p.table_name);
-        RETURN NEXT p.table_name;
-    END LOOP;
-    PERFORM set_config('lock_timeout', old_timeout, true);
+    SELECT * INTO p FROM outbox_history_partitions() AS h
+    WHERE h.upper_bound <= before ORDER BY h.lower_bound LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('DROP TABLE %I.%I', p.schema_name, p.table_name);
+    RETURN p.table_name;
 END
 $$;
 
@@ -189,11 +185,13 @@ FROM outbox_task_history;
 
 -- Existing completed tasks move to the history (every row kept): first
 -- the daily partitions they need, and today's and the next two days'.
-SELECT outbox_history_cover(day, interval '1 day')
-FROM (SELECT DISTINCT date_trunc('day', coalesce(finished_at, updated_at) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS day
+SELECT outbox_history_cover(t, interval '1 day')
+FROM (SELECT DISTINCT date_trunc('day', coalesce(finished_at, updated_at) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS t
       FROM outbox_tasks
-      WHERE state = 'completed' AND coalesce(unique_states & 8, 0) = 0) AS days;
-SELECT outbox_history_prepare(now(), now() + interval '2 days', interval '1 day');
+      WHERE state = 'completed' AND coalesce(unique_states & 8, 0) = 0
+      UNION
+      SELECT now() + d * interval '1 day' FROM generate_series(0, 2) AS d) AS days
+ORDER BY t;
 
 WITH moved AS (
     DELETE FROM outbox_tasks

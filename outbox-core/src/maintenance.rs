@@ -91,7 +91,7 @@ pub async fn cleanup_completed(
     clock: &Clock,
 ) -> Result<CleanupReport> {
     let retention_us = delay_micros(retention)?;
-    let dropped = db::history::drop_expired(conn, retention_us, clock.now()).await?;
+    let dropped = db::history::drop_expired(conn, retention_us, usize::MAX, clock.now()).await?;
     let (mut report, _) = cleanup_completed_us(conn, retention_us, batch, clock, None).await?;
     report.partitions_dropped = dropped;
     Ok(report)
@@ -148,7 +148,7 @@ pub async fn prepare_history(
     let width_us = delay_micros(width)?;
     let created =
         db::history::prepare(conn, width_us.saturating_mul(2), width_us, clock.now()).await?;
-    Ok(u64::try_from(created).unwrap_or(0))
+    Ok(created)
 }
 
 /// The narrowest history partition: one a minute.

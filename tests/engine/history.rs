@@ -388,3 +388,64 @@ async fn an_upgrade_from_the_single_table_schema_keeps_every_row() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_partition_made_while_outcomes_land_in_the_default_partition_takes_them_all_over() {
+    const TASKS: usize = 3_000;
+    let db = TestDb::migrated().await;
+    let later = Utc::now() + Days::days(550);
+    outbox::submit_batch(
+        &mut *db.conn().await,
+        (0..TASKS as i64).map(|n| Plain { n }),
+    )
+    .await
+    .unwrap();
+    let mut running = RunningWorker::start(worker(
+        &db,
+        WorkerConfig {
+            maintenance: false,
+            clock: Clock::fixed(later),
+            ..WorkerConfig::default()
+        },
+    ));
+    // Outcomes are landing in the default partition: make the partition
+    // for their time now, while more keep coming.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT count(*) >= 200 FROM outbox_task_history_default",
+        Duration::from_secs(20),
+    )
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut refused = Vec::new();
+    let created = loop {
+        // A lock not granted within 100 ms is refused; the leader would try
+        // again next round.
+        match outbox::maintenance::prepare_history(
+            &mut conn,
+            Duration::from_secs(3600),
+            &Clock::fixed(later),
+        )
+        .await
+        {
+            Ok(n) => break n,
+            Err(e) if refused.len() < 50 => refused.push(e.to_string()),
+            Err(e) => panic!("never made: {e}; before: {refused:?}"),
+        }
+    };
+    assert_eq!(created, 3, "{refused:?}");
+    running
+        .wait_for(TaskEventKind::Completed, TASKS, Duration::from_secs(60))
+        .await;
+    running.stop().await;
+    assert_eq!(
+        scalar(&db, "SELECT count(*) FROM outbox_task_history_default").await,
+        0,
+        "every row moved, and none landed there after"
+    );
+    assert_eq!(
+        db.count_by_state().await,
+        vec![("completed".to_owned(), TASKS as i64)],
+        "no outcome was refused"
+    );
+}

@@ -198,6 +198,9 @@ pub(crate) async fn vacuum_due(conn: &mut PgConnection) -> sqlx::Result<(i64, i6
 
 /// Vacuums the task table under a statement timeout of `timeout`, then puts
 /// the session's own timeout (`restore`) back, whatever the vacuum did.
+/// While it runs the server checks every second that the client is still
+/// there (PostgreSQL 14 and later; older servers refuse the setting, and
+/// the timeout alone bounds a vacuum whose worker went away).
 pub(crate) async fn vacuum_tasks(
     conn: &mut PgConnection,
     timeout: std::time::Duration,
@@ -207,9 +210,18 @@ pub(crate) async fn vacuum_tasks(
     sqlx::raw_sql(sqlx::AssertSqlSafe(set(timeout)))
         .execute(&mut *conn)
         .await?;
+    let checked = sqlx::raw_sql("SET client_connection_check_interval = 1000")
+        .execute(&mut *conn)
+        .await
+        .is_ok();
     let vacuumed = sqlx::raw_sql(include_str!("sql/vacuum_tasks.sql"))
         .execute(&mut *conn)
         .await;
+    if checked {
+        sqlx::raw_sql("SET client_connection_check_interval = 0")
+            .execute(&mut *conn)
+            .await?;
+    }
     sqlx::raw_sql(sqlx::AssertSqlSafe(set(restore)))
         .execute(&mut *conn)
         .await?;

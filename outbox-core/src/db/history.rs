@@ -5,33 +5,66 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 /// Creates the partitions that cover `now` through `ahead_us` later, each
-/// `width_us` wide; returns how many were created.
+/// `width_us` wide, one statement (and transaction) each, the furthest
+/// first; returns how many were created. A partition that cannot be made
+/// now (a lock not granted at once) does not stop the others: the first
+/// such error is returned after trying them all.
 pub(crate) async fn prepare(
     conn: &mut PgConnection,
     ahead_us: i64,
     width_us: i64,
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<i32> {
-    sqlx::query_scalar(include_str!("sql/prepare_history.sql"))
+) -> sqlx::Result<u64> {
+    let times: Vec<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/prepare_history.sql"))
         .bind(ahead_us)
         .bind(width_us)
         .bind(now)
-        .fetch_one(conn)
-        .await
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut created = 0;
+    let mut failed = None;
+    for t in times {
+        let made: sqlx::Result<bool> = sqlx::query_scalar(include_str!("sql/cover_history.sql"))
+            .bind(t)
+            .bind(width_us)
+            .fetch_one(&mut *conn)
+            .await;
+        match made {
+            Ok(true) => created += 1,
+            Ok(false) => {}
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(created),
+    }
 }
 
-/// Drops every partition whose tasks all finished over `retention_us` ago;
-/// returns their names.
+/// Drops every partition whose tasks all finished over `retention_us` ago,
+/// one statement (and transaction) each, at most `limit`; returns their
+/// names.
 pub(crate) async fn drop_expired(
     conn: &mut PgConnection,
     retention_us: i64,
+    limit: usize,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(include_str!("sql/drop_history.sql"))
-        .bind(retention_us)
-        .bind(now)
-        .fetch_all(conn)
-        .await
+    let mut dropped = Vec::new();
+    while dropped.len() < limit {
+        let name: Option<String> = sqlx::query_scalar(include_str!("sql/drop_history.sql"))
+            .bind(retention_us)
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await?;
+        match name {
+            Some(name) => dropped.push(name),
+            None => break,
+        }
+    }
+    Ok(dropped)
 }
 
 /// Deletes one batch of expired rows from the default partition; returns

@@ -230,6 +230,10 @@ async fn maintain(
     Ok(())
 }
 
+/// History partitions a maintenance round drops at most (each in a moment;
+/// more wait for the next round, a minute later).
+const DROPS_PER_ROUND: usize = 10;
+
 /// Creates the history partitions ahead of time and drops those past the
 /// retention.
 async fn history(shared: &Shared) -> sqlx::Result<()> {
@@ -245,7 +249,7 @@ async fn history(shared: &Shared) -> sqlx::Result<()> {
         tracing::info!(created, "created partitions of the task history");
     }
     let dropped = call(&shared.engine, shared.deadline, "history", async |conn| {
-        db::history::drop_expired(conn, retention_us, now).await
+        db::history::drop_expired(conn, retention_us, DROPS_PER_ROUND, now).await
     })
     .await?;
     if !dropped.is_empty() {

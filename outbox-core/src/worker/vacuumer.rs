@@ -11,10 +11,14 @@
 //! statistics show more dead versions than [`WorkerConfig::vacuum_threshold`]
 //! (and than a tenth of the live rows, so that a vacuum never costs more
 //! than the claims it saves), one at a time, beside its maintenance round.
+//! Dead versions a vacuum could not remove (an old snapshot still sees
+//! them) do not count towards the next one, or the leader would vacuum in
+//! vain every round while a long transaction lasts.
 //!
 //! [`WorkerConfig::vacuum_threshold`]: crate::WorkerConfig::vacuum_threshold
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -23,13 +27,16 @@ use super::Shared;
 use crate::db::session::{CLIENT_MARGIN, call};
 
 /// The most a vacuum may take; a table that needs longer is left to
-/// autovacuum.
-const VACUUM_TIMEOUT: Duration = Duration::from_secs(300);
+/// autovacuum. (It holds SHARE UPDATE EXCLUSIVE on the table meanwhile,
+/// which a deploy's `ALTER TABLE` would wait for.)
+const VACUUM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One vacuum at a time, in the background of the maintainer.
 #[derive(Default)]
 pub(super) struct Vacuumer {
     running: Option<JoinHandle<()>>,
+    /// Dead versions the last vacuum left behind.
+    left: Arc<AtomicU64>,
 }
 
 impl Vacuumer {
@@ -53,10 +60,12 @@ impl Vacuumer {
         };
         let dead = u64::try_from(dead).unwrap_or(0);
         let live = u64::try_from(live).unwrap_or(0);
-        if !may || dead < threshold.max(live / 10) {
+        let left = self.left.load(Ordering::Relaxed);
+        if !may || dead < threshold.max(live / 10).saturating_add(left) {
             return;
         }
         let shared = Arc::clone(shared);
+        let left = Arc::clone(&self.left);
         self.running = Some(tokio::spawn(async move {
             let timeout = shared.config.statement_timeout;
             let started = std::time::Instant::now();
@@ -64,16 +73,23 @@ impl Vacuumer {
                 &shared.engine,
                 VACUUM_TIMEOUT + CLIENT_MARGIN,
                 "vacuum",
-                async |conn| crate::db::admin::vacuum_tasks(conn, VACUUM_TIMEOUT, timeout).await,
+                async |conn| {
+                    crate::db::admin::vacuum_tasks(conn, VACUUM_TIMEOUT, timeout).await?;
+                    crate::db::admin::vacuum_due(conn).await
+                },
             )
             .await;
             match done {
-                Ok(()) => tracing::debug!(
-                    dead,
-                    live,
-                    elapsed = ?started.elapsed(),
-                    "vacuumed the task table"
-                ),
+                Ok((remaining, _, _)) => {
+                    left.store(u64::try_from(remaining).unwrap_or(0), Ordering::Relaxed);
+                    tracing::debug!(
+                        dead,
+                        live,
+                        remaining,
+                        elapsed = ?started.elapsed(),
+                        "vacuumed the task table"
+                    );
+                }
                 Err(error) => {
                     tracing::info!(%error, dead, "could not vacuum the task table; autovacuum will");
                 }
@@ -84,8 +100,10 @@ impl Vacuumer {
 
 impl Drop for Vacuumer {
     fn drop(&mut self) {
-        // The maintainer is stopping: so does its vacuum (the server ends
-        // it when the connection goes).
+        // The maintainer is stopping: so does its vacuum. The server ends
+        // the statement within a second of its connection closing where it
+        // checks (client_connection_check_interval, PostgreSQL 14 and
+        // later), and at its statement timeout otherwise.
         if let Some(running) = self.running.take() {
             running.abort();
         }

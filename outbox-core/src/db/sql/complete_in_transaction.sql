@@ -3,7 +3,7 @@
 -- writer: only while this attempt still holds the task (claims and claim
 -- token), and not once an operator asked to cancel it. The task moves to
 -- the history, unless its uniqueness covers COMPLETED (it stays here,
--- holding its key; see complete_tasks.sql). $1 id, $2 claims, $3 claim
+-- holding its unique key; see complete_tasks.sql). $1 id, $2 claims, $3 claim
 -- token, $4 result (JSON text, or null).
 WITH task AS (
     SELECT id, coalesce(unique_states & 8, 0) = 0 AS archive

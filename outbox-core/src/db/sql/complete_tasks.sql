@@ -1,7 +1,7 @@
 -- TX2 fast path: the usual outcome, success, for a batch of attempts, with
 -- only ids and claims to send. Fenced like finish_tasks.sql. A successful
 -- task leaves outbox_tasks for the history (migration 10 says why); a task an operator asked to cancel ends dead instead, and one
--- whose uniqueness covers COMPLETED stays here, completed, holding its key.
+-- whose uniqueness covers COMPLETED stays here, completed, holding its unique key.
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
 -- override (tests).
 WITH batch AS (
@@ -10,7 +10,7 @@ WITH batch AS (
     -- below split the batch between them exactly.
     SELECT t.id,
            t.cancel_requested_at IS NOT NULL AS cancelled,
-           coalesce(t.unique_states & 8, 0) <> 0 AS keeps_key
+           coalesce(t.unique_states & 8, 0) <> 0 AS covers_completed
     FROM outbox_tasks AS t
     JOIN unnest($1::bigint[], $2::int[], $3::text[]) AS o(id, claims, token)
       ON t.id = o.id
@@ -25,7 +25,7 @@ WITH batch AS (
 gone AS (
     DELETE FROM outbox_tasks AS t
     USING batch
-    WHERE t.id = batch.id AND NOT batch.cancelled AND NOT batch.keeps_key
+    WHERE t.id = batch.id AND NOT batch.cancelled AND NOT batch.covers_completed
     RETURNING t.*
 ),
 archived AS (
@@ -49,7 +49,7 @@ kept AS (
         heartbeat_at = NULL,
         updated_at = coalesce($4::timestamptz, now())
     FROM batch
-    WHERE t.id = batch.id AND (batch.cancelled OR batch.keeps_key)
+    WHERE t.id = batch.id AND (batch.cancelled OR batch.covers_completed)
     RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
 ),
 handed AS (

@@ -5,7 +5,7 @@
 -- and the stale outcome changes nothing. A task an operator asked to cancel
 -- (cancel_requested_at) ends dead whatever the outcome says. A successful
 -- task moves to the history with its result, unless its uniqueness covers
--- COMPLETED (it stays here, holding its key; see complete_tasks.sql).
+-- COMPLETED (it stays here, holding its unique key; see complete_tasks.sql).
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 new state
 -- text[] ('completed', 'failed' or 'pending'), $5 add to retry_count int[],
 -- $6 delay before the next attempt in microseconds bigint[], $7 dead

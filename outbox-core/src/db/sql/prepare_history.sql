@@ -1,6 +1,10 @@
--- Makes sure partitions of the history cover the time from now ($3 clock
--- override) through $1 microseconds ahead, each $2 microseconds wide
--- (outbox_history_prepare, migration 10); returns how many it created.
-SELECT outbox_history_prepare(coalesce($3::timestamptz, now()),
-                              coalesce($3::timestamptz, now()) + $1 * interval '1 microsecond',
-                              $2 * interval '1 microsecond')
+-- The times the history's partitions must cover: now ($3 clock override)
+-- and every $2 microseconds (a partition's width) up to $1 microseconds
+-- ahead, furthest first: a partition ahead has no rows to take over from
+-- the default partition, so it can always be made, even when the current
+-- one cannot be yet.
+SELECT t
+FROM generate_series(coalesce($3::timestamptz, now()),
+                     coalesce($3::timestamptz, now()) + $1 * interval '1 microsecond',
+                     $2 * interval '1 microsecond') AS t
+ORDER BY t DESC
