@@ -145,10 +145,16 @@ pub async fn prepare_history(
     clock: &Clock,
 ) -> Result<u64> {
     check_history_partition(width)?;
-    let width_us = delay_micros(width)?;
-    let created =
-        db::history::prepare(conn, width_us.saturating_mul(2), width_us, clock.now()).await?;
-    Ok(created)
+    Ok(prepare_history_us(conn, delay_micros(width)?, clock.now()).await?)
+}
+
+/// [`prepare_history`] with the width in microseconds (already checked).
+pub(crate) async fn prepare_history_us(
+    conn: &mut PgConnection,
+    width_us: i64,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> sqlx::Result<u64> {
+    db::history::prepare(conn, width_us.saturating_mul(2), width_us, now).await
 }
 
 /// The narrowest history partition: one a minute.

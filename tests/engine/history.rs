@@ -61,6 +61,19 @@ fn worker(db: &TestDb, config: WorkerConfig) -> Worker {
         .unwrap()
 }
 
+/// A worker whose clock stands at `at`, with no maintenance to make
+/// partitions for it: its tasks finish where no partition exists.
+fn worker_at(db: &TestDb, at: chrono::DateTime<Utc>) -> Worker {
+    worker(
+        db,
+        WorkerConfig {
+            maintenance: false,
+            clock: Clock::fixed(at),
+            ..WorkerConfig::default()
+        },
+    )
+}
+
 #[tokio::test]
 async fn a_successful_task_moves_to_the_history_and_every_view_still_sees_it() {
     let db = TestDb::migrated().await;
@@ -213,14 +226,7 @@ async fn tasks_finished_where_no_partition_exists_wait_in_the_default_partition_
     let ids = outbox::submit_batch(&mut *db.conn().await, (0..5).map(|n| Plain { n }))
         .await
         .unwrap();
-    let mut running = RunningWorker::start(worker(
-        &db,
-        WorkerConfig {
-            maintenance: false,
-            clock: Clock::fixed(later),
-            ..WorkerConfig::default()
-        },
-    ));
+    let mut running = RunningWorker::start(worker_at(&db, later));
     running
         .wait_for(TaskEventKind::Completed, 5, Duration::from_secs(20))
         .await;
@@ -400,14 +406,7 @@ async fn a_partition_made_while_outcomes_land_in_the_default_partition_takes_the
     )
     .await
     .unwrap();
-    let mut running = RunningWorker::start(worker(
-        &db,
-        WorkerConfig {
-            maintenance: false,
-            clock: Clock::fixed(later),
-            ..WorkerConfig::default()
-        },
-    ));
+    let mut running = RunningWorker::start(worker_at(&db, later));
     // Outcomes are landing in the default partition: make the partition
     // for their time now, while more keep coming.
     outbox_tests::process::wait_until(

@@ -242,7 +242,7 @@ async fn history(shared: &Shared) -> sqlx::Result<()> {
     let retention_us = delay_micros(config.retention).unwrap_or(i64::MAX);
     let now = config.clock.now();
     let created = call(&shared.engine, shared.deadline, "history", async |conn| {
-        db::history::prepare(conn, width_us.saturating_mul(2), width_us, now).await
+        crate::maintenance::prepare_history_us(conn, width_us, now).await
     })
     .await?;
     if created > 0 {

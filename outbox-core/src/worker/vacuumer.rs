@@ -9,8 +9,9 @@
 //! of them. Since the history lives in another table, `outbox_tasks` holds
 //! live tasks only and a vacuum of it is quick; the leader runs one when the
 //! statistics show more dead versions than [`WorkerConfig::vacuum_threshold`]
-//! (and than a tenth of the live rows, so that a vacuum never costs more
-//! than the claims it saves), one at a time, beside its maintenance round.
+//! (and than a tenth of the live rows: a vacuum scans every index whole, so
+//! a large table waits for more), one at a time, beside its maintenance
+//! round.
 //! Dead versions a vacuum could not remove (an old snapshot still sees
 //! them) do not count towards the next one, or the leader would vacuum in
 //! vain every round while a long transaction lasts.

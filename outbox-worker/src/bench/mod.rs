@@ -242,8 +242,9 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
     let (url, cluster) = database_or_private(args.database_url.clone(), options).await?;
     let pool = connect(&url, args.submitters.max(4) as u32 + 2).await?;
     outbox::migrate(&pool).await?;
-    // Today's history partitions, as a worker's maintenance leader makes
-    // them (the drains run without maintenance).
+    // Today's history partitions, as a maintenance leader makes them: a
+    // scratch database may have had no worker for days, and the latency
+    // phase's worker runs without maintenance.
     outbox::maintenance::prepare_history(
         &mut *pool.acquire().await.map_err(db)?,
         Duration::from_secs(86_400),

@@ -1,7 +1,8 @@
 -- TX2 fast path: the usual outcome, success, for a batch of attempts, with
 -- only ids and claims to send. Fenced like finish_tasks.sql. A successful
--- task leaves outbox_tasks for the history (migration 10 says why); a task an operator asked to cancel ends dead instead, and one
--- whose uniqueness covers COMPLETED stays here, completed, holding its unique key.
+-- task leaves outbox_tasks for the history (migration 10 says why); a task
+-- an operator asked to cancel ends dead instead, and one whose uniqueness
+-- covers COMPLETED stays here, completed, holding its unique key.
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
 -- override (tests).
 WITH batch AS (
