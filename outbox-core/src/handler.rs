@@ -167,6 +167,10 @@ pub struct TaskContext {
     /// Set once `complete_in` wrote the completion (in a transaction that
     /// may still roll back).
     pub(crate) completed_in: Arc<std::sync::atomic::AtomicBool>,
+    /// Its place in its ordering key's commit order (None without a key).
+    pub(crate) key_seq: Option<i64>,
+    /// When the task was submitted (the database's clock).
+    pub(crate) created_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl TaskContext {
@@ -194,6 +198,18 @@ impl TaskContext {
     /// The most attempts the task gets (its retry table's length).
     pub fn max_attempts(&self) -> i32 {
         self.max_attempts
+    }
+
+    /// The task's place in its ordering key's commit order: increasing
+    /// within a key (with gaps), `None` for a task without a key.
+    pub fn key_seq(&self) -> Option<i64> {
+        self.key_seq
+    }
+
+    /// When the task was submitted, by the database's clock (the
+    /// submitting transaction's start).
+    pub fn created_at(&self) -> chrono::DateTime<chrono::Utc> {
+        self.created_at
     }
 
     /// True when a failure of this attempt makes the task dead.

@@ -50,6 +50,7 @@ pub mod bench_support;
 mod clock;
 mod db;
 mod error;
+pub mod events;
 mod explain;
 mod handler;
 pub mod maintenance;
@@ -57,6 +58,7 @@ mod migrate;
 mod options;
 pub mod periodic;
 mod records;
+pub mod relay;
 pub mod retry;
 mod submit;
 mod task;
@@ -76,6 +78,7 @@ pub use clock::Clock;
 pub use db::classify::is_transient;
 pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};
 pub use error::{Error, Result, StartupProblems};
+pub use events::{Event, emit, emit_all};
 pub use handler::{
     HandlerError, HandlerResult, MAX_RESULT_BYTES, Outcome, TaskContext, TaskHandler,
 };

@@ -85,6 +85,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0010_history.up.sql"),
         down: include_str!("../../migrations/0010_history.down.sql"),
     },
+    Migration {
+        version: 11,
+        name: "events",
+        up: include_str!("../../migrations/0011_events.up.sql"),
+        down: include_str!("../../migrations/0011_events.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

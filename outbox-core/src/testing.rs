@@ -88,6 +88,8 @@ pub fn context<T: Task>(pool: &PgPool, id: TaskId, attempt: i32) -> TaskContext 
         pool: pool.clone(),
         claim: None,
         completed_in: Arc::default(),
+        key_seq: None,
+        created_at: chrono::Utc::now(),
     }
 }
 

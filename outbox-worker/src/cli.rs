@@ -84,6 +84,9 @@ enum Command {
     /// List the workers of the cluster.
     #[command(subcommand)]
     Workers(crate::queues_cmd::WorkersCommand),
+    /// Emit an event, show the relays' backlog, switch the Debezium mirror.
+    #[command(subcommand)]
+    Events(crate::events_cmd::EventsCommand),
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +185,28 @@ struct RunArgs {
     /// leader enqueues each tick once.
     #[arg(long = "periodic", value_parser = crate::periodic_cmd::parse_spec)]
     periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
+    /// Relay events to a broker, as NAME=URL (repeatable; in OUTBOX_RELAYS,
+    /// separated by spaces). The scheme picks the sink: nats://, redis://,
+    /// http:// or https:// (webhooks). Query parameters set queue (default
+    /// events), concurrency (default 100), route (default
+    /// outbox.event.{aggregate_type}), give_up_after, timeout_ms and the
+    /// sink's own options. Secrets never go in the URL: the relay reads
+    /// OUTBOX_RELAY_<NAME>_SECRET. Example:
+    /// --relay 'nats=nats://127.0.0.1:4222?stream=EVENTS'
+    #[arg(long = "relay", env = "OUTBOX_RELAYS", value_delimiter = ' ', value_parser = parse_relay)]
+    relays: Vec<(String, String)>,
+}
+
+fn parse_relay(s: &str) -> Result<(String, String), String> {
+    let (name, url) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=URL (for example nats=nats://127.0.0.1:4222)"))?;
+    if name.is_empty() || url.is_empty() {
+        return Err(format!(
+            "{s:?} is not NAME=URL (for example nats=nats://127.0.0.1:4222)"
+        ));
+    }
+    Ok((name.to_owned(), url.to_owned()))
 }
 
 fn parse_queue(s: &str) -> Result<(String, usize), String> {
@@ -265,6 +290,7 @@ pub fn main_with(
             Command::Periodic(command) => within(limit, crate::periodic_cmd::run(command)).await,
             Command::Queues(command) => within(limit, crate::queues_cmd::queues(command)).await,
             Command::Workers(command) => within(limit, crate::queues_cmd::workers(command)).await,
+            Command::Events(command) => within(limit, crate::events_cmd::run(command)).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection
@@ -368,12 +394,19 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     for spec in &args.periodic {
         builder = builder.periodic(crate::periodic_cmd::resolve(spec)?);
     }
+    for (name, url) in &args.relays {
+        let relay = outbox::relay::Relay::from_url(name, url)
+            .await
+            .map_err(Failure::config)?;
+        builder = builder.relay(relay);
+    }
     let worker = builder.build()?;
+    let relays = worker.relays().to_vec();
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let server = match metrics {
         Some((listener, handle)) => {
-            let server = crate::metrics::serve(listener, handle, pool, shutdown.clone());
+            let server = crate::metrics::serve(listener, handle, pool, relays, shutdown.clone());
             Some(tokio::spawn(server))
         }
         None => None,

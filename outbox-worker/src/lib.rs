@@ -12,6 +12,7 @@ mod connect;
 pub mod dashboard;
 mod dashboard_cmd;
 mod demo;
+mod events_cmd;
 mod explain_cmd;
 mod failure;
 mod flags;

@@ -25,6 +25,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
             ],
         )
         .map_err(|e| e.to_string())?
+        .set_buckets_for_metric(
+            Matcher::Prefix("outbox_relay_".to_owned()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
+            ],
+        )
+        .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     metrics::describe_counter!(
@@ -46,6 +54,45 @@ pub fn install() -> Result<PrometheusHandle, String> {
         metrics::Unit::Seconds,
         "How long the oldest claimable task has been due"
     );
+    metrics::describe_counter!(
+        outbox::relay::metrics::PUBLISHED,
+        "Events the broker acknowledged, by relay"
+    );
+    metrics::describe_counter!(
+        outbox::relay::metrics::FAILURES,
+        "Publishes that failed, by relay, class (transient, permanent) and kind"
+    );
+    metrics::describe_histogram!(
+        outbox::relay::metrics::COMMIT_TO_ACK,
+        metrics::Unit::Seconds,
+        "From the emitting transaction to the broker's acknowledgement, by relay"
+    );
+    metrics::describe_histogram!(
+        outbox::relay::metrics::PUBLISH_DURATION,
+        metrics::Unit::Seconds,
+        "One publish call, by relay"
+    );
+    metrics::describe_gauge!(
+        outbox::relay::metrics::CIRCUIT_OPEN,
+        "1 while the relay's circuit is open (its broker presumed down)"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_backlog",
+        "Events of the relay's queue not yet published (not dead)"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_oldest_unpublished_age_seconds",
+        metrics::Unit::Seconds,
+        "How long the oldest unpublished event of the relay's queue has waited"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_dead_events",
+        "Dead events of the relay's queue"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_blocked_keys",
+        "Aggregates of the relay's queue held back by a dead event"
+    );
     metrics::describe_gauge!(
         "outbox_database_up",
         "1 when the last gauge refresh reached the database"
@@ -57,6 +104,8 @@ pub fn install() -> Result<PrometheusHandle, String> {
 struct AppState {
     handle: PrometheusHandle,
     pool: PgPool,
+    /// The relays of this worker, as (name, queue).
+    relays: Vec<(String, String)>,
 }
 
 /// Serves `/metrics` and `/health` on `addr` until `stop` is cancelled.
@@ -64,12 +113,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     pool: PgPool,
+    relays: Vec<(String, String)>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(render))
         .route("/health", get(|| async { "ok\n" }))
-        .with_state(AppState { handle, pool });
+        .with_state(AppState {
+            handle,
+            pool,
+            relays,
+        });
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving /metrics and /health");
     axum::serve(listener, app)
@@ -100,5 +154,32 @@ async fn render(State(state): State<AppState>) -> (StatusCode, String) {
         }
         _ => metrics::gauge!("outbox_database_up").set(0.0),
     }
+    if !state.relays.is_empty() {
+        relay_gauges(&state).await;
+    }
     (StatusCode::OK, state.handle.render())
+}
+
+/// The backlog of each relay's queue, read on each scrape.
+async fn relay_gauges(state: &AppState) {
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        outbox::relay::backlog(&state.pool),
+    )
+    .await;
+    let Ok(Ok(rows)) = read else {
+        return;
+    };
+    for (name, queue) in &state.relays {
+        let row = rows.iter().find(|r| &r.queue == queue);
+        let relay = name.clone();
+        let (pending, age, dead, blocked) = row.map_or((0, 0.0, 0, 0), |r| {
+            (r.pending, r.oldest_age_s, r.dead, r.blocked_keys)
+        });
+        metrics::gauge!("outbox_relay_backlog", "relay" => relay.clone()).set(pending as f64);
+        metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds", "relay" => relay.clone())
+            .set(age);
+        metrics::gauge!("outbox_relay_dead_events", "relay" => relay.clone()).set(dead as f64);
+        metrics::gauge!("outbox_relay_blocked_keys", "relay" => relay).set(blocked as f64);
+    }
 }

@@ -5,6 +5,7 @@
 //! needs CREATEDB). Without it, a private cluster is started from the
 //! installed PostgreSQL binaries and stopped when the test process exits.
 
+pub mod brokers;
 pub mod browser;
 pub mod process;
 pub mod proxy;

@@ -3,6 +3,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod classify;
+pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod queues;
 pub(crate) mod session;
@@ -120,6 +121,10 @@ pub(crate) struct ClaimedTask {
     pub(crate) claims: i32,
     /// It has an ordering key.
     pub(crate) ordered: bool,
+    /// Its place in its ordering key's commit order.
+    pub(crate) key_seq: Option<i64>,
+    /// When it was submitted.
+    pub(crate) created_at: DateTime<Utc>,
     /// The claim token written to claimed_by: unique to the claim statement
     /// that took the task, and the fence of everything written about this
     /// attempt afterwards.
@@ -155,6 +160,8 @@ fn claimed(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedT
         max_attempts: r.try_get("max_attempts")?,
         claims: r.try_get("claims")?,
         ordered: r.try_get("ordered")?,
+        key_seq: r.try_get("key_seq")?,
+        created_at: r.try_get("created_at")?,
         token: Arc::clone(token),
     })
 }

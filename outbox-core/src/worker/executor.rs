@@ -136,6 +136,8 @@ async fn run_handler(
         pool: shared.pool.clone(),
         claim: Some((task.claims, Arc::clone(&task.token))),
         completed_in: Arc::clone(completed_in),
+        key_seq: task.key_seq,
+        created_at: task.created_at,
     };
     let future = match entry.handler.start(ctx, &task.payload) {
         Ok(f) => f,

@@ -224,6 +224,9 @@ async fn maintain(
             if let Err(error) = tidy_keys(shared).await {
                 tracing::warn!(%error, "could not hand on ordering keys this round");
             }
+            if let Err(error) = tidy_events(shared, retention_us).await {
+                tracing::warn!(%error, "could not trim the inbox or the Debezium mirror this round");
+            }
             *last_cleanup = Some(Instant::now());
         }
     }
@@ -289,5 +292,18 @@ async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
         crate::db::queues::prune_keys(conn, DEFAULT_BATCH).await
     })
     .await?;
+    Ok(())
+}
+
+/// Deletes inbox records and Debezium mirror rows older than the retention
+/// (one batch of each per round: both grow at most as fast as events).
+async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
+    let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::events::prune(conn, retention_us, DEFAULT_BATCH).await
+    })
+    .await?;
+    if deleted > 0 {
+        tracing::info!(deleted, "trimmed the inbox and the Debezium mirror");
+    }
     Ok(())
 }

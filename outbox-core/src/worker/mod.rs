@@ -79,6 +79,7 @@ pub struct WorkerBuilder {
     queues: Vec<(String, usize)>,
     config: WorkerConfig,
     periodic: Vec<PeriodicTask>,
+    relays: Vec<crate::relay::Relay>,
 }
 
 impl WorkerBuilder {
@@ -139,6 +140,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Runs a relay: this worker publishes the events of the relay's queue
+    /// through its sink (see [`crate::relay`]). Any number of relays, one
+    /// per queue; the relay's queue is served with its concurrency.
+    pub fn relay(mut self, relay: crate::relay::Relay) -> Self {
+        self.relays.push(relay);
+        self
+    }
+
     /// Sets the clock (tests).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.config.clock = clock;
@@ -146,17 +155,46 @@ impl WorkerBuilder {
     }
 
     /// Checks everything and returns the worker, or every problem found.
-    pub fn build(self) -> Result<Worker> {
-        let queues = if self.queues.is_empty() {
+    pub fn build(mut self) -> Result<Worker> {
+        let mut queues = if self.queues.is_empty() {
             self.handlers
                 .default_queues()
                 .into_iter()
                 .map(|q| (q.to_owned(), DEFAULT_CONCURRENCY))
                 .collect()
         } else {
-            self.queues
+            std::mem::take(&mut self.queues)
         };
-        let mut problems = self.handlers.problems(&registered_tasks(), &queues);
+        // Relays after the default queues: their queues are their own, with
+        // their concurrency, and the `events` queue is not served by a
+        // worker without a relay for it.
+        let mut problems = Vec::new();
+        let relays: Vec<(String, String)> = self
+            .relays
+            .iter()
+            .map(|r| (r.name.clone(), r.queue.clone()))
+            .collect();
+        if !self.relays.is_empty() {
+            let mut seen_names = std::collections::BTreeSet::new();
+            let mut seen_queues = std::collections::BTreeSet::new();
+            for r in &self.relays {
+                problems.extend(r.problems());
+                if !seen_names.insert(r.name.clone()) {
+                    problems.push(format!("two relays are named {:?}", r.name));
+                }
+                if !seen_queues.insert(r.queue.clone()) {
+                    problems.push(format!(
+                        "two relays serve queue {:?}: one relay per queue (give the other events another queue)",
+                        r.queue
+                    ));
+                }
+                queues.retain(|(q, _)| *q != r.queue);
+                queues.push((r.queue.clone(), r.concurrency));
+            }
+            let handler = crate::relay::RelayHandler::new(std::mem::take(&mut self.relays));
+            self = self.handler::<crate::events::EventTask>(handler);
+        }
+        problems.extend(self.handlers.problems(&registered_tasks(), &queues));
         problems.extend(config::config_problems(&self.config, &queues));
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
@@ -183,6 +221,7 @@ impl WorkerBuilder {
             events,
             counters: Arc::default(),
             periodic: Arc::new(self.periodic),
+            relays,
         })
     }
 }
@@ -196,6 +235,8 @@ pub struct Worker {
     events: broadcast::Sender<TaskEvent>,
     counters: Arc<WorkerCounters>,
     periodic: Arc<Vec<PeriodicTask>>,
+    /// The relays' names and queues.
+    relays: Vec<(String, String)>,
 }
 
 /// What the producers, executor and completer share.
@@ -229,7 +270,13 @@ impl Worker {
             queues: Vec::new(),
             config: WorkerConfig::default(),
             periodic: Vec::new(),
+            relays: Vec::new(),
         }
+    }
+
+    /// The relays this worker runs, as (name, queue).
+    pub fn relays(&self) -> &[(String, String)] {
+        &self.relays
     }
 
     /// The queues this worker serves, with their concurrency.

@@ -1,0 +1,219 @@
+//! The relay's circuit breaker: after enough transient failures in a row
+//! the broker is presumed down, and handlers wait at the gate instead of
+//! publishing. Waiting handlers hold the relay's concurrency, so the
+//! relay stops claiming; after a cool-down one probe goes through, and its
+//! success closes the circuit.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Transient failures in a row that open the circuit.
+pub(crate) const OPEN_AFTER: u32 = 5;
+const COOL_DOWN_MIN: Duration = Duration::from_millis(500);
+const COOL_DOWN_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+        cool_down: Duration,
+    },
+    /// One probe is out; it was let through at `since`.
+    HalfOpen {
+        since: Instant,
+        cool_down: Duration,
+    },
+}
+
+/// What the gate says to a handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Publish.
+    Go,
+    /// Still open after the longest wait: put the event back for this long.
+    Later(Duration),
+}
+
+pub(crate) struct Circuit {
+    phase: Mutex<Phase>,
+    changed: Notify,
+    /// How long a probe may take before another is let through.
+    probe_timeout: Duration,
+}
+
+impl Circuit {
+    pub(crate) fn new(probe_timeout: Duration) -> Self {
+        Self {
+            phase: Mutex::new(Phase::Closed { failures: 0 }),
+            changed: Notify::new(),
+            probe_timeout,
+        }
+    }
+
+    /// True while the circuit is open or probing.
+    pub(crate) fn is_open(&self) -> bool {
+        !matches!(*self.lock(), Phase::Closed { .. })
+    }
+
+    /// Waits at most `max_wait` to be let through.
+    pub(crate) async fn admit(&self, max_wait: Duration) -> Admit {
+        let deadline = Instant::now() + max_wait;
+        loop {
+            let notified = self.changed.notified();
+            let wake_at = {
+                let mut phase = self.lock();
+                let now = Instant::now();
+                match *phase {
+                    Phase::Closed { .. } => return Admit::Go,
+                    Phase::Open { until, cool_down } if now >= until => {
+                        *phase = Phase::HalfOpen {
+                            since: now,
+                            cool_down,
+                        };
+                        return Admit::Go;
+                    }
+                    Phase::HalfOpen { since, cool_down } if now >= since + self.probe_timeout => {
+                        // The probe never reported (its attempt was dropped):
+                        // let another through.
+                        *phase = Phase::HalfOpen {
+                            since: now,
+                            cool_down,
+                        };
+                        return Admit::Go;
+                    }
+                    Phase::Open { until, .. } => until,
+                    Phase::HalfOpen { since, .. } => since + self.probe_timeout,
+                }
+            };
+            if Instant::now() >= deadline {
+                return Admit::Later(wake_at.saturating_duration_since(Instant::now()));
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(wake_at.min(deadline)) => {}
+            }
+        }
+    }
+
+    /// The broker took a message, or answered at all: close.
+    pub(crate) fn success(&self) {
+        let mut phase = self.lock();
+        if *phase != (Phase::Closed { failures: 0 }) {
+            let was_open = !matches!(*phase, Phase::Closed { .. });
+            *phase = Phase::Closed { failures: 0 };
+            drop(phase);
+            if was_open {
+                tracing::info!("relay circuit closed: the broker answers again");
+            }
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// A transient failure. Returns how many there have been in a row (for
+    /// the caller's backoff).
+    pub(crate) fn failure(&self) -> u32 {
+        let mut phase = self.lock();
+        let now = Instant::now();
+        let (next, streak) = match *phase {
+            Phase::Closed { failures } if failures + 1 < OPEN_AFTER => (
+                Phase::Closed {
+                    failures: failures + 1,
+                },
+                failures + 1,
+            ),
+            Phase::Closed { .. } => (
+                Phase::Open {
+                    until: now + COOL_DOWN_MIN,
+                    cool_down: COOL_DOWN_MIN,
+                },
+                OPEN_AFTER,
+            ),
+            Phase::HalfOpen { cool_down, .. } => {
+                let cool_down = (cool_down * 2).min(COOL_DOWN_MAX);
+                (
+                    Phase::Open {
+                        until: now + cool_down,
+                        cool_down,
+                    },
+                    OPEN_AFTER,
+                )
+            }
+            // Failures of publishes that started before it opened.
+            open @ Phase::Open { .. } => (open, OPEN_AFTER),
+        };
+        if matches!(next, Phase::Open { .. }) && !matches!(*phase, Phase::Open { .. }) {
+            tracing::warn!("relay circuit open: the broker keeps failing; claims pause");
+        }
+        *phase = next;
+        streak
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_a_streak_lets_one_probe_through_and_closes_on_success() {
+        let c = Circuit::new(Duration::from_secs(10));
+        for _ in 0..OPEN_AFTER - 1 {
+            c.failure();
+            assert_eq!(c.admit(Duration::ZERO).await, Admit::Go);
+        }
+        c.failure();
+        assert!(c.is_open());
+        assert!(matches!(c.admit(Duration::ZERO).await, Admit::Later(_)));
+        // After the cool-down: one probe, and the others wait for it.
+        assert_eq!(c.admit(Duration::from_secs(1)).await, Admit::Go);
+        assert!(matches!(
+            c.admit(Duration::from_millis(100)).await,
+            Admit::Later(_)
+        ));
+        // The probe fails: open again, twice as long.
+        c.failure();
+        let start = Instant::now();
+        assert_eq!(c.admit(Duration::from_secs(5)).await, Admit::Go);
+        assert_eq!(start.elapsed(), COOL_DOWN_MIN * 2);
+        c.success();
+        assert!(!c.is_open());
+        assert_eq!(c.admit(Duration::ZERO).await, Admit::Go);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_never_reports_is_replaced() {
+        let c = Circuit::new(Duration::from_secs(2));
+        for _ in 0..OPEN_AFTER {
+            c.failure();
+        }
+        assert_eq!(c.admit(Duration::from_secs(1)).await, Admit::Go);
+        let start = Instant::now();
+        assert_eq!(c.admit(Duration::from_secs(5)).await, Admit::Go);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_go_as_soon_as_the_probe_succeeds() {
+        let c = std::sync::Arc::new(Circuit::new(Duration::from_secs(60)));
+        for _ in 0..OPEN_AFTER {
+            c.failure();
+        }
+        assert_eq!(c.admit(Duration::from_secs(1)).await, Admit::Go);
+        let waiter = {
+            let c = std::sync::Arc::clone(&c);
+            tokio::spawn(async move { c.admit(Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        c.success();
+        assert_eq!(waiter.await.unwrap(), Admit::Go);
+    }
+}

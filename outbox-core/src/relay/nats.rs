@@ -1,0 +1,216 @@
+//! NATS JetStream sink (`nats` feature), with `async-nats`.
+//!
+//! Each event is published to its routed subject with `Nats-Msg-Id` set to
+//! the event id, and the PubAck is awaited: the stream has the message
+//! once the ack arrives. JetStream drops a second message with the same
+//! `Nats-Msg-Id` within the stream's duplicate window and acks it as a
+//! duplicate, which counts as success here. A relay republishes an event
+//! after a lost ack within its backoff (at most 30 s), and after a worker's
+//! crash once the heartbeat timeout recovers it: keep the duplicate window
+//! (2 minutes by default) longer than the heartbeat timeout plus 30 s, or
+//! consumers see those rare duplicates (the inbox catches them anyway).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use tokio::sync::Mutex;
+
+use super::sink::{Message, PublishError, PublishFuture, Sink};
+
+/// A NATS JetStream sink.
+pub struct NatsSink {
+    js: jetstream::Context,
+    /// The stream to create when the subject has none (`stream=NAME`), with
+    /// the subjects it listens on and its duplicate window.
+    stream: Option<StreamSpec>,
+    /// Set once the stream was found or created.
+    stream_ready: Mutex<bool>,
+}
+
+/// A stream the sink makes when it is missing.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Its name.
+    pub name: String,
+    /// The subjects it listens on (`events.>`).
+    pub subjects: Vec<String>,
+    /// JetStream's dedup window for `Nats-Msg-Id`.
+    pub duplicate_window: Duration,
+}
+
+impl NatsSink {
+    /// Connects to `url` (`nats://host:port`) in the background: a server
+    /// that is down now is a transient failure later, not an error now.
+    pub async fn connect(url: &str, stream: Option<StreamSpec>) -> Result<Self, String> {
+        Self::connect_with(async_nats::ConnectOptions::new(), url, stream).await
+    }
+
+    /// [`NatsSink::connect`] with the client's own options (credentials,
+    /// TLS).
+    pub async fn connect_with(
+        options: async_nats::ConnectOptions,
+        url: &str,
+        stream: Option<StreamSpec>,
+    ) -> Result<Self, String> {
+        let client = options
+            .name("outbox-relay")
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|e| format!("NATS URL {url:?}: {e}"))?;
+        let mut js = jetstream::new(client);
+        // The relay's own publish timeout bounds the wait; this is a floor.
+        js.set_timeout(Duration::from_secs(30));
+        Ok(Self {
+            js,
+            stream,
+            stream_ready: Mutex::new(false),
+        })
+    }
+
+    /// Finds or creates the configured stream (once).
+    async fn ensure_stream(&self) -> Result<(), PublishError> {
+        let Some(spec) = &self.stream else {
+            return Ok(());
+        };
+        let mut ready = self.stream_ready.lock().await;
+        if *ready {
+            return Ok(());
+        }
+        self.js
+            .get_or_create_stream(jetstream::stream::Config {
+                name: spec.name.clone(),
+                subjects: spec.subjects.clone(),
+                duplicate_window: spec.duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                PublishError::transient(
+                    "stream",
+                    format!("cannot make stream {:?}: {e}", spec.name),
+                )
+            })?;
+        *ready = true;
+        Ok(())
+    }
+
+    async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        self.ensure_stream().await?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", message.event_id.as_str());
+        for (name, value) in &message.headers {
+            headers.append(name.as_str(), value.as_str());
+        }
+        let ack = self
+            .js
+            .publish_with_headers(
+                message.destination.clone(),
+                headers,
+                message.payload.clone().into(),
+            )
+            .await
+            .map_err(classify)?;
+        match ack.await {
+            // A duplicate within the window: the stream has it already.
+            Ok(_ack) => Ok(()),
+            Err(e) => {
+                if e.kind() == PublishErrorKind::StreamNotFound && self.stream.is_some() {
+                    // Deleted under us: make it again on the next try.
+                    *self.stream_ready.lock().await = false;
+                }
+                Err(classify(e))
+            }
+        }
+    }
+}
+
+/// Transient unless the message itself is at fault.
+fn classify(e: jetstream::context::PublishError) -> PublishError {
+    use std::error::Error as _;
+    let api_code = e
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(|j| j.error_code());
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => PublishError::permanent("too_large", e),
+        _ if api_code == Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
+            PublishError::permanent("too_large", e)
+        }
+        PublishErrorKind::TimedOut => PublishError::transient("timeout", e),
+        PublishErrorKind::BrokenPipe => PublishError::transient("connection", e),
+        PublishErrorKind::StreamNotFound => PublishError::transient("no_stream", e),
+        PublishErrorKind::MaxAckPending => PublishError::transient("backpressure", e),
+        _ if api_code.is_some() => PublishError::transient("rejected", e),
+        // A subject the client refuses (spaces, empty tokens): no retry
+        // changes it.
+        PublishErrorKind::Other if e.to_string().contains("subject") => {
+            PublishError::permanent("bad_subject", e)
+        }
+        _ => PublishError::transient("other", e),
+    }
+}
+
+impl Sink for NatsSink {
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
+        Box::pin(self.publish_one(message))
+    }
+}
+
+/// Builds the sink for a `nats://` URL: `stream=NAME` makes the stream when
+/// missing, over `stream_subjects` (comma-separated; default: the route's
+/// fixed prefix and `>`, so `outbox.event.>`) with `duplicate_window_s`
+/// (default 600: longer than the default heartbeat timeout of 5 minutes
+/// plus the longest backoff). A password or token comes from
+/// `OUTBOX_RELAY_<NAME>_SECRET`.
+pub(crate) async fn from_url(
+    url: &::url::Url,
+    params: &mut super::url::Params,
+    route: &str,
+    name: &str,
+) -> Result<Arc<dyn Sink>, String> {
+    let stream = match params.take("stream") {
+        None => None,
+        Some(name) => {
+            let subjects = params
+                .take("stream_subjects")
+                .map(|s| s.split(',').map(str::to_owned).collect())
+                .unwrap_or_else(|| match route.find('{') {
+                    Some(at) if route[..at].ends_with('.') => vec![format!("{}>", &route[..at])],
+                    _ => vec![route.to_owned()],
+                });
+            let window = params.parse_range("duplicate_window_s", 600, 1, 86_400 * 7)?;
+            Some(StreamSpec {
+                name,
+                subjects,
+                duplicate_window: Duration::from_secs(window),
+            })
+        }
+    };
+    let mut server = url.clone();
+    server.set_query(None);
+    if server.password().is_some() {
+        return Err(format!(
+            "relay {name:?}: put the NATS password or token in OUTBOX_RELAY_{}_SECRET, not in the URL",
+            name.to_ascii_uppercase().replace('-', "_")
+        ));
+    }
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(secret) = super::url::secret_from_env(name) {
+        options = if server.username().is_empty() {
+            options.token(secret)
+        } else {
+            options.user_and_password(server.username().to_owned(), secret)
+        };
+        let _ = server.set_username("");
+    }
+    Ok(Arc::new(
+        NatsSink::connect_with(options, server.as_str(), stream).await?,
+    ))
+}

@@ -1,0 +1,172 @@
+//! Redis Streams sink (`redis` feature), with the `redis` crate.
+//!
+//! Each event is added to its routed stream by one script that first
+//! checks a dedup key for the event id, then runs XADD, then sets the dedup
+//! key with a time to live: a republished event is not added twice within
+//! that time. (The dedup key is set after the XADD, not before: Redis does
+//! not undo a script's writes when a later command fails, so setting it
+//! first would mark an event that never reached the stream as done.)
+//!
+//! Redis acknowledges a write before it is on disk unless it runs with
+//! `appendonly yes` and `appendfsync always`; with less, a crash of Redis
+//! can lose events the relay already completed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::Mutex;
+
+use super::sink::{Message, PublishError, PublishFuture, Sink};
+
+const SCRIPT: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local args = {'XADD', KEYS[1]}
+if tonumber(ARGV[2]) > 0 then
+  table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, ARGV[2])
+end
+table.insert(args, '*')
+for i = 3, #ARGV do table.insert(args, ARGV[i]) end
+redis.call(unpack(args))
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
+return 1
+";
+
+/// A Redis Streams sink.
+pub struct RedisSink {
+    client: redis::Client,
+    connection: Mutex<Option<MultiplexedConnection>>,
+    script: redis::Script,
+    dedup_ttl: Duration,
+    maxlen: u64,
+    dedup_prefix: String,
+}
+
+impl RedisSink {
+    /// A sink on `url` (`redis://host:port/db`); connects on first use.
+    pub fn new(url: &str, dedup_ttl: Duration, maxlen: u64) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("Redis URL: {e}"))?;
+        Ok(Self {
+            client,
+            connection: Mutex::new(None),
+            script: redis::Script::new(SCRIPT),
+            dedup_ttl,
+            maxlen,
+            dedup_prefix: "outbox:dedup:".to_owned(),
+        })
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, PublishError> {
+        let mut held = self.connection.lock().await;
+        if let Some(c) = held.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)));
+        let c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| PublishError::transient("connect", e))?;
+        *held = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        let mut conn = self.connection().await?;
+        let mut call = self.script.prepare_invoke();
+        call.key(&message.destination)
+            .key(format!("{}{}", self.dedup_prefix, message.event_id))
+            .arg(self.dedup_ttl.as_secs().max(1))
+            .arg(self.maxlen);
+        for (name, value) in &message.headers {
+            call.arg(name).arg(value);
+        }
+        call.arg("payload").arg(&message.payload[..]);
+        match call.invoke_async::<i64>(&mut conn).await {
+            // 0: added before, within the dedup time: done all the same.
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let error = classify(&e);
+                if matches!(
+                    error,
+                    PublishError::Transient {
+                        kind: "connection",
+                        ..
+                    }
+                ) {
+                    *self.connection.lock().await = None;
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+fn classify(e: &redis::RedisError) -> PublishError {
+    use redis::{ErrorKind, ServerErrorKind};
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return PublishError::transient("connection", e);
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::NoScript,
+        ) => PublishError::transient("unavailable", e),
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+            PublishError::transient("auth", e)
+        }
+        _ => match e.code() {
+            // Out of memory, a busy script, a replica in the way: the moment.
+            Some("OOM" | "BUSY" | "LOADING" | "NOREPLICAS" | "MISCONF") => {
+                PublishError::transient("unavailable", e)
+            }
+            Some("WRONGTYPE") => PublishError::permanent("wrong_type", e),
+            Some(_) => PublishError::permanent("rejected", e),
+            None => PublishError::transient("other", e),
+        },
+    }
+}
+
+impl Sink for RedisSink {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
+        Box::pin(self.publish_one(message))
+    }
+}
+
+/// Builds the sink for a `redis://` URL: `dedup_ttl_s` (default 86400),
+/// `maxlen` (approximate stream cap; default 0, none). A password belongs
+/// in `OUTBOX_RELAY_<NAME>_SECRET`, not in the URL.
+pub(crate) fn from_url(
+    url: &::url::Url,
+    params: &mut super::url::Params,
+    name: &str,
+) -> Result<Arc<dyn Sink>, String> {
+    let ttl = params.parse_range("dedup_ttl_s", 86_400, 1, 86_400 * 30)?;
+    let maxlen = params.parse_range("maxlen", 0, 0, u64::from(u32::MAX))?;
+    let mut server = url.clone();
+    server.set_query(None);
+    if server.password().is_some() {
+        return Err(format!(
+            "relay {name:?}: put the Redis password in OUTBOX_RELAY_{}_SECRET, not in the URL",
+            name.to_ascii_uppercase().replace('-', "_")
+        ));
+    }
+    if let Some(secret) = super::url::secret_from_env(name) {
+        let _ = server.set_password(Some(&secret));
+    }
+    Ok(Arc::new(RedisSink::new(
+        server.as_str(),
+        Duration::from_secs(ttl),
+        maxlen,
+    )?))
+}

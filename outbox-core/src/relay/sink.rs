@@ -1,0 +1,178 @@
+//! What a sink is: a broker client that publishes one message and says
+//! whether the broker has it, or why not.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+/// One event, ready for a broker.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The event id: the consumers' dedup key, and the broker's own dedup
+    /// field where it has one.
+    pub event_id: String,
+    /// The aggregate's type.
+    pub aggregate_type: String,
+    /// The aggregate's id: the message key.
+    pub aggregate_id: String,
+    /// The event's type.
+    pub event_type: String,
+    /// The event's JSON body.
+    pub payload: Vec<u8>,
+    /// Every header: the relay's own (`event-id`, `aggregate-type`,
+    /// `aggregate-id`, `event-type`, `sequence`, `created-at`) then the
+    /// emitter's (`traceparent` among them).
+    pub headers: Vec<(String, String)>,
+    /// The event's place in its aggregate's commit order (increasing, with
+    /// gaps); 0 for an unordered event.
+    pub sequence: i64,
+    /// When it was emitted (the emitting transaction's start).
+    pub created_at: DateTime<Utc>,
+    /// Where the route sends it: a topic, subject, routing key or stream.
+    pub destination: String,
+}
+
+/// Why a publish did not land.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishError {
+    /// The moment, not the message: the broker is down, slow, full, or
+    /// refused for now. Retried with backoff without spending an attempt;
+    /// enough in a row open the relay's circuit.
+    Transient {
+        /// A short label for metrics (`connect`, `timeout`, `nack`, ...).
+        kind: &'static str,
+        /// What the broker or client said.
+        reason: String,
+        /// The broker's own "retry after", when it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// The message itself: no retry makes the broker take it (too large, a
+    /// destination that cannot exist, returned unroutable). Follows the
+    /// retry table, then the event is dead and its aggregate blocked.
+    Permanent {
+        /// A short label for metrics (`too_large`, `returned`, `rejected`, ...).
+        kind: &'static str,
+        /// What the broker or client said.
+        reason: String,
+    },
+}
+
+impl PublishError {
+    /// A transient failure.
+    pub fn transient(kind: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self::Transient {
+            kind,
+            reason: reason.to_string(),
+            retry_after: None,
+        }
+    }
+
+    /// A permanent failure.
+    pub fn permanent(kind: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self::Permanent {
+            kind,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Its metrics label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Transient { kind, .. } | Self::Permanent { kind, .. } => kind,
+        }
+    }
+
+    /// True for a transient failure.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. })
+    }
+}
+
+impl std::fmt::Display for PublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Transient { kind, reason, .. } => write!(f, "transient ({kind}): {reason}"),
+            Self::Permanent { kind, reason } => write!(f, "permanent ({kind}): {reason}"),
+        }
+    }
+}
+
+/// A publish in flight.
+pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send + 'a>>;
+
+/// A broker client. `publish` returns once the broker has the message
+/// durably (its ack, confirm or 2xx), and is called concurrently, up to the
+/// relay's concurrency: a sink keeps one connection and pipelines.
+pub trait Sink: Send + Sync + 'static {
+    /// The kind of broker, for logs and metrics (`nats`, `redis`, ...).
+    fn kind(&self) -> &'static str;
+
+    /// Publishes one message.
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a>;
+}
+
+/// Where a message goes, from a template over the event's fields:
+/// `{aggregate_type}` and `{event_type}` are replaced, everything else is
+/// kept (`orders.{aggregate_type}` sends an `invoice` event to
+/// `orders.invoice`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    template: String,
+}
+
+impl Route {
+    /// Parses a template; an unknown `{field}` is an error.
+    pub fn parse(template: &str) -> Result<Self, String> {
+        if template.is_empty() {
+            return Err("a route template cannot be empty".to_owned());
+        }
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let Some(close) = rest[open..].find('}') else {
+                return Err(format!("route {template:?}: a '{{' is not closed"));
+            };
+            let field = &rest[open + 1..open + close];
+            if !matches!(field, "aggregate_type" | "event_type") {
+                return Err(format!(
+                    "route {template:?}: unknown field {{{field}}} (use {{aggregate_type}} or {{event_type}})"
+                ));
+            }
+            rest = &rest[open + close + 1..];
+        }
+        Ok(Self {
+            template: template.to_owned(),
+        })
+    }
+
+    /// The destination of an event.
+    pub fn destination(&self, aggregate_type: &str, event_type: &str) -> String {
+        self.template
+            .replace("{aggregate_type}", aggregate_type)
+            .replace("{event_type}", event_type)
+    }
+
+    /// The template as given.
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_fill_fields_and_refuse_unknown_ones() {
+        let r = Route::parse("events.{aggregate_type}.{event_type}").unwrap();
+        assert_eq!(r.destination("order", "placed"), "events.order.placed");
+        assert!(Route::parse("x.{aggregate_id}").is_err());
+        assert!(Route::parse("x.{aggregate_type").is_err());
+        assert!(Route::parse("").is_err());
+        assert_eq!(
+            Route::parse("plain").unwrap().destination("a", "b"),
+            "plain"
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! Relays from URLs: the scheme picks the sink, query parameters set the
+//! options, so the stock binary's `--relay NAME=URL` needs no other flags.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Relay, Sink};
+
+/// The URL schemes this build can relay to, with the cargo feature each
+/// needs and the query parameters its sink reads.
+pub fn sink_kinds() -> Vec<(&'static str, &'static str, bool)> {
+    vec![
+        ("nats", "nats", cfg!(feature = "nats")),
+        ("redis", "redis", cfg!(feature = "redis")),
+        ("http/https", "webhook", cfg!(feature = "webhook")),
+    ]
+}
+
+/// Query parameters not yet taken.
+pub(crate) struct Params(BTreeMap<String, String>);
+
+impl Params {
+    /// Takes parameter `name`.
+    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
+        self.0.remove(name)
+    }
+
+    /// Takes every parameter left.
+    #[allow(dead_code, reason = "used by the webhook sink")]
+    pub(crate) fn drain(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.0).into_iter().collect()
+    }
+
+    /// Takes a number in `min..=max`, or `default`.
+    pub(crate) fn parse_range(
+        &mut self,
+        name: &str,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, String> {
+        let Some(text) = self.take(name) else {
+            return Ok(default);
+        };
+        match text.parse::<u64>() {
+            Ok(v) if (min..=max).contains(&v) => Ok(v),
+            _ => Err(format!(
+                "relay option {name}={text:?} is out of range: use a whole number from {min} to {max}"
+            )),
+        }
+    }
+}
+
+/// Builds the relay `name` from `url`.
+pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, String> {
+    let parsed = ::url::Url::parse(url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
+    let mut params = Params(BTreeMap::new());
+    for (k, v) in parsed.query_pairs() {
+        if params.0.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(format!("relay {name:?}: option {k:?} is given twice"));
+        }
+    }
+    let queue = params.take("queue");
+    let concurrency = params.parse_range(
+        "concurrency",
+        super::DEFAULT_RELAY_CONCURRENCY as u64,
+        1,
+        crate::MAX_CONCURRENCY as u64,
+    )?;
+    let route = params
+        .take("route")
+        .unwrap_or_else(|| super::DEFAULT_ROUTE.to_owned());
+    let give_up_after = params.take("give_up_after");
+    let timeout_ms = params.parse_range(
+        "timeout_ms",
+        super::DEFAULT_PUBLISH_TIMEOUT.as_millis() as u64,
+        10,
+        600_000,
+    )?;
+    let sink: Arc<dyn Sink> = match parsed.scheme() {
+        #[cfg(feature = "nats")]
+        "nats" | "tls" => super::nats::from_url(&parsed, &mut params, &route, name).await,
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => super::redis::from_url(&parsed, &mut params, name),
+        #[cfg(feature = "webhook")]
+        "http" | "https" => super::webhook::from_url(&parsed, &mut params, name),
+        other => Err(unknown_scheme(name, other)),
+    }?;
+    if let Some((k, _)) = params.0.iter().next() {
+        return Err(format!("relay {name:?}: unknown option {k:?} in its URL"));
+    }
+    let mut relay = Relay::from_arc(name, sink)
+        .concurrency(concurrency as usize)
+        .route(&route)
+        .publish_timeout(Duration::from_millis(timeout_ms));
+    if let Some(q) = queue {
+        relay = relay.queue(q);
+    }
+    if let Some(n) = give_up_after {
+        let n: i32 = n
+            .parse()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                format!("relay option give_up_after={n:?} is out of range: use 1 to 1000")
+            })?;
+        relay = relay.give_up_after(n);
+    }
+    let problems = relay.problems();
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(relay)
+}
+
+/// The error for a scheme this build has no sink for.
+fn unknown_scheme(name: &str, scheme: &str) -> String {
+    let known: Vec<String> = sink_kinds()
+        .into_iter()
+        .map(|(scheme, feature, built)| {
+            if built {
+                scheme.to_owned()
+            } else {
+                format!("{scheme} (not built: cargo feature {feature:?})")
+            }
+        })
+        .collect();
+    format!(
+        "relay {name:?}: no sink for URL scheme {scheme:?}; this build has: {}",
+        known.join(", ")
+    )
+}
+
+/// The secret of relay `name`, from `OUTBOX_RELAY_<NAME>_SECRET` (never
+/// from a URL or a flag, which show up in process lists and shell history).
+#[allow(dead_code, reason = "used by the sinks that sign")]
+pub(crate) fn secret_from_env(name: &str) -> Option<String> {
+    let var = format!(
+        "OUTBOX_RELAY_{}_SECRET",
+        name.to_ascii_uppercase().replace('-', "_")
+    );
+    std::env::var(var).ok().filter(|s| !s.is_empty())
+}

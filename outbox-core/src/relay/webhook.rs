@@ -1,0 +1,227 @@
+//! Webhook sink (`webhook` feature): an HTTP POST per event.
+//!
+//! The request follows the Standard Webhooks layout: the body is the
+//! event's JSON payload, `webhook-id` is the event id (the receiver's dedup
+//! key), `webhook-timestamp` the send time in Unix seconds, and, when the
+//! relay has a secret (`OUTBOX_RELAY_<NAME>_SECRET`, raw or `whsec_` and
+//! base64), `webhook-signature` is `v1,` and the base64 HMAC-SHA256 of
+//! `id.timestamp.body`. The event's headers travel as `outbox-<name>`
+//! (and `traceparent` as itself).
+//!
+//! A 2xx response acknowledges; 408, 429 and 5xx are transient (a
+//! `Retry-After` is honoured); any other status is permanent; so is a
+//! redirect (not followed: a receiver that moved is a configuration error).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use hmac::{KeyInit, Mac};
+
+use super::sink::{Message, PublishError, PublishFuture, Sink};
+
+/// A webhook sink.
+pub struct WebhookSink {
+    client: reqwest::Client,
+    url: String,
+    secret: Option<Vec<u8>>,
+}
+
+impl WebhookSink {
+    /// Posts to `url`, signing with `secret` when given, each request
+    /// bounded by `timeout`.
+    pub fn new(url: &str, secret: Option<&str>, timeout: Duration) -> Result<Self, String> {
+        let secret = match secret {
+            None => None,
+            Some(s) => Some(match s.strip_prefix("whsec_") {
+                Some(b64) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|e| format!("the webhook secret after whsec_ is not base64: {e}"))?,
+                None => s.as_bytes().to_vec(),
+            }),
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        Ok(Self {
+            client,
+            url: url.to_owned(),
+            secret,
+        })
+    }
+
+    async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        let timestamp = chrono::Utc::now().timestamp().to_string();
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &message.event_id)
+            .header("webhook-timestamp", &timestamp);
+        if let Some(secret) = &self.secret {
+            request = request.header(
+                "webhook-signature",
+                signature(secret, &message.event_id, &timestamp, &message.payload),
+            );
+        }
+        for (name, value) in &message.headers {
+            request = if name == "traceparent" || name == "tracestate" {
+                request.header(name.as_str(), value.as_str())
+            } else {
+                request.header(format!("outbox-{name}"), value.as_str())
+            };
+        }
+        let response = request
+            .body(message.payload.clone())
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_timeout() {
+                    PublishError::transient("timeout", e)
+                } else {
+                    PublishError::transient("connection", e)
+                }
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let code = status.as_u16();
+        let reason = format!("{} answered {status}", self.url);
+        if code == 408 || code == 429 || status.is_server_error() {
+            Err(PublishError::Transient {
+                kind: if code == 429 {
+                    "rate_limited"
+                } else {
+                    "http_transient"
+                },
+                reason,
+                retry_after,
+            })
+        } else {
+            Err(PublishError::permanent("http_refused", reason))
+        }
+    }
+}
+
+/// The Standard Webhooks signature of one request.
+pub fn signature(secret: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)
+        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
+/// A `Retry-After` in seconds or as an HTTP date; capped at an hour.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    let wait = if let Ok(secs) = value.parse::<u64>() {
+        Duration::from_secs(secs)
+    } else {
+        let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+        (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+            .to_std()
+            .unwrap_or_default()
+    };
+    Some(wait.min(Duration::from_secs(3600)))
+}
+
+impl Sink for WebhookSink {
+    fn kind(&self) -> &'static str {
+        "webhook"
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
+        Box::pin(self.publish_one(message))
+    }
+}
+
+/// Builds the sink for an `http://` or `https://` URL: the relay's own
+/// options are taken out of the query, the rest of the URL is the
+/// endpoint. The signing secret comes from `OUTBOX_RELAY_<NAME>_SECRET`.
+pub(crate) fn from_url(
+    url: &::url::Url,
+    params: &mut super::url::Params,
+    name: &str,
+) -> Result<Arc<dyn Sink>, String> {
+    let timeout = params.parse_range("request_timeout_ms", 10_000, 10, 600_000)?;
+    let mut endpoint = url.clone();
+    // Whatever query the endpoint itself has stays on it.
+    let rest: Vec<(String, String)> = params.drain();
+    if rest.is_empty() {
+        endpoint.set_query(None);
+    } else {
+        endpoint.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    if endpoint.password().is_some() {
+        return Err(format!(
+            "relay {name:?}: a password in the webhook URL shows up in process lists; \
+             sign with OUTBOX_RELAY_{}_SECRET instead",
+            name.to_ascii_uppercase().replace('-', "_")
+        ));
+    }
+    let secret = super::url::secret_from_env(name);
+    Ok(Arc::new(WebhookSink::new(
+        endpoint.as_str(),
+        secret.as_deref(),
+        Duration::from_millis(timeout),
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_matches_the_standard_webhooks_example() {
+        // The example from the Standard Webhooks specification.
+        let secret = base64::engine::general_purpose::STANDARD
+            .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .unwrap();
+        let sig = signature(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            "1614265330",
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("99999"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+}

@@ -1,0 +1,13 @@
+//! Relays against real brokers: nats-server and redis-server from Debian's
+//! packages, started here on free loopback ports, and a local HTTP
+//! receiver for webhooks. Each runs the same scenario of kills, restarts
+//! and a poison event (scenario.rs). A suite whose server is not installed
+//! is skipped, unless CI is set: then it fails.
+
+mod nats;
+mod redis;
+mod scenario;
+mod webhook;
+
+/// The worker binary with the harness's task types linked in.
+const WORKER: &str = env!("CARGO_BIN_EXE_outbox-test-worker");

@@ -1,0 +1,105 @@
+//! The relay against a real nats-server with JetStream.
+
+use futures_util::StreamExt as _;
+use outbox_tests::brokers::{BrokerProcess, find_binary};
+
+use crate::scenario::{self, Broker, CONCURRENCY, Published};
+
+struct Nats {
+    server: BrokerProcess,
+}
+
+impl Nats {
+    async fn start() -> Option<Self> {
+        let binary = find_binary(
+            "nats-server",
+            &["/usr/sbin/nats-server", "/usr/bin/nats-server"],
+        )?;
+        let server = BrokerProcess::start(
+            "nats",
+            &binary,
+            &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
+        )
+        .await;
+        Some(Self { server })
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.server.port)
+    }
+}
+
+impl Broker for Nats {
+    fn relay_url(&self) -> String {
+        format!(
+            "{}?stream=EVENTS&concurrency={CONCURRENCY}&give_up_after=1",
+            self.url()
+        )
+    }
+
+    async fn prepare_poison(&mut self) -> serde_json::Value {
+        // Larger than the server's max_payload (1 MB): refused by the
+        // client for good, whatever the attempt.
+        serde_json::json!({ "blob": "x".repeat(1_100_000) })
+    }
+
+    async fn kill_and_restart(&mut self) {
+        self.server.kill();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        self.server.restart().await;
+    }
+
+    async fn read_all(&mut self) -> Vec<Published> {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to NATS");
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js
+            .get_stream("EVENTS")
+            .await
+            .expect("the stream the relay made");
+        let total = stream.info().await.expect("stream info").state.messages as usize;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: "outbox.event.order".to_owned(),
+                ..Default::default()
+            })
+            .await
+            .expect("an ordered consumer");
+        let mut messages = consumer.messages().await.expect("messages");
+        let mut out = Vec::new();
+        while out.len() < total {
+            let next =
+                tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
+            let Ok(Some(Ok(m))) = next else { break };
+            let headers = m.headers.as_ref().expect("headers");
+            let get = |name: &str| {
+                headers
+                    .get(name)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                get("Nats-Msg-Id"),
+                get("event-id"),
+                "the dedup id is the event id"
+            );
+            assert!(!get("traceparent").is_empty(), "the traceparent travels");
+            out.push(Published {
+                event_id: get("event-id"),
+                aggregate_id: get("aggregate-id"),
+                sequence: get("sequence").parse().expect("a sequence"),
+            });
+        }
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_relay_survives_kills_restarts_and_poison() {
+    let Some(mut nats) = Nats::start().await else {
+        return;
+    };
+    scenario::run("nats", &mut nats).await;
+    let _ = nats.server.log();
+}

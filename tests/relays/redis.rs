@@ -1,0 +1,113 @@
+//! The relay against a real redis-server (Streams).
+
+use outbox_tests::brokers::{BrokerProcess, find_binary};
+
+use crate::scenario::{self, Broker, CONCURRENCY, POISON_TYPE, Published};
+
+struct Redis {
+    server: BrokerProcess,
+}
+
+impl Redis {
+    async fn start() -> Option<Self> {
+        let binary = find_binary("redis-server", &["/usr/bin/redis-server"])?;
+        let server = BrokerProcess::start(
+            "redis",
+            &binary,
+            &[
+                "--port",
+                "{port}",
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                "{dir}",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--protected-mode",
+                "no",
+            ],
+        )
+        .await;
+        Some(Self { server })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.server.port)
+    }
+
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis")
+    }
+}
+
+impl Broker for Redis {
+    fn relay_url(&self) -> String {
+        format!("{}?concurrency={CONCURRENCY}&give_up_after=1", self.url())
+    }
+
+    async fn prepare_poison(&mut self) -> serde_json::Value {
+        // The poison aggregate's stream key holds a string: XADD answers
+        // WRONGTYPE, for good.
+        let mut conn = self.conn().await;
+        let _: () = redis::cmd("SET")
+            .arg(format!("outbox.event.{POISON_TYPE}"))
+            .arg("not a stream")
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        serde_json::json!({ "poison": true })
+    }
+
+    async fn kill_and_restart(&mut self) {
+        self.server.kill();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        self.server.restart().await;
+    }
+
+    async fn read_all(&mut self) -> Vec<Published> {
+        let mut conn = self.conn().await;
+        let mut out = Vec::new();
+        // Pages of 1,000 after the last id read ("(" = exclusive).
+        let mut from = "-".to_owned();
+        loop {
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg("outbox.event.order")
+                .arg(&from)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE");
+            let Some(last) = reply.ids.last() else { break };
+            from = format!("({}", last.id);
+            for entry in &reply.ids {
+                let get = |name: &str| entry.get::<String>(name).unwrap_or_default();
+                assert!(!get("payload").is_empty(), "the payload travels");
+                assert!(!get("traceparent").is_empty(), "the traceparent travels");
+                out.push(Published {
+                    event_id: get("event-id"),
+                    aggregate_id: get("aggregate-id"),
+                    sequence: get("sequence").parse().expect("a sequence"),
+                });
+            }
+        }
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_relay_survives_kills_restarts_and_poison() {
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    scenario::run("redis", &mut redis).await;
+}

@@ -1,0 +1,327 @@
+//! The one run every sink goes through (issue 13): 20,000 events over 200
+//! aggregates from 8 concurrent writers, a tenth of the transactions rolled
+//! back; two relay worker processes, one killed with SIGKILL three times
+//! and restarted; the broker killed and restarted on the same port and
+//! data; one poison event. Then what reached the broker is checked against
+//! what committed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox::events::{Event, emit_all};
+use outbox_tests::TestDb;
+use outbox_tests::process::WorkerProcess;
+use serde_json::json;
+
+use crate::WORKER;
+
+/// Events in the run.
+pub(crate) const EVENTS: usize = 20_000;
+const WRITERS: usize = 8;
+const KEYS: u64 = 200;
+/// Events each relay worker publishes at once.
+pub(crate) const CONCURRENCY: usize = 32;
+/// The poison event's aggregate.
+pub(crate) const POISON_TYPE: &str = "poison";
+const POISON_ID: &str = "p1";
+/// Events emitted behind the poison event on its aggregate: blocked.
+const BEHIND_POISON: usize = 3;
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// One message as the broker holds it.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    /// The `event-id` header (or the broker's own dedup field).
+    pub event_id: String,
+    /// The aggregate id (the message key).
+    pub aggregate_id: String,
+    /// The `sequence` header.
+    pub sequence: i64,
+}
+
+/// A broker under test.
+pub(crate) trait Broker {
+    /// The `--relay` value's URL for the relay worker processes.
+    fn relay_url(&self) -> String;
+    /// Environment for the relay worker processes (its secret).
+    fn env(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+    /// Makes the poison event refused for good; returns the payload it
+    /// must carry.
+    async fn prepare_poison(&mut self) -> serde_json::Value;
+    /// Kills the broker (SIGKILL, or its server dropped) and starts it
+    /// again on the same port and data.
+    async fn kill_and_restart(&mut self);
+    /// Every message of aggregate type `order`, in the broker's order.
+    async fn read_all(&mut self) -> Vec<Published>;
+}
+
+/// A tiny deterministic generator (xorshift), so runs are repeatable
+/// without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[derive(Default)]
+struct Written {
+    committed: Vec<(String, String)>,
+    rolled_back: BTreeSet<String>,
+}
+
+/// Runs the scenario against `broker`.
+pub(crate) async fn run<B: Broker>(name: &str, broker: &mut B) {
+    let started = Instant::now();
+    let db = TestDb::migrated().await;
+    let poison_payload = broker.prepare_poison().await;
+    let relay = format!("r={}", broker.relay_url());
+    let args = [
+        "--relay",
+        relay.as_str(),
+        "--heartbeat-interval",
+        "200ms",
+        "--heartbeat-timeout",
+        "2s",
+        "--maintenance-interval",
+        "200ms",
+        "--poll-interval",
+        "100ms",
+        "--shutdown-grace",
+        "1s",
+    ];
+    let env = broker.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let spawn = || WorkerProcess::spawn_with_env(WORKER, &db.url, &args, &env);
+    let mut killed = spawn();
+    let steady = spawn();
+
+    let written = Arc::new(Mutex::new(Written::default()));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let pool = db.pool.clone();
+        let written = Arc::clone(&written);
+        let poison_payload = poison_payload.clone();
+        writers.push(tokio::spawn(async move {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (w as u64 + 1));
+            let mut emitted = 0usize;
+            let mut n = 0u64;
+            let quota = EVENTS / WRITERS;
+            let mut tx_count = 0;
+            while emitted < quota {
+                tx_count += 1;
+                let mut events = Vec::new();
+                let mut ids = Vec::new();
+                let in_tx = (1 + rng.next() % 3) as usize;
+                for _ in 0..in_tx.min(quota - emitted) {
+                    n += 1;
+                    let key = (rng.next() % KEYS).to_string();
+                    let id = format!("00000000-0000-4000-8{w:03x}-{n:012x}");
+                    events.push(
+                        Event::new(
+                            "order",
+                            key.clone(),
+                            "order.updated",
+                            json!({"w": w, "n": n}),
+                        )
+                        .id(id.clone())
+                        .header("traceparent", TRACEPARENT),
+                    );
+                    ids.push((id, key));
+                    emitted += 1;
+                }
+                let poison_here = w == 0 && tx_count == 50;
+                if poison_here {
+                    // The poison event, then events of its aggregate that
+                    // must stay behind it.
+                    events.push(Event::new(
+                        POISON_TYPE,
+                        POISON_ID,
+                        "poison.made",
+                        poison_payload.clone(),
+                    ));
+                    for i in 0..BEHIND_POISON {
+                        events.push(Event::new(
+                            POISON_TYPE,
+                            POISON_ID,
+                            "poison.after",
+                            json!({"i": i}),
+                        ));
+                    }
+                }
+                let mut tx = pool.begin().await.expect("begin");
+                emit_all(&mut tx, events).await.expect("emit");
+                if rng.next().is_multiple_of(10) && !poison_here {
+                    tx.rollback().await.expect("rollback");
+                    let mut written = written.lock().unwrap();
+                    written
+                        .rolled_back
+                        .extend(ids.into_iter().map(|(id, _)| id));
+                } else {
+                    tx.commit().await.expect("commit");
+                    written.lock().unwrap().committed.extend(ids);
+                }
+            }
+        }));
+    }
+
+    // The faults, while the writers write and the relays publish.
+    let completed = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_all_tasks WHERE task_type = 'outbox.event' AND state = 'completed'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("count published events")
+    };
+    let wait_for_completed = |at: i64| {
+        let pool = db.pool.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while completed(pool.clone()).await < at {
+                assert!(Instant::now() < deadline, "never {at} events published");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut kills = 0;
+    for (at, what) in [
+        (1_500, "relay"),
+        (5_000, "broker"),
+        (8_000, "relay"),
+        (11_000, "relay"),
+    ] {
+        wait_for_completed(at).await;
+        if what == "relay" {
+            killed.signal("KILL");
+            killed.wait(Duration::from_secs(10)).await;
+            kills += 1;
+            eprintln!("{name}: relay worker killed with SIGKILL at {at} published ({kills} of 3)");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            killed = spawn();
+        } else {
+            eprintln!("{name}: broker killed and restarted at {at} published");
+            broker.kill_and_restart().await;
+        }
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let (committed, rolled_back) = {
+        let w = written.lock().unwrap();
+        (w.committed.clone(), w.rolled_back.clone())
+    };
+    let committed_ids: BTreeSet<&str> = committed.iter().map(|(id, _)| id.as_str()).collect();
+    eprintln!(
+        "{name}: {} events committed, {} rolled back, {} behind the poison event",
+        committed.len(),
+        rolled_back.len(),
+        BEHIND_POISON
+    );
+
+    // Every committed event of the healthy aggregates published; the
+    // poison event dead, and its aggregate's later events still waiting.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let (done, dead, waiting_behind): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'completed' AND payload->>'aggregate_type' = 'order'),
+                    count(*) FILTER (WHERE dead_at IS NOT NULL),
+                    count(*) FILTER (WHERE state <> 'completed' AND dead_at IS NULL
+                                     AND payload->>'aggregate_type' = $1)
+             FROM outbox_all_tasks WHERE task_type = 'outbox.event'",
+        )
+        .bind(POISON_TYPE)
+        .fetch_one(&db.pool)
+        .await
+        .expect("count events");
+        if done as usize == committed.len() && dead == 1 {
+            assert_eq!(
+                waiting_behind as usize, BEHIND_POISON,
+                "the poison event's aggregate waits behind it"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {done} of {} published, {dead} dead, after 180 s\nrelay log:\n{}\n{}",
+            committed.len(),
+            killed.log(),
+            steady.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dead_error: String = sqlx::query_scalar(
+        "SELECT coalesce(last_error, '') FROM outbox_tasks WHERE task_type = 'outbox.event' AND dead_at IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the dead event");
+    assert!(
+        dead_error.contains("refused"),
+        "the dead event says why: {dead_error}"
+    );
+
+    let messages = broker.read_all().await;
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut per_key: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for m in &messages {
+        assert!(
+            !rolled_back.contains(&m.event_id),
+            "{name}: rolled-back event {} was published",
+            m.event_id
+        );
+        assert!(
+            committed_ids.contains(m.event_id.as_str()),
+            "{name}: published event {} was never committed",
+            m.event_id
+        );
+        let count = seen.entry(m.event_id.as_str()).or_default();
+        *count += 1;
+        if *count == 1 {
+            per_key
+                .entry(m.aggregate_id.as_str())
+                .or_default()
+                .push(m.sequence);
+        }
+    }
+    let lost: Vec<&&str> = committed_ids
+        .iter()
+        .filter(|id| !seen.contains_key(**id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{name}: {} committed events never reached the broker: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    let duplicates = messages.len() - seen.len();
+    // What a kill can leave unacknowledged: each kill of the relay worker
+    // its events in flight, the broker's restart both workers'.
+    let bound = 3 * CONCURRENCY + 2 * CONCURRENCY;
+    assert!(
+        duplicates <= bound,
+        "{name}: {duplicates} duplicates, more than the {bound} in flight at the kills"
+    );
+    for (key, sequences) in &per_key {
+        assert!(
+            sequences.windows(2).all(|w| w[0] < w[1]),
+            "{name}: aggregate {key} out of order: {sequences:?}"
+        );
+    }
+    eprintln!(
+        "{name}: {} messages, {} distinct, {duplicates} duplicates (bound {bound}); {} aggregates in order; {kills} relay kills, 1 broker restart; {:.1} s",
+        messages.len(),
+        seen.len(),
+        per_key.len(),
+        started.elapsed().as_secs_f64()
+    );
+    drop(steady);
+    drop(killed);
+}
