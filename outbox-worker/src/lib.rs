@@ -16,6 +16,7 @@ mod events_cmd;
 mod explain_cmd;
 mod failure;
 mod flags;
+pub mod local_broker;
 pub mod local_postgres;
 pub mod metrics;
 mod periodic_cmd;

@@ -1019,3 +1019,95 @@ async fn periodic_declarations_are_checked_and_listed() {
     worker.signal("TERM");
     worker.wait(Duration::from_secs(20)).await;
 }
+
+#[tokio::test]
+async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_relays_refused() {
+    let db = TestDb::migrated().await;
+    let at = ["--database-url", db.url.as_str()];
+    let with_db = |args: &[&'static str]| {
+        let mut v = args.to_vec();
+        v.extend(at);
+        v
+    };
+    assert!(ok(&cli(&with_db(&["events", "debezium", "on"])).await).contains("mirror is on"));
+    let emitted = ok(&cli(&with_db(&[
+        "events",
+        "emit",
+        "order",
+        "42",
+        "order.placed",
+        r#"{"total": 990}"#,
+        "--header",
+        "tenant=acme",
+    ]))
+    .await);
+    assert!(emitted.starts_with("emitted event "), "{emitted}");
+    let mirrored: (String, String) =
+        sqlx::query_as("SELECT id::text, aggregateid FROM outbox_events")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(emitted.contains(&mirrored.0), "{emitted} vs {mirrored:?}");
+    assert_eq!(mirrored.1, "42");
+    let backlog = json(&with_db(&["events", "backlog", "--json"])).await;
+    assert_eq!(backlog[0]["queue"], "events");
+    assert_eq!(backlog[0]["pending"], 1);
+
+    refused(
+        &with_db(&["events", "emit", "order", "1", "t", "{nope"]),
+        2,
+        "the payload is not JSON",
+    )
+    .await;
+    refused(
+        &with_db(&["events", "emit", "a/b", "1", "t", "{}"]),
+        2,
+        "contains '/'",
+    )
+    .await;
+    refused(
+        &with_db(&[
+            "events",
+            "emit",
+            "order",
+            "1",
+            "t",
+            "{}",
+            "--header",
+            "sequence=1",
+        ]),
+        2,
+        "set by the relay itself",
+    )
+    .await;
+    refused(&with_db(&["run", "--relay", "nats"]), 2, "is not NAME=URL").await;
+    refused(
+        &with_db(&["run", "--relay", "k=ftp://127.0.0.1:1"]),
+        2,
+        "no sink for URL scheme \"ftp\"",
+    )
+    .await;
+    refused(
+        &with_db(&[
+            "run",
+            "--relay",
+            "n=nats://127.0.0.1:1?concurrency=999999999",
+        ]),
+        2,
+        "is out of range",
+    )
+    .await;
+    refused(
+        &with_db(&[
+            "run",
+            "--relay",
+            "a=nats://127.0.0.1:1",
+            "--relay",
+            "b=redis://127.0.0.1:1",
+        ]),
+        2,
+        "two relays serve queue \"events\"",
+    )
+    .await;
+    assert_eq!(db.task_count().await, 1, "no refusal wrote anything");
+}

@@ -3,6 +3,7 @@
 mod cancel;
 mod crash_safety;
 mod dispatch;
+mod events;
 mod explain;
 mod failures;
 mod history;

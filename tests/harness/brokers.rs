@@ -1,24 +1,15 @@
-//! Throwaway brokers for the relay tests: real servers from the machine's
-//! packages, on free loopback ports, each with its own data directory,
-//! killed with SIGKILL and restarted on the same port and directory.
-//!
-//! When root (CI, sessions), a server runs as `nobody` through `setpriv`,
-//! which execs it, so the process we kill is the server itself.
+//! Throwaway brokers for the relay tests: see
+//! `outbox_worker::local_broker`. A suite whose server is missing is
+//! skipped on a developer's machine and fails in CI.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::PathBuf;
 
-/// What a broker suite does when its server binary is missing: skip on a
-/// developer's machine, fail in CI (where `.ci/install-brokers` should
-/// have installed it).
+pub use outbox_worker::local_broker::{BrokerProcess, free_port};
+
+/// `name`'s path, or None (skip) when it is not installed; in CI (where
+/// `.ci/install-brokers` should have installed it) a missing server fails.
 pub fn find_binary(name: &str, candidates: &[&str]) -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    let found = on_path.or_else(|| candidates.iter().map(PathBuf::from).find(|p| p.is_file()));
+    let found = outbox_worker::local_broker::find_binary(name, candidates);
     if found.is_none() {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -27,147 +18,4 @@ pub fn find_binary(name: &str, candidates: &[&str]) -> Option<PathBuf> {
         eprintln!("skipping: {name} is not installed (bash .ci/install-brokers installs it)");
     }
     found
-}
-
-/// A server process that can be killed and started again as it was.
-pub struct BrokerProcess {
-    binary: PathBuf,
-    args: Vec<String>,
-    /// Its data directory (kept across restarts, removed at drop).
-    pub dir: PathBuf,
-    /// Its loopback port.
-    pub port: u16,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl BrokerProcess {
-    /// Starts `binary` with `args` (`{port}` and `{dir}` filled in) and waits
-    /// until its port accepts connections.
-    pub async fn start(name: &str, binary: &Path, args: &[&str]) -> Self {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("outbox-{name}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the broker's directory");
-        let port = free_port();
-        let args = args
-            .iter()
-            .map(|a| {
-                a.replace("{port}", &port.to_string())
-                    .replace("{dir}", &dir.display().to_string())
-            })
-            .collect();
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "nobody:nogroup"])
-                .arg(&dir)
-                .status()
-                .expect("run chown");
-            assert!(status.success(), "chown the broker's directory");
-        }
-        let mut broker = Self {
-            binary: binary.to_owned(),
-            args,
-            log: dir.with_extension("log"),
-            dir,
-            port,
-            child: None,
-        };
-        broker.spawn().await;
-        broker
-    }
-
-    async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("open the broker's log");
-        let mut command = if is_root() {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-                .arg(&self.binary);
-            c
-        } else {
-            Command::new(&self.binary)
-        };
-        let child = command
-            .args(&self.args)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
-        self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "{} exited at start ({status}):\n{}",
-                    self.binary.display(),
-                    self.log()
-                );
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} did not listen on {} within 20s:\n{}",
-                self.binary.display(),
-                self.port,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Kills the server with SIGKILL and waits for it to be gone.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts it again, same port, same data.
-    pub async fn restart(&mut self) {
-        self.kill();
-        self.spawn().await;
-    }
-
-    /// What the server logged.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for BrokerProcess {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// A port free on loopback now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }

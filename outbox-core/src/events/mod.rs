@@ -254,8 +254,12 @@ pub async fn emit_all(
     events: impl IntoIterator<Item = Event>,
 ) -> Result<Vec<TaskId>> {
     let mut batch = crate::Batch::new();
-    for event in events {
+    for mut event in events {
         event.validate()?;
+        // One spelling (lower case, hyphens) wherever the id is read back.
+        if let Some(bytes) = event.task.id.as_deref().and_then(parse_uuid) {
+            event.task.id = Some(format_uuid(&bytes));
+        }
         let mut options = TaskOptions::new();
         if event.ordered {
             options = options.ordering_key(Event::ordering_key_of(

@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use super::circuit::{Admit, Circuit};
 use super::metrics as m;
 use super::{Message, PublishError, Relay, Route, Sink};
-use crate::events::{EventTask, derived_event_id, format_uuid, instance_id, parse_uuid};
+use crate::events::{EventTask, derived_event_id, instance_id};
 use crate::handler::{HandlerError, HandlerResult, Outcome, TaskContext, TaskHandler};
 
 /// The longest a handler waits at an open circuit before it puts its event
@@ -61,8 +61,8 @@ impl RelayHandler {
 
     async fn event_id(&self, ctx: &TaskContext, task: &EventTask) -> Result<String, HandlerError> {
         if let Some(id) = &task.id {
-            // Checked at emit; normalised so every sink sees one spelling.
-            return Ok(parse_uuid(id).map_or_else(|| id.clone(), |b| format_uuid(&b)));
+            // Checked and normalised at emit.
+            return Ok(id.clone());
         }
         let instance = self
             .instance

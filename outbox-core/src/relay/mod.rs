@@ -153,6 +153,13 @@ impl Relay {
         self
     }
 
+    /// Replaces the sink with what `wrap` makes of it (a decorator that
+    /// times or counts publishes, say).
+    pub fn wrap_sink(mut self, wrap: impl FnOnce(Arc<dyn Sink>) -> Arc<dyn Sink>) -> Self {
+        self.sink = wrap(self.sink);
+        self
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name

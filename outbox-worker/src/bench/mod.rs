@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 mod business;
 mod operator_views;
 mod ordering;
+mod relay;
 mod retention;
 
 use crate::Register;
@@ -106,6 +107,8 @@ pub(crate) struct BenchArgs {
     ordering: ordering::OrderingArgs,
     #[command(flatten)]
     business: business::BusinessArgs,
+    #[command(flatten)]
+    relay: relay::RelayArgs,
     /// Print one JSON object with every figure instead of text.
     #[arg(long)]
     json: bool,
@@ -187,6 +190,8 @@ struct Report {
     ordering: Option<ordering::OrderingReport>,
     /// The application's transaction with and without a submit.
     business_transaction: Option<business::BusinessReport>,
+    /// `--relay`: events/s and commit-to-ack (the other phases are skipped).
+    relay: Option<relay::RelayReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -308,6 +313,10 @@ impl Bench {
     }
 
     async fn run_phases(&mut self) -> Result<(), Failure> {
+        if let Some(kind) = self.args.relay.relay {
+            self.report.relay = Some(relay::measure(self, kind).await?);
+            return Ok(());
+        }
         if self.args.single_submits > 0 {
             let clients = self.args.submitters;
             let [tx, autocommit, floor] = self.single_submits().await?;
@@ -418,9 +427,7 @@ impl Bench {
             // wrote (a checkpoint they started would stall the probes' own
             // commits for tens of milliseconds). Best effort: it needs a
             // superuser or pg_checkpoint, as on the private cluster.
-            if let Err(error) = sqlx::query("CHECKPOINT").execute(&self.pool).await {
-                tracing::debug!(%error, "no checkpoint before the latency phase");
-            }
+            self.checkpoint().await;
             let (from_submit, from_commit) = self.pickup_latency().await?;
             self.say(format!(
                 "pickup latency, idle queue, {} samples: {from_submit}",
@@ -521,6 +528,15 @@ impl Bench {
             eprintln!("{calls:>10} {total:>10.0} {mean:>9.3} {rows:>10}  {shown}");
         }
         Ok(())
+    }
+
+    /// Flushes what earlier phases wrote, so a checkpoint they started does
+    /// not stall a latency phase's commits. Best effort: it needs a
+    /// superuser or pg_checkpoint, as on the private cluster.
+    async fn checkpoint(&self) {
+        if let Err(error) = sqlx::query("CHECKPOINT").execute(&self.pool).await {
+            tracing::debug!(%error, "no checkpoint before the latency phase");
+        }
     }
 
     async fn reset(&self) -> Result<(), Failure> {
