@@ -9,7 +9,9 @@
 -- second region).
 CREATE TABLE outbox_instance (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    id         uuid NOT NULL DEFAULT gen_random_uuid(),
+    -- md5 of randomness rather than gen_random_uuid(), which PostgreSQL 12
+    -- lacks without pgcrypto.
+    id         uuid NOT NULL DEFAULT md5(random()::text || clock_timestamp()::text)::uuid,
     created_at timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO outbox_instance DEFAULT VALUES;

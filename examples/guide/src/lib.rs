@@ -13,6 +13,8 @@
 
 // Not formatted: the snippets keep the layout the documents show.
 #[rustfmt::skip]
+pub mod events;
+#[rustfmt::skip]
 pub mod guide;
 #[rustfmt::skip]
 pub mod readme;

@@ -1,0 +1,99 @@
+//! The events example for real: the service's emit, the stock worker's
+//! relay (a separate process) to a real nats-server, and the consumer (a
+//! separate process) killed with SIGKILL mid-stream and restarted. Every
+//! order must be counted exactly once in the totals.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use outbox_tests::TestDb;
+use outbox_tests::brokers::{BrokerProcess, find_binary};
+use outbox_tests::process::WorkerProcess;
+
+const CONSUMER: &str = env!("CARGO_BIN_EXE_nats-consumer");
+const RELAY: &str = env!("CARGO_BIN_EXE_events-worker");
+
+struct Consumer(Child);
+
+impl Consumer {
+    fn start(db: &TestDb, nats: &str) -> Self {
+        Self(
+            Command::new(CONSUMER)
+                .env("DATABASE_URL", &db.url)
+                .env("NATS_URL", nats)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start the consumer"),
+        )
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn totals(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as("SELECT coalesce(sum(orders), 0)::bigint, coalesce(sum(cents), 0)::bigint FROM customer_totals")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_order_is_counted_once_through_the_relay_and_a_killed_consumer() {
+    let Some(binary) = find_binary("nats-server", &["/usr/sbin/nats-server"]) else {
+        return;
+    };
+    let server = BrokerProcess::start(
+        "events-example-nats",
+        &binary,
+        &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
+    )
+    .await;
+    let nats = format!("nats://127.0.0.1:{}", server.port);
+    let db = TestDb::migrated().await;
+    events_example::setup(&db.pool).await.unwrap();
+    let relay = format!("nats={nats}?stream=EVENTS");
+    let _relay = WorkerProcess::spawn(RELAY, &db.url, &["--relay", &relay]);
+
+    let mut consumer = Consumer::start(&db, &nats);
+    let (mut orders, mut cents) = (0, 0);
+    for i in 0..400_i64 {
+        let customer = format!("c{}", i % 17);
+        events_example::place_order(&db.pool, &customer, 100 + i)
+            .await
+            .unwrap();
+        orders += 1;
+        cents += 100 + i;
+        if i == 200 {
+            // Mid-stream: kill the consumer (some applied events are not
+            // acknowledged yet) and start it again.
+            let _ = consumer.0.kill();
+            let _ = consumer.0.wait();
+            consumer = Consumer::start(&db, &nats);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while totals(&db).await.0 < orders {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "totals stuck at {:?}",
+            totals(&db).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let redeliveries (ack wait 5 s) arrive; none may count twice.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(totals(&db).await, (orders, cents));
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_inbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, orders, "one inbox record per event");
+    drop(consumer);
+    drop(server);
+}
