@@ -10,15 +10,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// `name` on the PATH or at one of `candidates` (Debian puts nats-server
-/// in /usr/sbin, which an ordinary user's PATH may lack).
+/// The first of `candidates` that exists, else `name` on the PATH (Debian
+/// puts nats-server in /usr/sbin, which an ordinary user's PATH may lack,
+/// and RabbitMQ's own script in /usr/lib/rabbitmq/bin, behind a wrapper on
+/// the PATH that insists on switching user).
 pub fn find_binary(name: &str, candidates: &[&str]) -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| candidates.iter().map(PathBuf::from).find(|p| p.is_file()))
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .or_else(|| {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|dir| dir.join(name))
+                    .find(|p| p.is_file())
+            })
+        })
 }
 
 /// A server process that can be killed and started again as it was.
@@ -29,6 +36,7 @@ pub struct BrokerProcess {
     pub dir: PathBuf,
     /// Its loopback port.
     pub port: u16,
+    envs: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -37,18 +45,31 @@ impl BrokerProcess {
     /// Starts `binary` with `args` (`{port}` and `{dir}` filled in) and waits
     /// until its port accepts connections.
     pub async fn start(name: &str, binary: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(name, binary, args, &[], free_port()).await
+    }
+
+    /// [`BrokerProcess::start`] with environment variables (`{port}` and
+    /// `{dir}` filled in there too) on the given port.
+    pub async fn start_with_env(
+        name: &str,
+        binary: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        port: u16,
+    ) -> Self {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("outbox-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the broker's directory");
-        let port = free_port();
-        let args = args
+        let fill = |a: &str| {
+            a.replace("{port}", &port.to_string())
+                .replace("{dir}", &dir.display().to_string())
+        };
+        let args = args.iter().map(|a| fill(a)).collect();
+        let envs = envs
             .iter()
-            .map(|a| {
-                a.replace("{port}", &port.to_string())
-                    .replace("{dir}", &dir.display().to_string())
-            })
+            .map(|(k, v)| ((*k).to_owned(), fill(v)))
             .collect();
         if is_root() {
             let status = Command::new("chown")
@@ -64,6 +85,7 @@ impl BrokerProcess {
             log: dir.with_extension("log"),
             dir,
             port,
+            envs,
             child: None,
         };
         broker.spawn().await;
@@ -84,8 +106,11 @@ impl BrokerProcess {
         } else {
             Command::new(&self.binary)
         };
+        // Its own process group, so a kill reaches whatever it started.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command
             .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -93,7 +118,7 @@ impl BrokerProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
         self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
             .is_err()
@@ -111,7 +136,7 @@ impl BrokerProcess {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{} did not listen on {} within 20s:\n{}",
+                "{} did not listen on {} within 60s:\n{}",
                 self.binary.display(),
                 self.port,
                 self.log()
@@ -123,6 +148,11 @@ impl BrokerProcess {
     /// Kills the server with SIGKILL and waits for it to be gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(format!("-{}", child.id()))
+                .stderr(Stdio::null())
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }

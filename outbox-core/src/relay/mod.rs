@@ -37,6 +37,8 @@ mod url;
 
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "webhook")]

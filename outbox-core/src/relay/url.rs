@@ -13,6 +13,7 @@ pub fn sink_kinds() -> Vec<(&'static str, &'static str, bool)> {
     vec![
         ("nats", "nats", cfg!(feature = "nats")),
         ("redis", "redis", cfg!(feature = "redis")),
+        ("amqp", "rabbitmq", cfg!(feature = "rabbitmq")),
         ("http/https", "webhook", cfg!(feature = "webhook")),
     ]
 }
@@ -83,6 +84,8 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
         "nats" | "tls" => super::nats::from_url(&parsed, &mut params, &route, name).await,
         #[cfg(feature = "redis")]
         "redis" | "rediss" => super::redis::from_url(&parsed, &mut params, name),
+        #[cfg(feature = "rabbitmq")]
+        "amqp" | "amqps" => super::rabbitmq::from_url(&parsed, &mut params, name),
         #[cfg(feature = "webhook")]
         "http" | "https" => super::webhook::from_url(&parsed, &mut params, name),
         other => Err(unknown_scheme(name, other)),

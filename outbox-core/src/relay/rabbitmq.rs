@@ -1,0 +1,191 @@
+//! RabbitMQ sink (`rabbitmq` feature), with `lapin`.
+//!
+//! Each event is published to the relay's exchange with the routed
+//! routing key, `mandatory` (an unroutable message comes back instead of
+//! vanishing), persistent (delivery mode 2), `message_id` = event id, and
+//! the event's headers in the message's header table, on a channel with
+//! publisher confirms: the broker's ack means it has the message (on disk,
+//! for a durable queue). A returned message is a permanent failure (no
+//! queue is bound for it: publishing again will not change that); a nack
+//! is transient (the broker could not take it now).
+
+use std::sync::Arc;
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Mutex;
+
+use super::sink::{Message, PublishError, PublishFuture, Sink};
+
+/// A RabbitMQ sink.
+pub struct RabbitSink {
+    uri: String,
+    exchange: String,
+    /// Declare the exchange (durable, this kind) when connecting.
+    declare: Option<ExchangeKind>,
+    channel: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl RabbitSink {
+    /// A sink on `uri` (`amqp://host:port/vhost`) publishing to `exchange`;
+    /// connects on first use.
+    pub fn new(uri: &str, exchange: &str, declare: Option<ExchangeKind>) -> Self {
+        Self {
+            uri: uri.to_owned(),
+            exchange: exchange.to_owned(),
+            declare,
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// The channel, connecting (with confirms on) when there is none or it
+    /// broke.
+    async fn channel(&self) -> Result<Channel, PublishError> {
+        let mut held = self.channel.lock().await;
+        if let Some((conn, channel)) = held.as_ref()
+            && conn.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        *held = None;
+        let conn = Connection::connect(&self.uri, ConnectionProperties::default())
+            .await
+            .map_err(|e| PublishError::transient("connect", e))?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(|e| PublishError::transient("connect", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| PublishError::transient("connect", e))?;
+        if let Some(kind) = &self.declare {
+            channel
+                .exchange_declare(
+                    self.exchange.as_str().into(),
+                    kind.clone(),
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| PublishError::transient("declare", e))?;
+        }
+        *held = Some((conn, channel.clone()));
+        Ok(channel)
+    }
+
+    async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        let channel = self.channel().await?;
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(value.as_str().into()),
+            );
+        }
+        let properties = BasicProperties::default()
+            .with_message_id(message.event_id.as_str().into())
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_timestamp(message.created_at.timestamp().max(0) as u64)
+            .with_headers(headers);
+        let confirm = channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                message.destination.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &message.payload,
+                properties,
+            )
+            .await
+            .map_err(|e| self.broken(e))?;
+        match confirm.await.map_err(|e| self.broken(e))? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => Err(PublishError::permanent(
+                "returned",
+                format!(
+                    "no queue takes routing key {:?} on exchange {:?} ({} {})",
+                    message.destination, self.exchange, returned.reply_code, returned.reply_text
+                ),
+            )),
+            Confirmation::Nack(_) => Err(PublishError::transient(
+                "nack",
+                "the broker could not take the message now",
+            )),
+            Confirmation::NotRequested => Err(PublishError::transient(
+                "no_confirm",
+                "the channel has no publisher confirms",
+            )),
+        }
+    }
+
+    /// A failure of the connection or channel: transient, and the channel
+    /// is made again on the next publish.
+    fn broken(&self, e: lapin::Error) -> PublishError {
+        if let Ok(mut held) = self.channel.try_lock() {
+            *held = None;
+        }
+        PublishError::transient("connection", e)
+    }
+}
+
+impl Sink for RabbitSink {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
+        Box::pin(self.publish_one(message))
+    }
+}
+
+/// Builds the sink for an `amqp://` URL: `exchange` (default `outbox`) and
+/// `exchange_type` (`topic`, `direct`, `fanout` or `headers`: declare it,
+/// durable, when connecting; default: it must exist). The password comes
+/// from `OUTBOX_RELAY_<NAME>_SECRET`.
+pub(crate) fn from_url(
+    url: &::url::Url,
+    params: &mut super::url::Params,
+    name: &str,
+) -> Result<Arc<dyn Sink>, String> {
+    let exchange = params
+        .take("exchange")
+        .unwrap_or_else(|| "outbox".to_owned());
+    let declare = match params.take("exchange_type").as_deref() {
+        None => None,
+        Some("topic") => Some(ExchangeKind::Topic),
+        Some("direct") => Some(ExchangeKind::Direct),
+        Some("fanout") => Some(ExchangeKind::Fanout),
+        Some("headers") => Some(ExchangeKind::Headers),
+        Some(other) => {
+            return Err(format!(
+                "relay {name:?}: exchange_type {other:?}: use topic, direct, fanout or headers"
+            ));
+        }
+    };
+    let mut server = url.clone();
+    server.set_query(None);
+    if server.password().is_some() {
+        return Err(format!(
+            "relay {name:?}: put the RabbitMQ password in OUTBOX_RELAY_{}_SECRET, not in the URL",
+            name.to_ascii_uppercase().replace('-', "_")
+        ));
+    }
+    if let Some(secret) = super::url::secret_from_env(name) {
+        let _ = server.set_password(Some(&secret));
+    }
+    Ok(Arc::new(RabbitSink::new(
+        server.as_str(),
+        &exchange,
+        declare,
+    )))
+}
