@@ -187,7 +187,8 @@ struct RunArgs {
     periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
     /// Relay events to a broker, as NAME=URL (repeatable; in OUTBOX_RELAYS,
     /// separated by spaces). The scheme picks the sink: nats://, redis://,
-    /// http:// or https:// (webhooks). Query parameters set queue (default
+    /// kafka://HOST:PORT[,HOST:PORT...], http:// or https:// (webhooks).
+    /// Query parameters set queue (default
     /// events), concurrency (default 100), route (default
     /// outbox.event.{aggregate_type}), give_up_after, timeout_ms and the
     /// sink's own options. Secrets never go in the URL: the relay reads

@@ -1,10 +1,12 @@
 //! Relays against real brokers: nats-server, rabbitmq-server and
-//! redis-server from Debian's
-//! packages, started here on free loopback ports, and a local HTTP
-//! receiver for webhooks. Each runs the same scenario of kills, restarts
+//! redis-server from Debian's packages, started here on free loopback
+//! ports, librdkafka's mock Kafka cluster in a process of its own, and a
+//! local HTTP receiver for webhooks. Each runs the same scenario of kills,
+//! restarts
 //! and a poison event (scenario.rs). A suite whose server is not installed
 //! is skipped, unless CI is set: then it fails.
 
+mod kafka;
 mod nats;
 mod rabbitmq;
 mod redis;

@@ -49,6 +49,11 @@ impl Broker for Nats {
         self.server.restart().await;
     }
 
+    fn duplicates_bound(&self, _reclaimed: usize) -> usize {
+        // Nats-Msg-Id within the duplicate window: JetStream keeps one.
+        0
+    }
+
     async fn read_all(&mut self) -> Vec<Published> {
         let client = async_nats::connect(self.url())
             .await

@@ -140,6 +140,12 @@ impl Broker for Rabbit {
         self.server.restart().await;
     }
 
+    fn duplicates_bound(&self, reclaimed: usize) -> usize {
+        // RabbitMQ keeps every confirmed copy: at most one per claim past
+        // the first.
+        reclaimed
+    }
+
     async fn read_all(&mut self) -> Vec<Published> {
         let conn = self.connect().await;
         let ch = conn.create_channel().await.unwrap();

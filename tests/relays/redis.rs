@@ -72,6 +72,11 @@ impl Broker for Redis {
         self.server.restart().await;
     }
 
+    fn duplicates_bound(&self, _reclaimed: usize) -> usize {
+        // The script's dedup key: one copy, whatever was republished.
+        0
+    }
+
     async fn read_all(&mut self) -> Vec<Published> {
         let mut conn = self.conn().await;
         let mut out = Vec::new();

@@ -35,6 +35,8 @@ pub mod metrics;
 mod sink;
 mod url;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -112,10 +114,11 @@ impl Relay {
     }
 
     /// A relay from a URL: the scheme picks the sink (`nats://`,
-    /// `redis://`, `http://` or `https://` for webhooks; each needs its
-    /// cargo feature), and query parameters set the routing and the relay's
-    /// options (`queue`, `concurrency`, `route`, `give_up_after`,
-    /// `timeout_ms`, and the sink's own: see [`sink_kinds`]). Connects
+    /// `redis://`, `kafka://`, `http://` or `https://` for webhooks; each
+    /// needs its cargo feature), and query parameters set the routing and
+    /// the relay's options (`queue`, `concurrency`, `route`,
+    /// `give_up_after`, `timeout_ms`, and the sink's own: see
+    /// [`sink_kinds`]). Connects
     /// lazily: a broker that is down at start is a transient failure later,
     /// not an error now.
     pub async fn from_url(name: &str, url: &str) -> Result<Self, String> {

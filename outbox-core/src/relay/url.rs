@@ -15,6 +15,7 @@ pub fn sink_kinds() -> Vec<(&'static str, &'static str, bool)> {
         ("redis", "redis", cfg!(feature = "redis")),
         ("amqp", "rabbitmq", cfg!(feature = "rabbitmq")),
         ("http/https", "webhook", cfg!(feature = "webhook")),
+        ("kafka", "kafka", cfg!(feature = "kafka")),
     ]
 }
 
@@ -55,7 +56,14 @@ impl Params {
 
 /// Builds the relay `name` from `url`.
 pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, String> {
-    let parsed = ::url::Url::parse(url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
+    let (url, hosts) = split_host_list(url);
+    let parsed = ::url::Url::parse(&url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
+    if hosts.is_some() && parsed.scheme() != "kafka" {
+        return Err(format!(
+            "relay {name:?}: a list of hosts is for kafka:// URLs; {}:// takes one",
+            parsed.scheme()
+        ));
+    }
     let mut params = Params(BTreeMap::new());
     for (k, v) in parsed.query_pairs() {
         if params.0.insert(k.to_string(), v.to_string()).is_some() {
@@ -88,6 +96,14 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
         "amqp" | "amqps" => super::rabbitmq::from_url(&parsed, &mut params, name),
         #[cfg(feature = "webhook")]
         "http" | "https" => super::webhook::from_url(&parsed, &mut params, name),
+        #[cfg(feature = "kafka")]
+        "kafka" => super::kafka::from_url(
+            &parsed,
+            hosts.as_deref(),
+            &mut params,
+            Duration::from_millis(timeout_ms),
+            name,
+        ),
         other => Err(unknown_scheme(name, other)),
     }?;
     if let Some((k, _)) = params.0.iter().next() {
@@ -117,6 +133,31 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
     Ok(relay)
 }
 
+/// `url` with its host list (`kafka://a:9092,b:9092`, which `url::Url`
+/// refuses) cut to the first host, and the whole list when there was one.
+fn split_host_list(url: &str) -> (String, Option<String>) {
+    let Some(at) = url.find("://") else {
+        return (url.to_owned(), None);
+    };
+    let start = at + 3;
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let authority = &url[start..end];
+    let (user, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    if !hosts.contains(',') {
+        return (url.to_owned(), None);
+    }
+    let first = hosts.split(',').next().unwrap_or_default();
+    (
+        format!("{}{user}{first}{}", &url[..start], &url[end..]),
+        Some(hosts.to_owned()),
+    )
+}
+
 /// The error for a scheme this build has no sink for.
 fn unknown_scheme(name: &str, scheme: &str) -> String {
     let known: Vec<String> = sink_kinds()
@@ -144,4 +185,25 @@ pub(crate) fn secret_from_env(name: &str) -> Option<String> {
         name.to_ascii_uppercase().replace('-', "_")
     );
     std::env::var(var).ok().filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_are_cut_to_the_first_host() {
+        assert_eq!(
+            split_host_list("kafka://a:1,b:2?x=1"),
+            ("kafka://a:1?x=1".to_owned(), Some("a:1,b:2".to_owned()))
+        );
+        assert_eq!(
+            split_host_list("kafka://u@a,b/"),
+            ("kafka://u@a/".to_owned(), Some("a,b".to_owned()))
+        );
+        assert_eq!(
+            split_host_list("nats://a:1?x=a,b"),
+            ("nats://a:1?x=a,b".to_owned(), None)
+        );
+    }
 }
