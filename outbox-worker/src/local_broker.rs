@@ -39,6 +39,116 @@ pub struct BrokerProcess {
     envs: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
+    /// A command run at drop, after the kill (RabbitMQ's epmd daemonizes).
+    cleanup: Option<Vec<String>>,
+}
+
+/// A broker this module knows how to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// nats-server with JetStream.
+    Nats,
+    /// redis-server with `appendonly yes`, `appendfsync always`.
+    Redis,
+    /// rabbitmq-server (its own script, not Debian's wrapper).
+    Rabbitmq,
+}
+
+impl Kind {
+    /// The server binary's name and where Debian puts it.
+    pub fn binary(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Kind::Nats => (
+                "nats-server",
+                &["/usr/sbin/nats-server", "/usr/bin/nats-server"],
+            ),
+            Kind::Redis => ("redis-server", &["/usr/bin/redis-server"]),
+            Kind::Rabbitmq => (
+                "rabbitmq-server",
+                &["/usr/lib/rabbitmq/bin/rabbitmq-server"],
+            ),
+        }
+    }
+
+    /// Starts one on a free loopback port with a fresh data directory.
+    pub async fn start(self, binary: &Path) -> BrokerProcess {
+        match self {
+            Kind::Nats => {
+                BrokerProcess::start(
+                    "nats",
+                    binary,
+                    &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
+                )
+                .await
+            }
+            Kind::Redis => {
+                BrokerProcess::start(
+                    "redis",
+                    binary,
+                    &[
+                        "--port",
+                        "{port}",
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        "{dir}",
+                        "--appendonly",
+                        "yes",
+                        "--appendfsync",
+                        "always",
+                        "--save",
+                        "",
+                        "--protected-mode",
+                        "no",
+                    ],
+                )
+                .await
+            }
+            Kind::Rabbitmq => {
+                // A node, ports, cookie and data of its own;
+                // RUNNING_UNDER_SYSTEMD makes the script exec the VM (with
+                // no shell reading stdin), so the process killed is the
+                // broker. Its epmd (a daemon) is stopped at drop.
+                let epmd = free_port().to_string();
+                let dist = free_port().to_string();
+                let mut server = BrokerProcess::start_with_env(
+                    "rabbitmq",
+                    binary,
+                    &[],
+                    &[
+                        ("RABBITMQ_NODENAME", "outbox-{port}@localhost"),
+                        ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1"),
+                        ("RABBITMQ_NODE_PORT", "{port}"),
+                        ("RABBITMQ_DIST_PORT", &dist),
+                        ("ERL_EPMD_PORT", &epmd),
+                        ("ERL_EPMD_ADDRESS", "127.0.0.1"),
+                        ("RABBITMQ_MNESIA_BASE", "{dir}/mnesia"),
+                        ("RABBITMQ_LOG_BASE", "{dir}/log"),
+                        ("RABBITMQ_CONFIG_FILE", "{dir}/rabbitmq"),
+                        ("RABBITMQ_ADVANCED_CONFIG_FILE", "{dir}/advanced.config"),
+                        ("RABBITMQ_ENABLED_PLUGINS_FILE", "{dir}/enabled_plugins"),
+                        ("RABBITMQ_PID_FILE", "{dir}/rabbitmq.pid"),
+                        ("RUNNING_UNDER_SYSTEMD", "true"),
+                        ("HOME", "{dir}"),
+                    ],
+                    free_port(),
+                )
+                .await;
+                server.cleanup = Some(vec!["epmd".into(), "-port".into(), epmd, "-kill".into()]);
+                server
+            }
+        }
+    }
+
+    /// The relay URL of a running one (RabbitMQ as `guest`, whose password
+    /// goes in `OUTBOX_RELAY_<NAME>_SECRET`).
+    pub fn url(self, server: &BrokerProcess) -> String {
+        match self {
+            Kind::Nats => format!("nats://127.0.0.1:{}", server.port),
+            Kind::Redis => format!("redis://127.0.0.1:{}", server.port),
+            Kind::Rabbitmq => format!("amqp://guest@127.0.0.1:{}/%2f", server.port),
+        }
+    }
 }
 
 impl BrokerProcess {
@@ -87,6 +197,7 @@ impl BrokerProcess {
             port,
             envs,
             child: None,
+            cleanup: None,
         };
         broker.spawn().await;
         broker
@@ -173,6 +284,13 @@ impl BrokerProcess {
 impl Drop for BrokerProcess {
     fn drop(&mut self) {
         self.kill();
+        if let Some(cleanup) = &self.cleanup {
+            let _ = Command::new(&cleanup[0])
+                .args(&cleanup[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(&self.log);
     }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-pub use outbox_worker::local_broker::{BrokerProcess, free_port};
+pub use outbox_worker::local_broker::{BrokerProcess, Kind, free_port};
 
 /// `name`'s path, or None (skip) when it is not installed; in CI (where
 /// `.ci/install-brokers` should have installed it) a missing server fails.
@@ -18,4 +18,12 @@ pub fn find_binary(name: &str, candidates: &[&str]) -> Option<PathBuf> {
         eprintln!("skipping: {name} is not installed (bash .ci/install-brokers installs it)");
     }
     found
+}
+
+/// A broker of `kind` started on a free port, or None (skip) when its
+/// server is not installed (a failure in CI).
+pub async fn start(kind: Kind) -> Option<BrokerProcess> {
+    let (name, candidates) = kind.binary();
+    let binary = find_binary(name, candidates)?;
+    Some(kind.start(&binary).await)
 }

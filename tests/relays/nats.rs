@@ -1,7 +1,7 @@
 //! The relay against a real nats-server with JetStream.
 
 use futures_util::StreamExt as _;
-use outbox_tests::brokers::{BrokerProcess, find_binary};
+use outbox_tests::brokers::{self, BrokerProcess, Kind};
 
 use crate::scenario::{self, Broker, CONCURRENCY, Published};
 
@@ -11,21 +11,12 @@ struct Nats {
 
 impl Nats {
     async fn start() -> Option<Self> {
-        let binary = find_binary(
-            "nats-server",
-            &["/usr/sbin/nats-server", "/usr/bin/nats-server"],
-        )?;
-        let server = BrokerProcess::start(
-            "nats",
-            &binary,
-            &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
-        )
-        .await;
+        let server = brokers::start(Kind::Nats).await?;
         Some(Self { server })
     }
 
     fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.server.port)
+        Kind::Nats.url(&self.server)
     }
 }
 

@@ -8,70 +8,24 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use outbox_tests::brokers::{BrokerProcess, find_binary, free_port};
+use outbox_tests::brokers::{self, BrokerProcess, Kind};
 
 use crate::scenario::{self, Broker, CONCURRENCY, Published};
 
 struct Rabbit {
     server: BrokerProcess,
-    /// The port of the node's own epmd, which daemonizes: stopped at drop.
-    epmd: String,
-}
-
-impl Drop for Rabbit {
-    fn drop(&mut self) {
-        self.server.kill();
-        let _ = std::process::Command::new("epmd")
-            .args(["-port", &self.epmd, "-kill"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
 }
 
 impl Rabbit {
     async fn start() -> Option<Self> {
-        let binary = find_binary(
-            "rabbitmq-server",
-            &["/usr/lib/rabbitmq/bin/rabbitmq-server"],
-        )?;
-        // The script itself (not Debian's wrapper, which switches user),
-        // with a node, ports, cookie and data of its own;
-        // RUNNING_UNDER_SYSTEMD makes it exec the VM (with no shell reading stdin),
-        // so the process killed is the broker.
-        let epmd = free_port().to_string();
-        let dist = free_port().to_string();
-        let port = free_port();
-        let server = BrokerProcess::start_with_env(
-            "rabbitmq",
-            &binary,
-            &[],
-            &[
-                ("RABBITMQ_NODENAME", "outbox-{port}@localhost"),
-                ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1"),
-                ("RABBITMQ_NODE_PORT", "{port}"),
-                ("RABBITMQ_DIST_PORT", &dist),
-                ("ERL_EPMD_PORT", &epmd),
-                ("ERL_EPMD_ADDRESS", "127.0.0.1"),
-                ("RABBITMQ_MNESIA_BASE", "{dir}/mnesia"),
-                ("RABBITMQ_LOG_BASE", "{dir}/log"),
-                ("RABBITMQ_CONFIG_FILE", "{dir}/rabbitmq"),
-                ("RABBITMQ_ADVANCED_CONFIG_FILE", "{dir}/advanced.config"),
-                ("RABBITMQ_ENABLED_PLUGINS_FILE", "{dir}/enabled_plugins"),
-                ("RABBITMQ_PID_FILE", "{dir}/rabbitmq.pid"),
-                ("RUNNING_UNDER_SYSTEMD", "true"),
-                ("HOME", "{dir}"),
-            ],
-            port,
-        )
-        .await;
-        let rabbit = Self { server, epmd };
+        let server = brokers::start(Kind::Rabbitmq).await?;
+        let rabbit = Self { server };
         rabbit.declare().await;
         Some(rabbit)
     }
 
     fn url(&self) -> String {
-        format!("amqp://guest@127.0.0.1:{}/%2f", self.server.port)
+        Kind::Rabbitmq.url(&self.server)
     }
 
     async fn connect(&self) -> Connection {

@@ -1,6 +1,6 @@
 //! The relay against a real redis-server (Streams).
 
-use outbox_tests::brokers::{BrokerProcess, find_binary};
+use outbox_tests::brokers::{self, BrokerProcess, Kind};
 
 use crate::scenario::{self, Broker, CONCURRENCY, POISON_TYPE, Published};
 
@@ -10,33 +10,12 @@ struct Redis {
 
 impl Redis {
     async fn start() -> Option<Self> {
-        let binary = find_binary("redis-server", &["/usr/bin/redis-server"])?;
-        let server = BrokerProcess::start(
-            "redis",
-            &binary,
-            &[
-                "--port",
-                "{port}",
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                "{dir}",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-                "--protected-mode",
-                "no",
-            ],
-        )
-        .await;
+        let server = brokers::start(Kind::Redis).await?;
         Some(Self { server })
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.server.port)
+        Kind::Redis.url(&self.server)
     }
 
     async fn conn(&self) -> redis::aio::MultiplexedConnection {

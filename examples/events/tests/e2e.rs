@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use outbox_tests::TestDb;
-use outbox_tests::brokers::{BrokerProcess, find_binary};
+use outbox_tests::brokers::{self, Kind};
 use outbox_tests::process::WorkerProcess;
 
 const CONSUMER: &str = env!("CARGO_BIN_EXE_nats-consumer");
@@ -45,16 +45,10 @@ async fn totals(db: &TestDb) -> (i64, i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_order_is_counted_once_through_the_relay_and_a_killed_consumer() {
-    let Some(binary) = find_binary("nats-server", &["/usr/sbin/nats-server"]) else {
+    let Some(server) = brokers::start(Kind::Nats).await else {
         return;
     };
-    let server = BrokerProcess::start(
-        "events-example-nats",
-        &binary,
-        &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
-    )
-    .await;
-    let nats = format!("nats://127.0.0.1:{}", server.port);
+    let nats = Kind::Nats.url(&server);
     let db = TestDb::migrated().await;
     events_example::setup(&db.pool).await.unwrap();
     let relay = format!("nats={nats}?stream=EVENTS");

@@ -12,7 +12,10 @@
 use std::sync::Arc;
 
 use lapin::Confirmation;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
@@ -25,19 +28,47 @@ pub struct RabbitSink {
     exchange: String,
     /// Declare the exchange (durable, this kind) when connecting.
     declare: Option<ExchangeKind>,
+    /// Declare this durable queue and bind it to every routing key (`#`).
+    bind_queue: Option<String>,
     channel: Mutex<Option<(Connection, Channel)>>,
 }
 
 impl RabbitSink {
     /// A sink on `uri` (`amqp://host:port/vhost`) publishing to `exchange`;
     /// connects on first use.
-    pub fn new(uri: &str, exchange: &str, declare: Option<ExchangeKind>) -> Self {
+    pub fn new(uri: &str, exchange: &str) -> Self {
         Self {
             uri: uri.to_owned(),
             exchange: exchange.to_owned(),
-            declare,
+            declare: None,
+            bind_queue: None,
             channel: Mutex::new(None),
         }
+    }
+
+    /// Declares the exchange (durable) as `kind` (`topic`, `direct`,
+    /// `fanout` or `headers`) on each connection.
+    pub fn declare_exchange(mut self, kind: &str) -> Result<Self, String> {
+        self.declare = Some(match kind {
+            "topic" => ExchangeKind::Topic,
+            "direct" => ExchangeKind::Direct,
+            "fanout" => ExchangeKind::Fanout,
+            "headers" => ExchangeKind::Headers,
+            other => {
+                return Err(format!(
+                    "exchange type {other:?}: use topic, direct, fanout or headers"
+                ));
+            }
+        });
+        Ok(self)
+    }
+
+    /// Declares a durable queue bound to the (topic) exchange for every
+    /// routing key, on each connection: for demos and benchmarks, where no
+    /// consumer has declared its own yet.
+    pub fn bind_queue(mut self, queue: &str) -> Self {
+        self.bind_queue = Some(queue.to_owned());
+        self
     }
 
     /// The channel, connecting (with confirms on) when there is none or it
@@ -71,6 +102,29 @@ impl RabbitSink {
                         durable: true,
                         ..ExchangeDeclareOptions::default()
                     },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| PublishError::transient("declare", e))?;
+        }
+        if let Some(queue) = &self.bind_queue {
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| PublishError::transient("declare", e))?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    self.exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
                     FieldTable::default(),
                 )
                 .await
@@ -148,10 +202,11 @@ impl Sink for RabbitSink {
     }
 }
 
-/// Builds the sink for an `amqp://` URL: `exchange` (default `outbox`) and
+/// Builds the sink for an `amqp://` URL: `exchange` (default `outbox`),
 /// `exchange_type` (`topic`, `direct`, `fanout` or `headers`: declare it,
-/// durable, when connecting; default: it must exist). The password comes
-/// from `OUTBOX_RELAY_<NAME>_SECRET`.
+/// durable, when connecting; default: it must exist) and `bind_queue` (a
+/// durable queue bound for every routing key). The password comes from
+/// `OUTBOX_RELAY_<NAME>_SECRET`.
 pub(crate) fn from_url(
     url: &::url::Url,
     params: &mut super::url::Params,
@@ -160,18 +215,8 @@ pub(crate) fn from_url(
     let exchange = params
         .take("exchange")
         .unwrap_or_else(|| "outbox".to_owned());
-    let declare = match params.take("exchange_type").as_deref() {
-        None => None,
-        Some("topic") => Some(ExchangeKind::Topic),
-        Some("direct") => Some(ExchangeKind::Direct),
-        Some("fanout") => Some(ExchangeKind::Fanout),
-        Some("headers") => Some(ExchangeKind::Headers),
-        Some(other) => {
-            return Err(format!(
-                "relay {name:?}: exchange_type {other:?}: use topic, direct, fanout or headers"
-            ));
-        }
-    };
+    let exchange_type = params.take("exchange_type");
+    let bind_queue = params.take("bind_queue");
     let mut server = url.clone();
     server.set_query(None);
     if server.password().is_some() {
@@ -183,9 +228,14 @@ pub(crate) fn from_url(
     if let Some(secret) = super::url::secret_from_env(name) {
         let _ = server.set_password(Some(&secret));
     }
-    Ok(Arc::new(RabbitSink::new(
-        server.as_str(),
-        &exchange,
-        declare,
-    )))
+    let mut sink = RabbitSink::new(server.as_str(), &exchange);
+    if let Some(kind) = exchange_type {
+        sink = sink
+            .declare_exchange(&kind)
+            .map_err(|e| format!("relay {name:?}: {e}"))?;
+    }
+    if let Some(queue) = bind_queue {
+        sink = sink.bind_queue(&queue);
+    }
+    Ok(Arc::new(sink))
 }

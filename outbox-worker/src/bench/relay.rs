@@ -26,7 +26,7 @@ use super::{Bench, Latency, db};
 use crate::connect::connect;
 use crate::failure::Failure;
 use crate::flags;
-use crate::local_broker::{BrokerProcess, find_binary};
+use crate::local_broker::{BrokerProcess, Kind, find_binary};
 
 /// `bench --relay` flags.
 #[derive(Debug, Args)]
@@ -59,7 +59,11 @@ pub(crate) struct RelayArgs {
 pub(crate) enum RelayKind {
     Nats,
     Redis,
+    Rabbitmq,
     Webhook,
+    /// librdkafka's mock cluster, in process (3 brokers, the real
+    /// protocol, logs in memory).
+    Kafka,
 }
 
 /// What `bench --relay` measured.
@@ -105,6 +109,14 @@ impl Sink for Timed {
 /// The broker of the run, kept alive while it lasts.
 enum Running {
     Process(BrokerProcess),
+    #[cfg(feature = "kafka")]
+    Kafka(
+        #[expect(
+            dead_code,
+            reason = "held so the mock cluster lives as long as the run"
+        )]
+        rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    ),
     Receiver(tokio::task::JoinHandle<()>),
     External,
 }
@@ -118,9 +130,23 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let make = async |acked: &Arc<Mutex<HashMap<String, Instant>>>| -> Result<Relay, Failure> {
         let acked = Arc::clone(acked);
-        Ok(Relay::from_url("bench", &url)
-            .await
-            .map_err(Failure::config)?
+        let relay = match &broker {
+            // guest's password would have to come from the environment.
+            Running::Process(server) if kind == RelayKind::Rabbitmq => Relay::new(
+                "bench",
+                outbox::relay::rabbitmq::RabbitSink::new(
+                    &format!("amqp://guest:guest@127.0.0.1:{}/%2f", server.port),
+                    "outbox",
+                )
+                .declare_exchange("topic")
+                .map_err(Failure::config)?
+                .bind_queue("bench"),
+            ),
+            _ => Relay::from_url("bench", &url)
+                .await
+                .map_err(Failure::config)?,
+        };
+        Ok(relay
             .concurrency(args.relay_concurrency)
             .wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
     };
@@ -164,71 +190,70 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
 
 /// Starts a broker of `kind`; returns the relay URL.
 async fn start_broker(kind: RelayKind) -> Result<(String, Running), Failure> {
-    let missing = |name: &str| {
+    let local = match kind {
+        RelayKind::Nats => Kind::Nats,
+        RelayKind::Redis => Kind::Redis,
+        RelayKind::Rabbitmq => Kind::Rabbitmq,
+        RelayKind::Webhook => return webhook_receiver().await,
+        RelayKind::Kafka => return kafka_mock(),
+    };
+    let (name, candidates) = local.binary();
+    let binary = find_binary(name, candidates).ok_or_else(|| {
         Failure::config(format!(
             "{name} is not installed: install it (bash .ci/install-brokers) or give --relay-url"
         ))
+    })?;
+    let server = local.start(&binary).await;
+    let url = match local {
+        Kind::Nats => format!("{}?stream=BENCH", local.url(&server)),
+        // The exchange and a queue taking every event, declared by the
+        // sink (a returned message would be refused for good).
+        Kind::Rabbitmq => format!(
+            "{}?exchange_type=topic&bind_queue=bench",
+            local.url(&server)
+        ),
+        Kind::Redis => local.url(&server),
     };
-    Ok(match kind {
-        RelayKind::Nats => {
-            let binary = find_binary("nats-server", &["/usr/sbin/nats-server"])
-                .ok_or_else(|| missing("nats-server"))?;
-            let server = BrokerProcess::start(
-                "bench-nats",
-                &binary,
-                &["-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"],
-            )
-            .await;
-            (
-                format!("nats://127.0.0.1:{}?stream=BENCH", server.port),
-                Running::Process(server),
-            )
-        }
-        RelayKind::Redis => {
-            let binary = find_binary("redis-server", &["/usr/bin/redis-server"])
-                .ok_or_else(|| missing("redis-server"))?;
-            let server = BrokerProcess::start(
-                "bench-redis",
-                &binary,
-                &[
-                    "--port",
-                    "{port}",
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    "{dir}",
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "always",
-                    "--save",
-                    "",
-                ],
-            )
-            .await;
-            (
-                format!("redis://127.0.0.1:{}", server.port),
-                Running::Process(server),
-            )
-        }
-        RelayKind::Webhook => {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .map_err(Failure::runtime)?;
-            let port = listener.local_addr().map_err(Failure::runtime)?.port();
-            let app = axum::Router::new().route(
-                "/hook",
-                axum::routing::post(|| async { axum::http::StatusCode::NO_CONTENT }),
-            );
-            let server = tokio::spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            });
-            (
-                format!("http://127.0.0.1:{port}/hook"),
-                Running::Receiver(server),
-            )
-        }
-    })
+    Ok((url, Running::Process(server)))
+}
+
+/// librdkafka's mock cluster, with the orders' topic on four partitions.
+#[cfg(feature = "kafka")]
+fn kafka_mock() -> Result<(String, Running), Failure> {
+    let cluster = rdkafka::mocking::MockCluster::new(3).map_err(Failure::runtime)?;
+    cluster
+        .create_topic("outbox.event.order", 4, 3)
+        .map_err(Failure::runtime)?;
+    Ok((
+        format!("kafka://{}", cluster.bootstrap_servers()),
+        Running::Kafka(cluster),
+    ))
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_mock() -> Result<(String, Running), Failure> {
+    Err(Failure::config(
+        "this build has no Kafka sink (cargo feature \"kafka\")",
+    ))
+}
+
+/// An in-process HTTP receiver answering 204.
+async fn webhook_receiver() -> Result<(String, Running), Failure> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(Failure::runtime)?;
+    let port = listener.local_addr().map_err(Failure::runtime)?.port();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async { axum::http::StatusCode::NO_CONTENT }),
+    );
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((
+        format!("http://127.0.0.1:{port}/hook"),
+        Running::Receiver(server),
+    ))
 }
 
 impl Drop for Running {
@@ -236,6 +261,8 @@ impl Drop for Running {
         match self {
             Running::Process(server) => server.kill(),
             Running::Receiver(server) => server.abort(),
+            #[cfg(feature = "kafka")]
+            Running::Kafka(_) => {}
             Running::External => {}
         }
     }
