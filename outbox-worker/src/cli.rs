@@ -186,9 +186,9 @@ struct RunArgs {
     #[arg(long = "periodic", value_parser = crate::periodic_cmd::parse_spec)]
     periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
     /// Relay events to a broker, as NAME=URL (repeatable; in OUTBOX_RELAYS,
-    /// separated by spaces). The scheme picks the sink: nats://, redis://,
-    /// kafka://HOST:PORT[,HOST:PORT...], http:// or https:// (webhooks).
-    /// Query parameters set queue (default
+    /// separated by spaces). The scheme picks the sink: nats://,
+    /// kafka://HOST:PORT[,HOST:PORT...], amqp:// (RabbitMQ), redis://,
+    /// http:// or https:// (webhooks). Query parameters set queue (default
     /// events), concurrency (default 100), route (default
     /// outbox.event.{aggregate_type}), give_up_after, timeout_ms and the
     /// sink's own options. Secrets never go in the URL: the relay reads

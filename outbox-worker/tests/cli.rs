@@ -1111,3 +1111,93 @@ async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_r
     .await;
     assert_eq!(db.task_count().await, 1, "no refusal wrote anything");
 }
+
+#[tokio::test]
+async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_dead_and_blocked() {
+    let db = TestDb::migrated().await;
+    // A webhook receiver that refuses the aggregate "bad" for good.
+    let receiver = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = receiver.local_addr().unwrap().port();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|headers: axum::http::HeaderMap| async move {
+            if headers
+                .get("outbox-aggregate-id")
+                .is_some_and(|v| v == "bad")
+            {
+                axum::http::StatusCode::BAD_REQUEST
+            } else {
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let server = tokio::spawn(async move { axum::serve(receiver, app).await });
+    for id in ["1", "2", "bad", "bad", "3"] {
+        ok(&cli(&[
+            "events",
+            "emit",
+            "order",
+            id,
+            "order.placed",
+            "{}",
+            "--database-url",
+            &db.url,
+        ])
+        .await);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = format!("hooks=http://127.0.0.1:{hook_port}/hook?give_up_after=1");
+    let mut worker = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &[
+            "--metrics-addr",
+            &addr,
+            "--relay",
+            &relay,
+            "--shutdown-grace",
+            "1s",
+        ],
+    );
+    let wanted = [
+        "outbox_relay_published_total{relay=\"hooks\"} 3",
+        "outbox_relay_failures_total{relay=\"hooks\",class=\"permanent\",kind=\"http_refused\"} 1",
+        "outbox_relay_commit_to_ack_seconds_bucket{relay=\"hooks\"",
+        "outbox_relay_publish_seconds_bucket{relay=\"hooks\"",
+        "outbox_relay_backlog{relay=\"hooks\"} 1",
+        "outbox_relay_dead_events{relay=\"hooks\"} 1",
+        "outbox_relay_blocked_keys{relay=\"hooks\"} 1",
+        "outbox_relay_oldest_unpublished_age_seconds{relay=\"hooks\"}",
+        "# HELP outbox_relay_published_total",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(body) = http_get(port, "/metrics").await
+            && wanted.iter().all(|w| body.contains(w))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed {wanted:?}:\n{}\n{}",
+            http_get(port, "/metrics").await.unwrap_or_default(),
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dead = ok(&cli(&["tasks", "list", "--dead", "--database-url", &db.url]).await);
+    assert!(dead.contains("outbox.event"), "{dead}");
+    worker.signal("TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(20)).await.code(),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+    server.abort();
+}
