@@ -181,7 +181,7 @@ impl BrokerProcess {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), fill(v)))
             .collect();
-        if is_root() {
+        if crate::local_postgres::is_root() {
             let status = Command::new("chown")
                 .args(["-R", "nobody:nogroup"])
                 .arg(&dir)
@@ -209,7 +209,7 @@ impl BrokerProcess {
             .append(true)
             .open(&self.log)
             .expect("open the broker's log");
-        let mut command = if is_root() {
+        let mut command = if crate::local_postgres::is_root() {
             let mut c = Command::new("setpriv");
             c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
                 .arg(&self.binary);
@@ -269,9 +269,11 @@ impl BrokerProcess {
         }
     }
 
-    /// Starts it again, same port, same data.
+    /// Kills it (SIGKILL), leaves it down half a second, and starts it
+    /// again: same port, same data.
     pub async fn restart(&mut self) {
         self.kill();
+        tokio::time::sleep(Duration::from_millis(500)).await;
         self.spawn().await;
     }
 
@@ -302,12 +304,4 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }

@@ -363,7 +363,8 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (then servers run as another user).
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -638,6 +638,28 @@ async fn http_get(port: u16, path: &str) -> Option<String> {
     Some(response)
 }
 
+/// Scrapes /metrics until every line of `wanted` is in it (30 s at most);
+/// returns the response.
+async fn scrape_until(
+    port: u16,
+    wanted: &[&str],
+    worker: &outbox_tests::process::WorkerProcess,
+) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = http_get(port, "/metrics").await.unwrap_or_default();
+        if wanted.iter().all(|w| body.contains(w)) {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed {wanted:?}:\n{body}\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn metrics_serve_the_documented_series_while_tasks_run() {
     let db = TestDb::migrated().await;
@@ -682,20 +704,7 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
         "outbox_oldest_snapshot_age_seconds",
         "# HELP outbox_tasks_processed_total",
     ];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        if let Some(body) = http_get(port, "/metrics").await
-            && wanted.iter().all(|w| body.contains(w))
-        {
-            break body;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "metrics never showed {wanted:?}:\n{}",
-            worker.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let body = scrape_until(port, &wanted, &worker).await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     let health = http_get(port, "/health").await.unwrap();
     assert!(
@@ -1175,21 +1184,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_dead_an
         "outbox_relay_oldest_unpublished_age_seconds{relay=\"hooks\"}",
         "# HELP outbox_relay_published_total",
     ];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(body) = http_get(port, "/metrics").await
-            && wanted.iter().all(|w| body.contains(w))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "metrics never showed {wanted:?}:\n{}\n{}",
-            http_get(port, "/metrics").await.unwrap_or_default(),
-            worker.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    scrape_until(port, &wanted, &worker).await;
     let dead = ok(&cli(&["tasks", "list", "--dead", "--database-url", &db.url]).await);
     assert!(dead.contains("outbox.event"), "{dead}");
     worker.signal("TERM");

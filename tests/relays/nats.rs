@@ -35,8 +35,6 @@ impl Broker for Nats {
     }
 
     async fn kill_and_restart(&mut self) {
-        self.server.kill();
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         self.server.restart().await;
     }
 
@@ -81,11 +79,7 @@ impl Broker for Nats {
                 "the dedup id is the event id"
             );
             assert!(!get("traceparent").is_empty(), "the traceparent travels");
-            out.push(Published {
-                event_id: get("event-id"),
-                aggregate_id: get("aggregate-id"),
-                sequence: get("sequence").parse().expect("a sequence"),
-            });
+            out.push(Published::from_headers(get));
         }
         out
     }

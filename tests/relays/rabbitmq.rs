@@ -89,8 +89,6 @@ impl Broker for Rabbit {
     }
 
     async fn kill_and_restart(&mut self) {
-        self.server.kill();
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         self.server.restart().await;
     }
 
@@ -145,11 +143,7 @@ impl Broker for Rabbit {
                 .unwrap_or_default();
             assert_eq!(message_id, get("event-id"), "message_id is the event id");
             assert_eq!(*delivery.properties.delivery_mode(), Some(2), "persistent");
-            out.push(Published {
-                event_id: get("event-id"),
-                aggregate_id: get("aggregate-id"),
-                sequence: get("sequence").parse().expect("a sequence"),
-            });
+            out.push(Published::from_headers(get));
             delivery.ack(BasicAckOptions::default()).await.unwrap();
         }
         out

@@ -46,8 +46,6 @@ impl Broker for Redis {
     }
 
     async fn kill_and_restart(&mut self) {
-        self.server.kill();
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         self.server.restart().await;
     }
 
@@ -77,11 +75,7 @@ impl Broker for Redis {
                 let get = |name: &str| entry.get::<String>(name).unwrap_or_default();
                 assert!(!get("payload").is_empty(), "the payload travels");
                 assert!(!get("traceparent").is_empty(), "the traceparent travels");
-                out.push(Published {
-                    event_id: get("event-id"),
-                    aggregate_id: get("aggregate-id"),
-                    sequence: get("sequence").parse().expect("a sequence"),
-                });
+                out.push(Published::from_headers(get));
             }
         }
         out

@@ -40,6 +40,17 @@ pub(crate) struct Published {
     pub sequence: i64,
 }
 
+impl Published {
+    /// From the relay's headers, read by `get` (empty when missing).
+    pub(crate) fn from_headers(get: impl Fn(&str) -> String) -> Self {
+        Self {
+            event_id: get("event-id"),
+            aggregate_id: get("aggregate-id"),
+            sequence: get("sequence").parse().expect("a sequence header"),
+        }
+    }
+}
+
 /// A broker under test.
 pub(crate) trait Broker {
     /// The `--relay` value's URL for the relay worker processes.

@@ -197,8 +197,8 @@ pub(crate) async fn from_url(
     server.set_query(None);
     if server.password().is_some() {
         return Err(format!(
-            "relay {name:?}: put the NATS password or token in OUTBOX_RELAY_{}_SECRET, not in the URL",
-            name.to_ascii_uppercase().replace('-', "_")
+            "relay {name:?}: put the NATS password or token in {}, not in the URL",
+            super::url::secret_var(name)
         ));
     }
     let mut options = async_nats::ConnectOptions::new();

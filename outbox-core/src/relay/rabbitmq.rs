@@ -217,17 +217,7 @@ pub(crate) fn from_url(
         .unwrap_or_else(|| "outbox".to_owned());
     let exchange_type = params.take("exchange_type");
     let bind_queue = params.take("bind_queue");
-    let mut server = url.clone();
-    server.set_query(None);
-    if server.password().is_some() {
-        return Err(format!(
-            "relay {name:?}: put the RabbitMQ password in OUTBOX_RELAY_{}_SECRET, not in the URL",
-            name.to_ascii_uppercase().replace('-', "_")
-        ));
-    }
-    if let Some(secret) = super::url::secret_from_env(name) {
-        let _ = server.set_password(Some(&secret));
-    }
+    let server = super::url::with_secret_password(url, name, "RabbitMQ")?;
     let mut sink = RabbitSink::new(server.as_str(), &exchange);
     if let Some(kind) = exchange_type {
         sink = sink

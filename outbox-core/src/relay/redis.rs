@@ -153,17 +153,7 @@ pub(crate) fn from_url(
 ) -> Result<Arc<dyn Sink>, String> {
     let ttl = params.parse_range("dedup_ttl_s", 86_400, 1, 86_400 * 30)?;
     let maxlen = params.parse_range("maxlen", 0, 0, u64::from(u32::MAX))?;
-    let mut server = url.clone();
-    server.set_query(None);
-    if server.password().is_some() {
-        return Err(format!(
-            "relay {name:?}: put the Redis password in OUTBOX_RELAY_{}_SECRET, not in the URL",
-            name.to_ascii_uppercase().replace('-', "_")
-        ));
-    }
-    if let Some(secret) = super::url::secret_from_env(name) {
-        let _ = server.set_password(Some(&secret));
-    }
+    let server = super::url::with_secret_password(url, name, "Redis")?;
     Ok(Arc::new(RedisSink::new(
         server.as_str(),
         Duration::from_secs(ttl),

@@ -176,15 +176,46 @@ fn unknown_scheme(name: &str, scheme: &str) -> String {
     )
 }
 
+/// `url` without its query, with the password from
+/// `OUTBOX_RELAY_<NAME>_SECRET` when set; a password in the URL itself is
+/// refused (`what` names the broker in the message).
+#[allow(dead_code, reason = "used by the sinks with passwords")]
+pub(crate) fn with_secret_password(
+    url: &::url::Url,
+    name: &str,
+    what: &str,
+) -> Result<::url::Url, String> {
+    let mut server = url.clone();
+    server.set_query(None);
+    if server.password().is_some() {
+        return Err(format!(
+            "relay {name:?}: put the {what} password in {}, not in the URL",
+            secret_var(name)
+        ));
+    }
+    if let Some(secret) = secret_from_env(name) {
+        server
+            .set_password(Some(&secret))
+            .map_err(|()| format!("relay {name:?}: this URL cannot carry a password"))?;
+    }
+    Ok(server)
+}
+
+/// The variable holding relay `name`'s secret.
+pub(crate) fn secret_var(name: &str) -> String {
+    format!(
+        "OUTBOX_RELAY_{}_SECRET",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
 /// The secret of relay `name`, from `OUTBOX_RELAY_<NAME>_SECRET` (never
 /// from a URL or a flag, which show up in process lists and shell history).
 #[allow(dead_code, reason = "used by the sinks that sign")]
 pub(crate) fn secret_from_env(name: &str) -> Option<String> {
-    let var = format!(
-        "OUTBOX_RELAY_{}_SECRET",
-        name.to_ascii_uppercase().replace('-', "_")
-    );
-    std::env::var(var).ok().filter(|s| !s.is_empty())
+    std::env::var(secret_var(name))
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]

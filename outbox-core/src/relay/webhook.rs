@@ -183,8 +183,8 @@ pub(crate) fn from_url(
     if endpoint.password().is_some() {
         return Err(format!(
             "relay {name:?}: a password in the webhook URL shows up in process lists; \
-             sign with OUTBOX_RELAY_{}_SECRET instead",
-            name.to_ascii_uppercase().replace('-', "_")
+             sign with {} instead",
+            super::url::secret_var(name)
         ));
     }
     let secret = super::url::secret_from_env(name);
