@@ -129,6 +129,13 @@ impl Kind {
                         ("RABBITMQ_ENABLED_PLUGINS_FILE", "{dir}/enabled_plugins"),
                         ("RABBITMQ_PID_FILE", "{dir}/rabbitmq.pid"),
                         ("RUNNING_UNDER_SYSTEMD", "true"),
+                        // No busy-waiting schedulers: on a small shared
+                        // machine they take the cores the database and
+                        // the relay need.
+                        (
+                            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                            "+sbwt none +sbwtdcpu none +sbwtdio none",
+                        ),
                         ("HOME", "{dir}"),
                     ],
                     free_port(),

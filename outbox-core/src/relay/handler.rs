@@ -90,8 +90,12 @@ impl TaskHandler<EventTask> for RelayHandler {
         }
         let event_id = match self.event_id(&ctx, &task).await {
             Ok(id) => id,
-            // The database is unreachable: the outcome will wait for it too.
-            Err(e) => return Err(e),
+            // The instance id could not be read (the database is away for
+            // a moment): transient, like a broker outage.
+            Err(e) => {
+                tracing::warn!(relay = %relay.name, task_id = %ctx.id(), error = %e, "no event id yet");
+                return Ok(Outcome::RetryAfter(backoff(1)));
+            }
         };
         let message = message(&relay.route, event_id, &ctx, task);
         let started = std::time::Instant::now();

@@ -214,6 +214,29 @@ mod tests {
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 
+    #[tokio::test]
+    async fn https_builds_with_ring_and_an_unreachable_endpoint_is_transient() {
+        let sink = WebhookSink::new(
+            "https://127.0.0.1:1/hook",
+            Some("s"),
+            Duration::from_secs(2),
+        )
+        .expect("an https client");
+        let message = Message {
+            event_id: "e".into(),
+            aggregate_type: "order".into(),
+            aggregate_id: "1".into(),
+            event_type: "t".into(),
+            payload: b"{}".to_vec(),
+            headers: Vec::new(),
+            sequence: 1,
+            created_at: chrono::Utc::now(),
+            destination: String::new(),
+        };
+        let error = sink.publish(&message).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+    }
+
     #[test]
     fn retry_after_reads_seconds_and_dates() {
         assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));

@@ -156,12 +156,14 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         args.relay_concurrency
     ));
 
+    reset(bench).await?;
     fill(bench, n, |i| i.to_string()).await?;
     let events_per_s = drain(bench, make(&acked).await?, n).await?;
     bench.say(format!(
         "  each event its own aggregate: {events_per_s:.0} events/s"
     ));
 
+    reset(bench).await?;
     fill(bench, n, |i| (i % 1000).to_string()).await?;
     let ordered = drain(bench, make(&acked).await?, n).await?;
     bench.say(format!(
@@ -169,8 +171,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     ));
 
     acked.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    bench.reset().await?;
-    bench.checkpoint().await;
+    reset(bench).await?;
     let latency = latency(bench, make(&acked).await?, &acked).await?;
     bench.say(format!(
         "  commit to ack at {} events/s: {latency}",
@@ -266,6 +267,24 @@ impl Drop for Running {
             Running::External => {}
         }
     }
+}
+
+/// Removes the events of the phases before, their keys' lock rows and
+/// their dead row versions, and flushes them to disk: each phase starts on
+/// an empty queue, not behind the last one's cleanup.
+async fn reset(bench: &Bench) -> Result<(), Failure> {
+    for sql in [
+        "DELETE FROM outbox_tasks WHERE queue = 'events'",
+        "DELETE FROM outbox_task_history WHERE queue = 'events'",
+        "DELETE FROM outbox_keys WHERE queue = 'events'",
+        "VACUUM ANALYZE outbox_tasks",
+        "VACUUM ANALYZE outbox_task_history",
+        "VACUUM ANALYZE outbox_keys",
+    ] {
+        sqlx::query(sql).execute(&bench.pool).await.map_err(db)?;
+    }
+    bench.checkpoint().await;
+    Ok(())
 }
 
 /// Emits `n` events, event `i` on aggregate `key(i)`, in transactions of
