@@ -17,14 +17,22 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use hmac::{KeyInit, Mac};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 
 use super::sink::{Message, PublishError, PublishFuture, Sink};
 
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// A webhook sink.
 pub struct WebhookSink {
-    client: reqwest::Client,
-    url: String,
+    client: HttpsClient,
+    url: hyper::Uri,
     secret: Option<Vec<u8>>,
+    timeout: Duration,
 }
 
 impl WebhookSink {
@@ -40,6 +48,9 @@ impl WebhookSink {
                 None => s.as_bytes().to_vec(),
             }),
         };
+        let url: hyper::Uri = url
+            .parse()
+            .map_err(|e| format!("webhook URL {url:?}: {e}"))?;
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -49,27 +60,34 @@ impl WebhookSink {
         .map_err(|e| format!("TLS: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        http.set_nodelay(true);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
         Ok(Self {
             client,
-            url: url.to_owned(),
+            url,
             secret,
+            timeout,
         })
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         let timestamp = chrono::Utc::now().timestamp().to_string();
-        let mut request = self
-            .client
-            .post(&self.url)
+        let mut request = hyper::Request::post(self.url.clone())
             .header("content-type", "application/json")
+            .header(
+                "user-agent",
+                concat!("outbox-relay/", env!("CARGO_PKG_VERSION")),
+            )
             .header("webhook-id", &message.event_id)
             .header("webhook-timestamp", &timestamp);
         if let Some(secret) = &self.secret {
@@ -85,17 +103,22 @@ impl WebhookSink {
                 request.header(format!("outbox-{name}"), value.as_str())
             };
         }
-        let response = request
-            .body(message.payload.clone())
-            .send()
-            .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    PublishError::transient("timeout", e)
-                } else {
-                    PublishError::transient("connection", e)
-                }
-            })?;
+        let request = request
+            .body(Full::new(Bytes::from(message.payload.clone())))
+            // Headers were checked at emit; a value HTTP cannot carry is
+            // this message's fault.
+            .map_err(|e| PublishError::permanent("bad_header", e))?;
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
+        {
+            Err(_) => {
+                return Err(PublishError::transient(
+                    "timeout",
+                    format!("{} did not answer within {:?}", self.url, self.timeout),
+                ));
+            }
+            Ok(Err(e)) => return Err(PublishError::transient("connection", e)),
+            Ok(Ok(response)) => response,
+        };
         let status = response.status();
         if status.is_success() {
             return Ok(());
