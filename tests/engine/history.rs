@@ -365,8 +365,12 @@ async fn an_upgrade_from_the_single_table_schema_keeps_every_row() {
             .unwrap();
     assert_eq!(before.len(), 25);
 
+    // Version 10 moves the rows; later versions must leave them as they are.
     let report = outbox::migrate(&db.pool).await.unwrap();
-    assert_eq!(report.applied, vec![10]);
+    assert_eq!(
+        report.applied,
+        (10..=outbox::latest_version()).collect::<Vec<_>>()
+    );
     let after: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(
         ROWS.replace("{table}", "outbox_all_tasks"),
     ))
