@@ -1,7 +1,8 @@
-//! The events example for real: the service's emit, the stock worker's
-//! relay (a separate process) to a real nats-server, and the consumer (a
-//! separate process) killed with SIGKILL mid-stream and restarted. Every
-//! order must be counted exactly once in the totals.
+//! The events example for real: the service's emit, the relay to a real
+//! nats-server (the stock worker, a separate process) or to librdkafka's
+//! mock Kafka cluster, and the consumer (a separate process) killed with
+//! SIGKILL mid-stream and restarted. Every order must be counted exactly
+//! once in the totals.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use outbox_tests::process::WorkerProcess;
 
 const CONSUMER: &str = env!("CARGO_BIN_EXE_nats-consumer");
 const RELAY: &str = env!("CARGO_BIN_EXE_events-worker");
+const KAFKA_CONSUMER: &str = env!("CARGO_BIN_EXE_kafka-consumer");
 
 struct Consumer(Child);
 
@@ -90,4 +92,71 @@ async fn every_order_is_counted_once_through_the_relay_and_a_killed_consumer() {
     assert_eq!(recorded, orders, "one inbox record per event");
     drop(consumer);
     drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_kafka_consumer_counts_every_order_once_through_the_relay() {
+    // librdkafka's mock cluster (the real protocol), in this process.
+    let cluster = rdkafka::mocking::MockCluster::new(3).expect("a mock Kafka cluster");
+    cluster
+        .create_topic("outbox.event.customer", 3, 3)
+        .expect("the topic");
+    let brokers = cluster.bootstrap_servers();
+    let db = TestDb::migrated().await;
+    events_example::setup(&db.pool).await.unwrap();
+    let relay = outbox::relay::Relay::from_url("kafka", &format!("kafka://{brokers}"))
+        .await
+        .expect("a Kafka relay");
+    let worker = outbox_tests::RunningWorker::start(
+        outbox::Worker::builder(db.pool.clone())
+            .relay(relay)
+            .build()
+            .expect("a relay worker"),
+    );
+    let mut consumer = Consumer(
+        Command::new(KAFKA_CONSUMER)
+            .env("DATABASE_URL", &db.url)
+            .env("KAFKA_BROKERS", &brokers)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the Kafka consumer"),
+    );
+    let (mut orders, mut cents) = (0, 0);
+    for i in 0..300_i64 {
+        let customer = format!("c{}", i % 11);
+        events_example::place_order(&db.pool, &customer, 100 + i)
+            .await
+            .unwrap();
+        orders += 1;
+        cents += 100 + i;
+        if i == 150 {
+            // Mid-stream: kill the consumer (applied records whose offsets
+            // are not committed yet come again) and start it again.
+            let _ = consumer.0.kill();
+            let _ = consumer.0.wait();
+            consumer = Consumer(
+                Command::new(KAFKA_CONSUMER)
+                    .env("DATABASE_URL", &db.url)
+                    .env("KAFKA_BROKERS", &brokers)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("restart the Kafka consumer"),
+            );
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while totals(&db).await.0 < orders {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "totals stuck at {:?}",
+            totals(&db).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(totals(&db).await, (orders, cents));
+    drop(consumer);
+    worker.stop().await;
 }
