@@ -2,7 +2,8 @@
 //! aggregates from 8 concurrent writers, a tenth of the transactions rolled
 //! back; two relay worker processes, one killed with SIGKILL three times
 //! and restarted; the broker killed and restarted on the same port and
-//! data; one poison event. Then what reached the broker is checked against
+//! data; every engine session of both relay workers terminated (as
+//! `pg_terminate_backend` or a failover does); one poison event. Then what reached the broker is checked against
 //! what committed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -218,12 +219,27 @@ pub(crate) async fn run<B: Broker>(name: &str, broker: &mut B) {
     let mut kills = 0;
     for (at, what) in [
         (1_500, "relay"),
+        (3_500, "sessions"),
         (5_000, "broker"),
         (8_000, "relay"),
         (11_000, "relay"),
     ] {
         wait_for_completed(at).await;
-        if what == "relay" {
+        if what == "sessions" {
+            let terminated: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name LIKE $1 \
+                   AND pid <> pg_backend_pid()) t",
+            )
+            .bind(format!("{} %", outbox::ENGINE_APPLICATION_NAME))
+            .fetch_one(&db.pool)
+            .await
+            .expect("terminate the relay workers' sessions");
+            assert!(terminated > 0, "the relay workers have engine sessions");
+            eprintln!(
+                "{name}: {terminated} engine sessions of the relay workers terminated at {at} published"
+            );
+        } else if what == "relay" {
             killed.signal("KILL");
             killed.wait(Duration::from_secs(10)).await;
             kills += 1;

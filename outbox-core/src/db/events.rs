@@ -1,6 +1,9 @@
 //! Statements about events' side tables: the inbox and the Debezium mirror.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+
+use super::delete_expired;
 
 /// Deletes up to `limit` inbox records and `limit` mirror rows older than
 /// `retention_us`; returns how many in all.
@@ -8,17 +11,18 @@ pub(crate) async fn prune(
     conn: &mut PgConnection,
     retention_us: i64,
     limit: i64,
+    now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
-    let inbox = prune_inbox(&mut *conn, retention_us, limit).await?;
-    let mirror = sqlx::query(
-        "DELETE FROM outbox_events WHERE id = ANY (ARRAY(SELECT id FROM outbox_events \
-         WHERE created_at < now() - make_interval(secs => $1::float8 / 1e6) LIMIT $2))",
+    let inbox = prune_inbox(&mut *conn, retention_us, limit, now).await?;
+    let mirror = delete_expired(
+        conn,
+        include_str!("sql/prune_event_mirror.sql"),
+        retention_us,
+        limit,
+        now,
     )
-    .bind(retention_us)
-    .bind(limit)
-    .execute(conn)
     .await?;
-    Ok(inbox + mirror.rows_affected())
+    Ok(inbox + mirror)
 }
 
 /// Deletes up to `limit` inbox records older than `retention_us`.
@@ -26,14 +30,14 @@ pub(crate) async fn prune_inbox(
     conn: &mut PgConnection,
     retention_us: i64,
     limit: i64,
+    now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM outbox_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox_inbox \
-         WHERE processed_at < now() - make_interval(secs => $1::float8 / 1e6) LIMIT $2))",
+    delete_expired(
+        conn,
+        include_str!("sql/prune_inbox.sql"),
+        retention_us,
+        limit,
+        now,
     )
-    .bind(retention_us)
-    .bind(limit)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
+    .await
 }

@@ -75,11 +75,12 @@ pub(crate) async fn cleanup_default(
     limit: i64,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(include_str!("sql/cleanup_history_default.sql"))
-        .bind(retention_us)
-        .bind(limit)
-        .bind(now)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected())
+    super::delete_expired(
+        conn,
+        include_str!("sql/cleanup_history_default.sql"),
+        retention_us,
+        limit,
+        now,
+    )
+    .await
 }

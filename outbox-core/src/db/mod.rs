@@ -350,7 +350,27 @@ pub(crate) async fn cleanup_completed(
     limit: i64,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(include_str!("sql/cleanup_completed.sql"))
+    delete_expired(
+        conn,
+        include_str!("sql/cleanup_completed.sql"),
+        retention_us,
+        limit,
+        now,
+    )
+    .await
+}
+
+/// Runs one bounded retention batch: `sql` takes the retention in
+/// microseconds ($1), the batch size ($2) and a clock override ($3, null
+/// for the database's now()). Returns how many rows it deleted.
+pub(crate) async fn delete_expired(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    retention_us: i64,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(sql)
         .bind(retention_us)
         .bind(limit)
         .bind(now)

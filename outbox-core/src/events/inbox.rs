@@ -57,5 +57,5 @@ pub async fn prune(
     limit: i64,
 ) -> Result<u64> {
     let retention_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-    Ok(crate::db::events::prune_inbox(conn, retention_us, limit).await?)
+    Ok(crate::db::events::prune_inbox(conn, retention_us, limit, None).await?)
 }

@@ -1,6 +1,7 @@
 //! What relays record through the `metrics` facade, and the backlog read
 //! from the database for the gauges.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -17,20 +18,19 @@ pub const PUBLISH_DURATION: &str = "outbox_relay_publish_seconds";
 /// 1 while the relay's circuit is open (the broker presumed down), by relay.
 pub const CIRCUIT_OPEN: &str = "outbox_relay_circuit_open";
 
-pub(crate) fn circuit(relay: &str, open: bool) {
-    metrics::gauge!(CIRCUIT_OPEN, "relay" => relay.to_owned()).set(if open { 1.0 } else { 0.0 });
+pub(crate) fn circuit(relay: &Arc<str>, open: bool) {
+    metrics::gauge!(CIRCUIT_OPEN, "relay" => Arc::clone(relay)).set(if open { 1.0 } else { 0.0 });
 }
 
-pub(crate) fn published(relay: &str, took: Duration, created_at: DateTime<Utc>) {
-    let relay = relay.to_owned();
-    metrics::counter!(PUBLISHED, "relay" => relay.clone()).increment(1);
-    metrics::histogram!(PUBLISH_DURATION, "relay" => relay.clone()).record(took.as_secs_f64());
+pub(crate) fn published(relay: &Arc<str>, took: Duration, created_at: DateTime<Utc>) {
+    metrics::counter!(PUBLISHED, "relay" => Arc::clone(relay)).increment(1);
+    metrics::histogram!(PUBLISH_DURATION, "relay" => Arc::clone(relay)).record(took.as_secs_f64());
     let age = (Utc::now() - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
-    metrics::histogram!(COMMIT_TO_ACK, "relay" => relay).record(age.max(0.0));
+    metrics::histogram!(COMMIT_TO_ACK, "relay" => Arc::clone(relay)).record(age.max(0.0));
 }
 
-pub(crate) fn failed(relay: &str, class: &'static str, kind: &'static str) {
-    metrics::counter!(FAILURES, "relay" => relay.to_owned(), "class" => class, "kind" => kind)
+pub(crate) fn failed(relay: &Arc<str>, class: &'static str, kind: &'static str) {
+    metrics::counter!(FAILURES, "relay" => Arc::clone(relay), "class" => class, "kind" => kind)
         .increment(1);
 }
 

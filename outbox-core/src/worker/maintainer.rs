@@ -299,7 +299,7 @@ async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
 /// (one batch of each per round: both grow at most as fast as events).
 async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
-        crate::db::events::prune(conn, retention_us, DEFAULT_BATCH).await
+        crate::db::events::prune(conn, retention_us, DEFAULT_BATCH, shared.config.clock.now()).await
     })
     .await?;
     if deleted > 0 {
