@@ -31,6 +31,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// An event that cannot be emitted (a field too long or empty, a bad
+    /// id or header); nothing was written.
+    #[error("event refused: {0}")]
+    InvalidEvent(String),
+
     /// A submit option is out of range; nothing was written.
     #[error("invalid task option: {0}")]
     InvalidOption(String),

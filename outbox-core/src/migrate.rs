@@ -91,6 +91,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0011_events.up.sql"),
         down: include_str!("../../migrations/0011_events.down.sql"),
     },
+    Migration {
+        version: 12,
+        name: "event_log",
+        up: include_str!("../../migrations/0012_event_log.up.sql"),
+        down: include_str!("../../migrations/0012_event_log.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -1,24 +1,32 @@
-//! `events emit | backlog | debezium`: events from the command line, the
-//! relays' backlog, and the Debezium mirror switch.
+//! `events emit | subscriptions | parked | retry | skip`: events from the
+//! command line, the subscriptions' lag, and what operators do about
+//! parked aggregates.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use outbox::events::{self, Event};
 
 use crate::connect::{DbArgs, connect_migrated};
 use crate::failure::Failure;
+use crate::flags;
 
 /// `events` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum EventsCommand {
-    /// Emit one event (committed at once) and print its task id and event id.
+    /// Emit one event (committed at once) and print its id and position.
     Emit(EmitArgs),
-    /// Events not yet published, per queue: waiting, oldest age, dead, and
-    /// aggregates blocked by a dead event.
-    Backlog(BacklogArgs),
-    /// Turn the Debezium mirror on or off, or show it: while on, each event
-    /// is also written to `outbox_events` (id, aggregatetype, aggregateid,
-    /// type, payload) in the emitting transaction.
-    Debezium(DebeziumArgs),
+    /// Every subscription (one per relay) with its lag: events of its
+    /// stream not yet published, how long the oldest has waited, its live
+    /// relay workers, and the events it holds back.
+    #[command(alias = "backlog")]
+    Subscriptions(ListArgs),
+    /// Events held back because their aggregate is parked (the broker
+    /// refused the first for good, or it is not due yet).
+    Parked(ParkedArgs),
+    /// Try a parked aggregate again now, from its first held-back event.
+    Retry(AggregateArgs),
+    /// Drop a parked aggregate's first held-back event (the refused one)
+    /// and publish the rest.
+    Skip(AggregateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -36,16 +44,17 @@ pub(crate) struct EmitArgs {
     /// A header, as NAME=VALUE (repeatable).
     #[arg(long = "header", value_parser = parse_header)]
     headers: Vec<(String, String)>,
-    /// The event's id (a UUID); default: derived from its task id.
+    /// The event's id (a UUID); default: a new UUIDv7.
     #[arg(long)]
     id: Option<String>,
-    /// The queue (the relay) to emit to; default `events`.
+    /// The stream to emit to (the relays reading it publish it); default
+    /// `events`.
     #[arg(long)]
     queue: Option<String>,
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct BacklogArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
     db: DbArgs,
     /// One JSON array instead of a table.
@@ -54,19 +63,30 @@ pub(crate) struct BacklogArgs {
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct DebeziumArgs {
+pub(crate) struct ParkedArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// on, off, or status.
-    #[arg(value_enum)]
-    switch: Switch,
+    /// Only this subscription's.
+    #[arg(long)]
+    subscription: Option<String>,
+    /// At most this many events.
+    #[arg(long, default_value_t = 100, value_parser = flags::count(1, 100_000))]
+    limit: usize,
+    /// One JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub(crate) enum Switch {
-    On,
-    Off,
-    Status,
+#[derive(Debug, Args)]
+pub(crate) struct AggregateArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The subscription (the relay's name).
+    subscription: String,
+    /// The aggregate's type.
+    aggregate_type: String,
+    /// The aggregate's id.
+    aggregate_id: String,
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -79,8 +99,10 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
     match command {
         EventsCommand::Emit(args) => emit(args).await,
-        EventsCommand::Backlog(args) => backlog(args).await,
-        EventsCommand::Debezium(args) => debezium(args).await,
+        EventsCommand::Subscriptions(args) => subscriptions(args).await,
+        EventsCommand::Parked(args) => parked(args).await,
+        EventsCommand::Retry(args) => act(args, false).await,
+        EventsCommand::Skip(args) => act(args, true).await,
     }
 }
 
@@ -104,15 +126,17 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     }
     let pool = connect_migrated(&args.db.database_url, 2).await?;
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
-    let task = events::emit(&mut conn, event).await?;
-    let id = events::event_id(&mut conn, task).await?.unwrap_or_default();
-    println!("emitted event {id} as task {task}");
+    let emitted = events::emit(&mut conn, event).await?;
+    println!(
+        "emitted event {} at position {}",
+        emitted.id, emitted.position
+    );
     Ok(())
 }
 
-async fn backlog(args: BacklogArgs) -> Result<(), Failure> {
+async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db.database_url, 2).await?;
-    let rows = outbox::relay::backlog(&pool).await?;
+    let rows = outbox::relay::subscriptions(&pool).await?;
     if args.json {
         println!(
             "{}",
@@ -121,37 +145,95 @@ async fn backlog(args: BacklogArgs) -> Result<(), Failure> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no events waiting");
+        println!("no subscriptions: a relay creates its own when it first runs");
         return Ok(());
     }
     println!(
-        "{:<20} {:>10} {:>14} {:>8} {:>13}",
-        "QUEUE", "WAITING", "OLDEST AGE (s)", "DEAD", "BLOCKED KEYS"
+        "{:<20} {:<12} {:>5} {:>10} {:>9} {:>8} {:>12} {:>8} {:>10}",
+        "SUBSCRIPTION",
+        "STREAM",
+        "PARTS",
+        "BEHIND",
+        "LAG (s)",
+        "WORKERS",
+        "PUBLISHED",
+        "PARKED",
+        "AGGREGATES"
     );
     for r in rows {
         println!(
-            "{:<20} {:>10} {:>14.1} {:>8} {:>13}",
-            r.queue, r.pending, r.oldest_age_s, r.dead, r.blocked_keys
+            "{:<20} {:<12} {:>5} {:>10} {:>9.1} {:>8} {:>12} {:>8} {:>10}",
+            r.name,
+            r.stream,
+            r.partitions,
+            r.behind,
+            r.lag_s,
+            r.holders,
+            r.published,
+            r.parked,
+            r.parked_aggregates
         );
     }
     Ok(())
 }
 
-async fn debezium(args: DebeziumArgs) -> Result<(), Failure> {
+async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db.database_url, 2).await?;
-    match args.switch {
-        Switch::On => events::set_debezium_mirror(&pool, true).await?,
-        Switch::Off => events::set_debezium_mirror(&pool, false).await?,
-        Switch::Status => {}
+    let rows =
+        outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&rows).map_err(Failure::runtime)?
+        );
+        return Ok(());
     }
-    let on = events::debezium_mirror(&pool).await?;
+    if rows.is_empty() {
+        println!("no events held back");
+        return Ok(());
+    }
     println!(
-        "the Debezium mirror is {}",
-        if on {
-            "on: events are also written to outbox_events"
-        } else {
-            "off"
-        }
+        "{:<16} {:<24} {:>10} {:<36} {:<20} {:<25} ERROR",
+        "SUBSCRIPTION", "AGGREGATE", "POSITION", "EVENT ID", "TYPE", "RETRY AT"
     );
+    for r in rows {
+        let retry = r
+            .retry_at
+            .map_or_else(|| "(operator)".to_owned(), |t| t.to_rfc3339());
+        println!(
+            "{:<16} {:<24} {:>10} {:<36} {:<20} {:<25} {}",
+            r.subscription,
+            format!("{}/{}", r.aggregatetype, r.aggregateid),
+            r.position,
+            r.id,
+            r.event_type,
+            retry,
+            r.error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn act(args: AggregateArgs, skip: bool) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
+    let id = if skip {
+        outbox::relay::skip_parked(&pool, sub, t, i).await?
+    } else {
+        outbox::relay::retry_parked(&pool, sub, t, i).await?
+    };
+    match (id, skip) {
+        (Some(id), true) => println!(
+            "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
+        ),
+        (Some(id), false) => {
+            println!("{sub} tries {t}/{i} again now, from event {id}");
+        }
+        (None, _) => {
+            return Err(Failure::runtime(format!(
+                "subscription {sub:?} holds nothing back for aggregate {t}/{i} (see `events parked`)"
+            )));
+        }
+    }
     Ok(())
 }

@@ -160,26 +160,26 @@ async fn render(State(state): State<AppState>) -> (StatusCode, String) {
     (StatusCode::OK, state.handle.render())
 }
 
-/// The backlog of each relay's queue, read on each scrape.
+/// Each relay's subscription lag, read on each scrape.
 async fn relay_gauges(state: &AppState) {
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        outbox::relay::backlog(&state.pool),
+        outbox::relay::subscriptions(&state.pool),
     )
     .await;
     let Ok(Ok(rows)) = read else {
         return;
     };
-    for (name, queue) in &state.relays {
-        let row = rows.iter().find(|r| &r.queue == queue);
+    for (name, _) in &state.relays {
+        let row = rows.iter().find(|r| &r.name == name);
         let relay = name.clone();
-        let (pending, age, dead, blocked) = row.map_or((0, 0.0, 0, 0), |r| {
-            (r.pending, r.oldest_age_s, r.dead, r.blocked_keys)
+        let (behind, age, parked, aggregates) = row.map_or((0, 0.0, 0, 0), |r| {
+            (r.behind, r.lag_s, r.parked, r.parked_aggregates)
         });
-        metrics::gauge!("outbox_relay_backlog", "relay" => relay.clone()).set(pending as f64);
+        metrics::gauge!("outbox_relay_backlog", "relay" => relay.clone()).set(behind as f64);
         metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds", "relay" => relay.clone())
             .set(age);
-        metrics::gauge!("outbox_relay_dead_events", "relay" => relay.clone()).set(dead as f64);
-        metrics::gauge!("outbox_relay_blocked_keys", "relay" => relay).set(blocked as f64);
+        metrics::gauge!("outbox_relay_parked_events", "relay" => relay.clone()).set(parked as f64);
+        metrics::gauge!("outbox_relay_parked_aggregates", "relay" => relay).set(aggregates as f64);
     }
 }

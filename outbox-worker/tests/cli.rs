@@ -1030,7 +1030,7 @@ async fn periodic_declarations_are_checked_and_listed() {
 }
 
 #[tokio::test]
-async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_relays_refused() {
+async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_relays_refused() {
     let db = TestDb::migrated().await;
     let at = ["--database-url", db.url.as_str()];
     let with_db = |args: &[&'static str]| {
@@ -1038,7 +1038,7 @@ async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_r
         v.extend(at);
         v
     };
-    assert!(ok(&cli(&with_db(&["events", "debezium", "on"])).await).contains("mirror is on"));
+    assert!(ok(&cli(&with_db(&["events", "subscriptions"])).await).contains("no subscriptions"));
     let emitted = ok(&cli(&with_db(&[
         "events",
         "emit",
@@ -1051,16 +1051,26 @@ async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_r
     ]))
     .await);
     assert!(emitted.starts_with("emitted event "), "{emitted}");
-    let mirrored: (String, String) =
-        sqlx::query_as("SELECT id::text, aggregateid FROM outbox_events")
+    // The log row is Debezium's outbox layout.
+    let logged: (String, String, serde_json::Value) =
+        sqlx::query_as("SELECT id::text, aggregateid, headers FROM outbox_event_log")
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    assert!(emitted.contains(&mirrored.0), "{emitted} vs {mirrored:?}");
-    assert_eq!(mirrored.1, "42");
-    let backlog = json(&with_db(&["events", "backlog", "--json"])).await;
-    assert_eq!(backlog[0]["queue"], "events");
-    assert_eq!(backlog[0]["pending"], 1);
+    assert!(emitted.contains(&logged.0), "{emitted} vs {logged:?}");
+    assert_eq!(logged.1, "42");
+    assert_eq!(logged.2, serde_json::json!({"tenant": "acme"}));
+    assert_eq!(
+        json(&with_db(&["events", "backlog", "--json"])).await,
+        serde_json::json!([])
+    );
+    assert!(ok(&cli(&with_db(&["events", "parked"])).await).contains("no events held back"));
+    refused(
+        &with_db(&["events", "retry", "nobody", "order", "42"]),
+        1,
+        "holds nothing back",
+    )
+    .await;
 
     refused(
         &with_db(&["events", "emit", "order", "1", "t", "{nope"]),
@@ -1112,17 +1122,27 @@ async fn events_are_emitted_counted_and_mirrored_from_the_command_line_and_bad_r
             "--relay",
             "a=nats://127.0.0.1:1",
             "--relay",
-            "b=redis://127.0.0.1:1",
+            "a=redis://127.0.0.1:1",
         ]),
         2,
-        "two relays serve queue \"events\"",
+        "two relays are named \"a\"",
     )
     .await;
-    assert_eq!(db.task_count().await, 1, "no refusal wrote anything");
+    refused(
+        &with_db(&["run", "--relay", "n=nats://127.0.0.1:1?partitions=0"]),
+        2,
+        "partitions=\"0\" is out of range",
+    )
+    .await;
+    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(logged, 1, "no refusal wrote anything");
 }
 
 #[tokio::test]
-async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_dead_and_blocked() {
+async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_parked() {
     let db = TestDb::migrated().await;
     // A webhook receiver that refuses the aggregate "bad" for good.
     let receiver = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1178,15 +1198,30 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_dead_an
         "outbox_relay_failures_total{relay=\"hooks\",class=\"permanent\",kind=\"http_refused\"} 1",
         "outbox_relay_commit_to_ack_seconds_bucket{relay=\"hooks\"",
         "outbox_relay_publish_seconds_bucket{relay=\"hooks\"",
-        "outbox_relay_backlog{relay=\"hooks\"} 1",
-        "outbox_relay_dead_events{relay=\"hooks\"} 1",
-        "outbox_relay_blocked_keys{relay=\"hooks\"} 1",
+        "outbox_relay_backlog{relay=\"hooks\"} 0",
+        "outbox_relay_parked_events{relay=\"hooks\"} 2",
+        "outbox_relay_parked_aggregates{relay=\"hooks\"} 1",
+        "outbox_relay_parked_total{relay=\"hooks\"} 2",
         "outbox_relay_oldest_unpublished_age_seconds{relay=\"hooks\"}",
         "# HELP outbox_relay_published_total",
     ];
     scrape_until(port, &wanted, &worker).await;
-    let dead = ok(&cli(&["tasks", "list", "--dead", "--database-url", &db.url]).await);
-    assert!(dead.contains("outbox.event"), "{dead}");
+    let parked = ok(&cli(&["events", "parked", "--database-url", &db.url]).await);
+    assert!(parked.contains("order/bad"), "{parked}");
+    assert!(parked.contains("http_refused"), "{parked}");
+    let subs = ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
+    assert!(subs.contains("hooks"), "{subs}");
+    let skipped = ok(&cli(&[
+        "events",
+        "skip",
+        "hooks",
+        "order",
+        "bad",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(skipped.starts_with("skipped event "), "{skipped}");
     worker.signal("TERM");
     assert_eq!(
         worker.wait(Duration::from_secs(20)).await.code(),

@@ -1,21 +1,28 @@
-//! Events and relays in one process: emit in the caller's transaction, the
-//! message a relay builds, what transient and permanent failures do, the
-//! inbox, the Debezium mirror, and bad input refused with nothing written.
-//! The same against real brokers, with kills, is in tests/relays.
+//! Events and relays in one process: emit appends to the log in the
+//! caller's transaction (at every isolation level), concurrent emitters
+//! keep each aggregate's commit order, relays publish committed events in
+//! that order (never a rolled-back one, never skipping an open
+//! transaction's), subscriptions fan out, poison parks its aggregate, a
+//! silent relay worker is fenced, and bad input is refused with nothing
+//! written. The same against real brokers, with kills, is in tests/relays.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use outbox::events::{self, Event, emit, emit_all, inbox};
+use outbox::Worker;
+use outbox::events::{Event, emit, emit_all, inbox};
 use outbox::relay::{Message, PublishError, PublishFuture, Relay, Sink};
-use outbox::{TaskEventKind, Worker};
-use outbox_tests::{RunningWorker, TestDb};
+use outbox_tests::TestDb;
+use outbox_tests::proxy::FaultProxy;
 use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 /// A sink that records what it was given and fails as told.
 #[derive(Clone, Default)]
 struct Capture {
-    got: Arc<Mutex<Vec<Message>>>,
+    got: Arc<Mutex<Vec<(Message, Instant)>>>,
     /// Transient failures still to give.
     transient: Arc<Mutex<u32>>,
     /// Aggregate ids refused for good.
@@ -39,21 +46,80 @@ impl Sink for Capture {
             if self.refuse.lock().unwrap().contains(&message.aggregate_id) {
                 return Err(PublishError::permanent("too_large", "message too large"));
             }
-            self.got.lock().unwrap().push(message.clone());
+            self.got
+                .lock()
+                .unwrap()
+                .push((message.clone(), Instant::now()));
             Ok(())
         })
     }
 }
 
-fn relay_worker(db: &TestDb, sink: &Capture, relay: Relay) -> RunningWorker {
-    let _ = sink;
-    RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .poll_interval(Duration::from_millis(50))
-            .relay(relay)
-            .build()
-            .expect("a relay worker"),
-    )
+impl Capture {
+    fn messages(&self) -> Vec<Message> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect()
+    }
+
+    /// Waits (at most a minute) until `done` holds of what arrived.
+    async fn wait_until(&self, what: &str, done: impl Fn(&[Message]) -> bool) -> Vec<Message> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self.messages();
+            if done(&got) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {what}: {} messages arrived",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A relay worker running in the background.
+struct RelayWorker {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<outbox::Result<()>>,
+}
+
+impl RelayWorker {
+    fn start(pool: &PgPool, relays: Vec<Relay>) -> Self {
+        let mut builder = Worker::builder(pool.clone()).poll_interval(Duration::from_millis(50));
+        for relay in relays {
+            builder = builder.relay(relay.poll_interval(Duration::from_millis(5)));
+        }
+        let worker = builder.build().expect("a relay worker");
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(worker.run(stop.clone()));
+        Self { stop, handle }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.expect("worker task").expect("worker run");
+    }
+}
+
+fn header(m: &Message, name: &str) -> String {
+    m.headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+async fn log_rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -67,7 +133,7 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
     .await
     .unwrap();
     tx.rollback().await.unwrap();
-    assert_eq!(db.task_count().await, 0, "a rolled-back event is gone");
+    assert_eq!(log_rows(&db.pool).await, 0, "a rolled-back event is gone");
 
     let mut tx = db.pool.begin().await.unwrap();
     let first = emit(
@@ -86,76 +152,308 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let (key, queue): (String, String) =
-        sqlx::query_as("SELECT ordering_key, queue FROM outbox_tasks WHERE id = $1")
-            .bind(first)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!((key.as_str(), queue.as_str()), ("order/7", "events"));
+    assert_eq!(
+        second.id,
+        given.to_ascii_lowercase(),
+        "a given id, normalised"
+    );
+    assert_eq!(
+        &first.id[14..15],
+        "7",
+        "a made id is a UUIDv7: {}",
+        first.id
+    );
+    // Debezium's outbox layout, one row each, nothing else written.
+    let rows: Vec<(String, String, String, String, serde_json::Value)> = sqlx::query_as(
+        "SELECT id::text, aggregatetype, aggregateid, type, payload FROM outbox_event_log ORDER BY position",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        rows[0],
+        (
+            first.id.clone(),
+            "order".into(),
+            "7".into(),
+            "order.placed".into(),
+            json!({"total": 990})
+        )
+    );
+    assert_eq!(db.task_count().await, 0, "events are no tasks");
 
     let sink = Capture::default();
-    let mut worker = relay_worker(&db, &sink, Relay::new("capture", sink.clone()));
-    worker
-        .wait_for(TaskEventKind::Completed, 2, Duration::from_secs(20))
-        .await;
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    let got = sink.wait_until("both published", |g| g.len() == 2).await;
     worker.stop().await;
-
-    let got = sink.got.lock().unwrap().clone();
-    assert_eq!(got.len(), 2);
-    let derived = events::event_id(&mut *db.conn().await, first)
-        .await
-        .unwrap()
-        .unwrap();
-    let sql: String = sqlx::query_scalar("SELECT outbox_event_id($1)::text")
-        .bind(first)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        got[0].event_id, derived,
-        "the relay derives the id SQL derives"
-    );
-    assert_eq!(derived, sql);
-    assert_eq!(
-        got[1].event_id,
-        given.to_ascii_lowercase(),
-        "a given id travels, normalised"
-    );
-    assert_eq!(
-        events::event_id(&mut *db.conn().await, second)
-            .await
-            .unwrap()
-            .unwrap(),
-        given.to_ascii_lowercase()
-    );
     let m = &got[0];
+    assert_eq!(m.event_id, first.id);
+    assert_eq!(got[1].event_id, second.id);
     assert_eq!(m.destination, "outbox.event.order");
     assert_eq!(
         (m.aggregate_type.as_str(), m.aggregate_id.as_str()),
         ("order", "7")
     );
     assert_eq!(m.payload, br#"{"total":990}"#);
-    let header = |m: &Message, name: &str| {
-        m.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
     assert_eq!(header(m, "tenant"), "acme");
     assert!(header(m, "traceparent").starts_with("00-4bf9"));
     assert_eq!(header(m, "event-type"), "order.placed");
     assert_eq!(header(m, "event-id"), m.event_id);
-    assert!(
-        m.sequence > 0 && got[1].sequence > m.sequence,
-        "sequence follows commit order"
+    assert_eq!(m.sequence, first.position);
+    assert_eq!(header(&got[1], "sequence"), second.position.to_string());
+    let subs = outbox::relay::subscriptions(&db.pool).await.unwrap();
+    assert_eq!(subs.len(), 1);
+    assert_eq!(
+        (subs[0].name.as_str(), subs[0].published, subs[0].behind),
+        ("capture", 2, 0)
     );
-    assert_eq!(header(&got[1], "sequence"), got[1].sequence.to_string());
+}
+
+/// Emitters of 20 aggregates from 8 tasks at `isolation`, a tenth rolled
+/// back on purpose and serialization failures retried. Each transaction
+/// emits, then bumps its aggregate's counter (a row lock held to commit),
+/// and records the counter next to the event's position: the order in
+/// which the aggregate's transactions committed. The relay must publish
+/// every committed event, no rolled-back one, each aggregate in that order.
+async fn concurrent_emitters_keep_commit_order(isolation: &str) {
+    let db = TestDb::migrated().await;
+    sqlx::raw_sql(
+        "CREATE TABLE agg_counter (agg text PRIMARY KEY, c bigint NOT NULL);
+         INSERT INTO agg_counter SELECT g::text, 0 FROM generate_series(0, 19) g;
+         CREATE TABLE commit_order (event_id text PRIMARY KEY, agg text NOT NULL, c bigint NOT NULL);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let sink = Capture::default();
+    // The relay runs while they write: batches are cut between their
+    // commits, with transactions open across the cuts.
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    let rolled_back = Arc::new(Mutex::new(Vec::new()));
+    let mut writers = Vec::new();
+    for w in 0..8u64 {
+        let pool = db.pool.clone();
+        let isolation = isolation.to_owned();
+        let rolled_back = Arc::clone(&rolled_back);
+        writers.push(tokio::spawn(async move {
+            let mut seed = w * 7919 + 1;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            let mut done = 0;
+            while done < 60 {
+                let agg = (next() % 20).to_string();
+                let roll_back = next().is_multiple_of(10);
+                let mut tx = pool.begin().await.unwrap();
+                let attempt: Result<String, sqlx::Error> = async {
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SET TRANSACTION ISOLATION LEVEL {isolation}"
+                    )))
+                    .execute(&mut *tx)
+                    .await?;
+                    let e = emit(
+                        &mut tx,
+                        Event::new("account", agg.clone(), "account.moved", json!({"w": w})),
+                    )
+                    .await
+                    .map_err(|e| match e {
+                        outbox::Error::Database(e) => e,
+                        other => panic!("{other}"),
+                    })?;
+                    let c: i64 = sqlx::query_scalar(
+                        "UPDATE agg_counter SET c = c + 1 WHERE agg = $1 RETURNING c",
+                    )
+                    .bind(&agg)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    sqlx::query("INSERT INTO commit_order VALUES ($1, $2, $3)")
+                        .bind(&e.id)
+                        .bind(&agg)
+                        .bind(c)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok(e.id)
+                }
+                .await;
+                match attempt {
+                    Ok(id) if roll_back => {
+                        tx.rollback().await.unwrap();
+                        rolled_back.lock().unwrap().push(id);
+                    }
+                    Ok(_) => match tx.commit().await {
+                        Ok(()) => done += 1,
+                        Err(e) if outbox::is_transient(&e) => {}
+                        Err(e) => panic!("commit: {e}"),
+                    },
+                    // Serialization failures at REPEATABLE READ and above.
+                    Err(e) if outbox::is_transient(&e) => {
+                        let _ = tx.rollback().await;
+                    }
+                    Err(e) => panic!("emit: {e}"),
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let order: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT event_id, agg, c FROM commit_order")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(order.len(), 480);
+    let got = sink
+        .wait_until("every committed event published", |g| {
+            let ids: std::collections::HashSet<&str> =
+                g.iter().map(|m| m.event_id.as_str()).collect();
+            order.iter().all(|(id, _, _)| ids.contains(id.as_str()))
+        })
+        .await;
+    worker.stop().await;
+    let rolled_back = rolled_back.lock().unwrap().clone();
+    assert!(!rolled_back.is_empty());
+    let commit_of: HashMap<&str, i64> = order.iter().map(|(id, _, c)| (id.as_str(), *c)).collect();
+    let mut per_agg: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for m in &got {
+        assert!(
+            !rolled_back.contains(&m.event_id),
+            "{isolation}: rolled-back event {} published",
+            m.event_id
+        );
+        let c = commit_of[m.event_id.as_str()];
+        per_agg.entry(m.aggregate_id.clone()).or_default().push(c);
+    }
+    for (agg, commits) in &per_agg {
+        assert!(
+            commits.windows(2).all(|w| w[0] < w[1]),
+            "{isolation}: aggregate {agg} published out of commit order: {commits:?}"
+        );
+    }
+    assert_eq!(got.len(), 480, "{isolation}: no duplicates without a fault");
 }
 
 #[tokio::test]
-async fn transient_failures_spend_no_attempt_and_permanent_ones_kill_only_their_aggregate() {
+async fn concurrent_emitters_at_read_committed_keep_each_aggregates_commit_order() {
+    concurrent_emitters_keep_commit_order("READ COMMITTED").await;
+}
+
+#[tokio::test]
+async fn concurrent_emitters_at_serializable_keep_each_aggregates_commit_order() {
+    concurrent_emitters_keep_commit_order("SERIALIZABLE").await;
+}
+
+#[tokio::test]
+async fn an_open_transaction_is_published_after_it_commits_and_never_skipped() {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    // Open early, with an event of aggregate "slow", while many batches
+    // are cut past it.
+    let mut open = db.pool.begin().await.unwrap();
+    let early = emit(&mut open, Event::new("order", "slow", "first", json!({})))
+        .await
+        .unwrap();
+    let mut doomed = db.pool.begin().await.unwrap();
+    emit(
+        &mut doomed,
+        Event::new("order", "doomed", "never", json!({})),
+    )
+    .await
+    .unwrap();
+    for i in 0..50 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", format!("k{i}"), "other", json!({})),
+        )
+        .await
+        .unwrap();
+    }
+    sink.wait_until("the other events published", |g| g.len() == 50)
+        .await;
+    doomed.rollback().await.unwrap();
+    open.commit().await.unwrap();
+    let late = emit(
+        &mut *db.conn().await,
+        Event::new("order", "slow", "second", json!({})),
+    )
+    .await
+    .unwrap();
+    let got = sink
+        .wait_until("the open transaction's event and the later one", |g| {
+            g.len() == 52
+        })
+        .await;
+    worker.stop().await;
+    let slow: Vec<&str> = got
+        .iter()
+        .filter(|m| m.aggregate_id == "slow")
+        .map(|m| m.event_id.as_str())
+        .collect();
+    assert_eq!(slow, [early.id.as_str(), late.id.as_str()], "in order");
+    assert!(got.iter().all(|m| m.aggregate_id != "doomed"));
+}
+
+#[tokio::test]
+async fn two_subscriptions_each_get_every_event_and_a_new_one_can_start_at_the_head() {
+    let db = TestDb::migrated().await;
+    for i in 0..20 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", (i % 3).to_string(), "e", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+    }
+    let (a, b, head) = (Capture::default(), Capture::default(), Capture::default());
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![
+            Relay::new("kafka-like", a.clone()),
+            Relay::new("webhook-like", b.clone()).partitions(4),
+        ],
+    );
+    a.wait_until("20 events", |g| g.len() == 20).await;
+    b.wait_until("20 events", |g| g.len() == 20).await;
+    worker.stop().await;
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![Relay::new("late", head.clone()).start_at_head()],
+    );
+    // Wait until the new subscription exists before emitting past it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !outbox::relay::subscriptions(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .any(|s| s.name == "late")
+    {
+        assert!(Instant::now() < deadline, "the subscription never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = emit(
+        &mut *db.conn().await,
+        Event::new("order", "1", "after", json!({})),
+    )
+    .await
+    .unwrap();
+    let got = head.wait_until("the new event", |g| !g.is_empty()).await;
+    worker.stop().await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].event_id, after.id);
+    let subs = outbox::relay::subscriptions(&db.pool).await.unwrap();
+    let names: Vec<&str> = subs.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["kafka-like", "late", "webhook-like"]);
+    assert_eq!(subs[2].partitions, 4);
+    assert_eq!(subs[0].behind, 1, "the first has not seen the last event");
+}
+
+#[tokio::test]
+async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     let db = TestDb::migrated().await;
     let sink = Capture::default();
     *sink.transient.lock().unwrap() = 8;
@@ -167,50 +465,39 @@ async fn transient_failures_spend_no_attempt_and_permanent_ones_kill_only_their_
             batch.push(Event::new("order", agg, "order.step", json!({"n": n})));
         }
     }
-    emit_all(&mut tx, batch).await.unwrap();
+    let emitted = emit_all(&mut tx, batch).await.unwrap();
     tx.commit().await.unwrap();
-
-    let mut worker = relay_worker(
-        &db,
-        &sink,
-        Relay::new("capture", sink.clone()).give_up_after(2),
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![Relay::new("capture", sink.clone()).give_up_after(2)],
     );
-    worker
-        .wait_for_all(
-            &[(TaskEventKind::Completed, 6), (TaskEventKind::Dead, 1)],
-            Duration::from_secs(60),
-        )
+    sink.wait_until("the healthy aggregates", |g| g.len() == 6)
         .await;
-    worker.stop().await;
-
-    // Eight transient failures in a row opened the circuit and backed off;
-    // none counted as an attempt.
-    let max_retries: i32 = sqlx::query_scalar(
-        "SELECT max(retry_count) FROM outbox_all_tasks WHERE payload->>'aggregate_id' <> 'bad'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(max_retries, 0, "transient failures spend no attempt");
-    let (dead, waiting, dead_error): (i64, i64, String) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE dead_at IS NOT NULL),
-                count(*) FILTER (WHERE dead_at IS NULL AND state <> 'completed'),
-                coalesce(max(last_error), '')
-         FROM outbox_tasks WHERE payload->>'aggregate_id' = 'bad'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (dead, waiting),
-        (1, 2),
-        "the first is dead, the rest wait behind it"
-    );
+    // The bad aggregate waits in the parked list, its refused event first.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let parked = loop {
+        let parked = outbox::relay::parked(&db.pool, Some("capture"), 100)
+            .await
+            .unwrap();
+        if parked.len() == 3 {
+            break parked;
+        }
+        assert!(Instant::now() < deadline, "never parked: {parked:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(parked[0].id, emitted[3].id);
     assert!(
-        dead_error.contains("capture refused the event (too_large)"),
-        "{dead_error}"
+        parked[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("capture refused the event (too_large)"),
+        "{parked:?}"
     );
-    let got = sink.got.lock().unwrap().clone();
+    assert!(parked[0].retry_at.is_none(), "waits for an operator");
+    let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
+    assert_eq!((sub.parked, sub.parked_aggregates, sub.behind), (3, 1, 0));
+    let got = sink.messages();
     for agg in ["a", "b"] {
         let seqs: Vec<i64> = got
             .iter()
@@ -218,17 +505,192 @@ async fn transient_failures_spend_no_attempt_and_permanent_ones_kill_only_their_
             .map(|m| m.sequence)
             .collect();
         assert_eq!(seqs.len(), 3);
-        assert!(
-            seqs.windows(2).all(|w| w[0] < w[1]),
-            "{agg} in order: {seqs:?}"
-        );
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{agg}: {seqs:?}");
     }
-    let backlog = outbox::relay::backlog(&db.pool).await.unwrap();
-    assert_eq!(backlog.len(), 1);
-    assert_eq!(
-        (backlog[0].pending, backlog[0].dead, backlog[0].blocked_keys),
-        (2, 1, 1)
+    // A later event of the parked aggregate joins the queue behind it.
+    emit(
+        &mut *db.conn().await,
+        Event::new("order", "bad", "order.step", json!({"n": 3})),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while outbox::relay::parked(&db.pool, None, 100)
+        .await
+        .unwrap()
+        .len()
+        < 4
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the later event was not held back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sink.messages().iter().all(|m| m.aggregate_id != "bad"));
+
+    // Skip drops the refused event; the rest go, in order, once the broker
+    // takes them.
+    sink.refuse.lock().unwrap().clear();
+    let skipped = outbox::relay::skip_parked(&db.pool, "capture", "order", "bad")
+        .await
+        .unwrap();
+    assert_eq!(skipped.as_deref(), Some(emitted[3].id.as_str()));
+    let got = sink
+        .wait_until("the parked aggregate's other events", |g| g.len() == 9)
+        .await;
+    worker.stop().await;
+    let bad: Vec<i64> = got
+        .iter()
+        .filter(|m| m.aggregate_id == "bad")
+        .map(|m| m.sequence)
+        .collect();
+    assert_eq!(bad.len(), 3);
+    assert!(bad.windows(2).all(|w| w[0] < w[1]), "{bad:?}");
+    assert!(
+        outbox::relay::parked(&db.pool, None, 100)
+            .await
+            .unwrap()
+            .is_empty()
     );
+    assert_eq!(
+        outbox::relay::retry_parked(&db.pool, "capture", "order", "bad")
+            .await
+            .unwrap(),
+        None,
+        "nothing left to retry"
+    );
+}
+
+#[tokio::test]
+async fn a_delayed_event_waits_with_its_aggregate_behind_it() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let later = emit_all(
+        &mut tx,
+        [
+            Event::new("order", "1", "soon", json!({})).delay(Duration::from_millis(1500)),
+            Event::new("order", "1", "after", json!({})),
+            Event::new("order", "2", "now", json!({})),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let emitted_at = Instant::now();
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    sink.wait_until("all three", |g| g.len() == 3).await;
+    worker.stop().await;
+    let got = sink.got.lock().unwrap().clone();
+    assert_eq!(
+        got[0].0.event_id, later[2].id,
+        "the other aggregate went first"
+    );
+    assert_eq!(got[1].0.event_id, later[0].id);
+    assert_eq!(got[2].0.event_id, later[1].id);
+    assert!(got[1].1.duration_since(emitted_at) >= Duration::from_millis(1000));
+}
+
+#[tokio::test]
+async fn partitions_are_shared_between_relay_workers_and_a_silent_one_is_fenced() {
+    let db = TestDb::migrated().await;
+    let (a, b) = (Capture::default(), Capture::default());
+    let relay = |sink: &Capture| {
+        Relay::new("shared", sink.clone())
+            .partitions(4)
+            .lease(Duration::from_secs(2))
+    };
+    // Worker A reaches the database through a proxy the test can cut.
+    let (proxy, proxied_url) = FaultProxy::start(&db.url).await;
+    let pool_a = TestDb::pool_on(&proxied_url, 4).await;
+    let worker_a = RelayWorker::start(&pool_a, vec![relay(&a)]);
+    let worker_b = RelayWorker::start(&db.pool, vec![relay(&b)]);
+    let holders = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(DISTINCT holder) FROM outbox_event_cursors WHERE lease_until > now()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while holders(db.pool.clone()).await < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the partitions were never shared"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..200 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", (i % 40).to_string(), "e", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+    }
+    let total = |a: &Capture, b: &Capture| a.messages().len() + b.messages().len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while total(&a, &b) < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 200 published",
+            total(&a, &b)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!a.messages().is_empty() && !b.messages().is_empty());
+
+    // A goes silent: its leases run out, B takes every partition, and A,
+    // when it hears again, has published nothing since it lost them.
+    proxy.blackhole();
+    let cut_at = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while holders(db.pool.clone()).await != 1 {
+        assert!(Instant::now() < deadline, "B never took A's partitions");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let taken_at = Instant::now();
+    for i in 200..400 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", (i % 40).to_string(), "e", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+    }
+    b.wait_until("B publishes everything new", |g| {
+        g.iter()
+            .filter(|m| m.payload.starts_with(b"{\"i\":2") || m.payload.starts_with(b"{\"i\":3"))
+            .count()
+            >= 200
+    })
+    .await;
+    proxy.pass();
+    let a_after: Vec<Instant> = a
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, t)| *t)
+        .filter(|t| *t > taken_at)
+        .collect();
+    assert!(
+        a_after.is_empty(),
+        "the silent worker published {} events after its leases were taken",
+        a_after.len()
+    );
+    worker_b.stop().await;
+    worker_a.stop().await;
+    drop(proxy);
+    // Every event reached one sink or the other, each aggregate in order
+    // within the sink that published it.
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for m in a.messages().iter().chain(b.messages().iter()) {
+        *seen.entry(m.event_id.clone()).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 400, "silent for {:?}", cut_at.elapsed());
 }
 
 #[tokio::test]
@@ -269,60 +731,6 @@ async fn the_inbox_says_first_time_once_per_committed_event() {
 }
 
 #[tokio::test]
-async fn the_debezium_mirror_writes_the_router_layout_only_while_on() {
-    let db = TestDb::migrated().await;
-    assert!(!events::debezium_mirror(&db.pool).await.unwrap());
-    emit(
-        &mut *db.conn().await,
-        Event::new("order", "1", "a", json!({})),
-    )
-    .await
-    .unwrap();
-    events::set_debezium_mirror(&db.pool, true).await.unwrap();
-    assert!(events::debezium_mirror(&db.pool).await.unwrap());
-    let task = emit(
-        &mut *db.conn().await,
-        Event::new("order", "2", "order.placed", json!({"total": 5})).header("tenant", "acme"),
-    )
-    .await
-    .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    emit(&mut tx, Event::new("order", "3", "rolled.back", json!({})))
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    events::set_debezium_mirror(&db.pool, false).await.unwrap();
-    emit(
-        &mut *db.conn().await,
-        Event::new("order", "4", "b", json!({})),
-    )
-    .await
-    .unwrap();
-
-    let rows: Vec<(String, String, String, String, serde_json::Value, i64)> = sqlx::query_as(
-        "SELECT id::text, aggregatetype, aggregateid, type, payload, task_id FROM outbox_events",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let id = events::event_id(&mut *db.conn().await, task)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        rows,
-        vec![(
-            id,
-            "order".into(),
-            "2".into(),
-            "order.placed".into(),
-            json!({"total": 5}),
-            task.0
-        )]
-    );
-}
-
-#[tokio::test]
 async fn bad_events_and_relays_are_refused_and_write_nothing() {
     let db = TestDb::migrated().await;
     let mut conn = db.conn().await;
@@ -332,30 +740,34 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
         Event::new("order", "1", "t", json!({})).id("not-a-uuid"),
         Event::new("order", "1", "t", json!({})).header("sequence", "9"),
         Event::new("order", "1", "t", json!({"nul": "\u{0}"})),
+        Event::new("order", "1", "t", json!({})).queue(""),
     ];
     for event in bad {
         let err = emit(&mut conn, event).await.unwrap_err().to_string();
-        assert!(err.contains("outbox.event"), "{err}");
+        assert!(err.contains("event refused"), "{err}");
     }
-    assert_eq!(db.task_count().await, 0);
+    assert_eq!(log_rows(&db.pool).await, 0);
 
     let sink = Capture::default();
     let built = Worker::builder(db.pool.clone())
         .relay(Relay::new("one", sink.clone()))
-        .relay(Relay::new("two", sink.clone()))
+        .relay(Relay::new("one", sink.clone()))
         .relay(
             Relay::new("bad name", sink.clone())
-                .queue("q")
-                .route("x.{aggregate_id}"),
+                .route("x.{aggregate_id}")
+                .partitions(0)
+                .batch(0),
         )
         .build();
     let Err(outbox::Error::Startup(problems)) = built else {
-        panic!("two relays on one queue must be refused")
+        panic!("two relays of one name must be refused")
     };
     let text = problems.to_string();
-    assert!(text.contains("two relays serve queue \"events\""), "{text}");
+    assert!(text.contains("two relays are named \"one\""), "{text}");
     assert!(text.contains("relay name \"bad name\""), "{text}");
     assert!(text.contains("unknown field {aggregate_id}"), "{text}");
+    assert!(text.contains("0 partitions is out of range"), "{text}");
+    assert!(text.contains("batch 0 is out of range"), "{text}");
     for (url, needle) in [
         ("ftp://host", "no sink for URL scheme \"ftp\""),
         (
@@ -369,6 +781,15 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
             "give_up_after=\"0\" is out of range",
         ),
         ("nats://127.0.0.1:1?route=x.{nope}", "unknown field {nope}"),
+        (
+            "nats://127.0.0.1:1?partitions=2000",
+            "partitions=\"2000\" is out of range",
+        ),
+        ("nats://127.0.0.1:1?start=middle", "start=\"middle\""),
+        (
+            "nats://127.0.0.1:1?poll_ms=0",
+            "poll_ms=\"0\" is out of range",
+        ),
     ] {
         let err = Relay::from_url("r", url).await.unwrap_err();
         assert!(err.contains(needle), "{url}: {err}");

@@ -103,16 +103,11 @@ impl Broker for KafkaMock {
             .expect("the consumer thread")
     }
 
-    /// Kafka drops a record sent twice only within one producer session
-    /// (idempotence covers librdkafka's own retries), and a killed
-    /// worker's session dies with it: every event it had published but not
-    /// yet recorded as completed is published again once recovered. That
-    /// is more than its publishes in flight, since outcomes also wait in
-    /// its completer's queue and batches (184 duplicates against the
-    /// default bound of 160 in one run). So the bound is the re-runs
-    /// themselves, one copy each at most.
-    fn duplicates_bound(&self, reclaimed: usize) -> usize {
-        reclaimed
+    /// librdkafka's idempotent producer drops its own retries, but a batch
+    /// published again after a kill is new to the broker: at most one copy
+    /// of each event published and not acknowledged to the log.
+    fn duplicates_bound(&self, unacknowledged: usize) -> usize {
+        unacknowledged
     }
 }
 

@@ -38,7 +38,7 @@ impl Broker for Nats {
         self.server.restart().await;
     }
 
-    fn duplicates_bound(&self, _reclaimed: usize) -> usize {
+    fn duplicates_bound(&self, _unacknowledged: usize) -> usize {
         // Nats-Msg-Id within the duplicate window: JetStream keeps one.
         0
     }

@@ -49,7 +49,7 @@ impl Broker for Redis {
         self.server.restart().await;
     }
 
-    fn duplicates_bound(&self, _reclaimed: usize) -> usize {
+    fn duplicates_bound(&self, _unacknowledged: usize) -> usize {
         // The script's dedup key: one copy, whatever was republished.
         0
     }

@@ -114,10 +114,10 @@ impl Broker for Receiver {
         self.serve();
     }
 
-    fn duplicates_bound(&self, reclaimed: usize) -> usize {
-        // A receiver that took the POST but whose answer was lost gets it
-        // again: at most once per claim past the first.
-        reclaimed
+    fn duplicates_bound(&self, unacknowledged: usize) -> usize {
+        // A receiver that took the POST but whose answer was lost, or whose
+        // relay died before its cursor moved, gets it again.
+        unacknowledged
     }
 
     async fn read_all(&mut self) -> Vec<Published> {

@@ -3,6 +3,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod classify;
+pub(crate) mod event_log;
 pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod queues;

@@ -103,6 +103,13 @@ impl EnginePool {
         }
     }
 
+    /// The same pool with more settings on each session (added to the
+    /// startup options).
+    pub(crate) fn with_settings(mut self, settings: &[(&str, &str)]) -> Self {
+        self.options = self.options.options(settings.iter().copied());
+        self
+    }
+
     /// The connect options of the engine's sessions.
     pub(crate) fn options(&self) -> &PgConnectOptions {
         &self.options

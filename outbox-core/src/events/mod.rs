@@ -1,11 +1,19 @@
-//! Events: written in the caller's transaction, published by a relay.
+//! Events: appended to a log in the caller's transaction, published by
+//! relays.
 //!
-//! An event is a task of the built-in type `outbox.event` on the `events`
-//! queue (unless told otherwise), so it has everything a task has: retries,
-//! dead tasks, heartbeats, fencing, metrics and the admin tooling
-//! (`tasks list --type outbox.event --dead`). Its ordering key is its
-//! aggregate (`type/id`), so a relay publishes one aggregate's events one at
-//! a time, in the order their transactions committed.
+//! [`emit`] appends one row to `outbox_event_log`, with no trigger and no
+//! row lock, at any isolation level (READ COMMITTED through SERIALIZABLE):
+//! the event commits or rolls back with the caller's rows. Each relay
+//! ([`crate::relay`]) reads the log through its own subscription, in
+//! batches of what committed, and publishes each aggregate's events in the
+//! order their transactions committed.
+//!
+//! That order comes from a transaction-scoped advisory lock on the
+//! aggregate's hash, taken before the event's position is drawn: a second
+//! transaction emitting for the same aggregate waits until the first has
+//! ended, so positions follow commits. The lock writes nothing and holds
+//! no row; two unrelated aggregates whose hashes collide only wait for each
+//! other.
 //!
 //! ```no_run
 //! # async fn f(pool: sqlx::PgPool) -> outbox::Result<()> {
@@ -23,17 +31,12 @@ pub mod inbox;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::PgConnection;
 
 use crate::error::{Error, Result};
-use crate::options::TaskOptions;
-use crate::task::TaskId;
 
-/// The task type of events.
-pub const EVENT_TASK_TYPE: &str = "outbox.event";
-
-/// The queue events go to unless [`Event::queue`] says otherwise.
+/// The stream events go to unless [`Event::queue`] says otherwise.
 pub const EVENTS_QUEUE: &str = "events";
 
 /// The longest aggregate type, aggregate id or event type, in bytes (the
@@ -42,6 +45,9 @@ pub const MAX_EVENT_FIELD: usize = 255;
 
 /// The most headers an event carries.
 pub const MAX_HEADERS: usize = 64;
+
+/// The longest delay an event may be given.
+pub const MAX_EVENT_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Header names the relay sets itself; an event cannot set them.
 pub const RESERVED_HEADERS: &[&str] = &[
@@ -53,36 +59,33 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "created-at",
 ];
 
-/// The stored form of an event: the payload of its `outbox.event` task.
-#[doc(hidden)]
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[outbox::outbox_task(
-    task_type = "outbox.event",
-    queue = "events",
-    retry_delays = ["5s", "30s", "2m", "10m", "30m", "1h", "3h", "6h", "12h", "24h"]
-)]
-pub struct EventTask {
-    /// The emitter's event id; none means derived from the task id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// The aggregate's type (routing, and half the ordering key).
-    pub aggregate_type: String,
-    /// The aggregate's id (the message key).
-    pub aggregate_id: String,
-    /// What happened.
-    #[serde(rename = "type")]
-    pub event_type: String,
-    /// The event's body.
-    pub payload: serde_json::Value,
-    /// The emitter's headers (a `traceparent` among them, when traced).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
+/// An event as the emitter gave it.
+#[derive(Debug, Clone, PartialEq)]
+struct EventFields {
+    id: Option<String>,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: serde_json::Value,
+    headers: BTreeMap<String, String>,
+}
+
+/// An emitted event: where it is in the log, and the id it is published
+/// under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    /// The event id (the emitter's, or a UUIDv7 made at emit): the
+    /// consumers' dedup key.
+    pub id: String,
+    /// Its position in the log: increasing along each aggregate's commit
+    /// order (the `sequence` header).
+    pub position: i64,
 }
 
 /// An event to emit. Build it with [`Event::new`], then [`emit`] it.
 #[derive(Debug, Clone)]
 pub struct Event {
-    task: EventTask,
+    task: EventFields,
     payload_error: Option<String>,
     queue: Option<String>,
     ordered: bool,
@@ -103,7 +106,7 @@ impl Event {
             Err(e) => (serde_json::Value::Null, Some(e.to_string())),
         };
         Self {
-            task: EventTask {
+            task: EventFields {
                 id: None,
                 aggregate_type: aggregate_type.into(),
                 aggregate_id: aggregate_id.into(),
@@ -119,8 +122,7 @@ impl Event {
     }
 
     /// Gives the event its id (a UUID, as text): for an emitter that
-    /// already has one. Without it the id is derived from the task id and
-    /// this database's instance id.
+    /// already has one. Without it the event gets a new UUIDv7.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.task.id = Some(id.into());
         self
@@ -138,35 +140,31 @@ impl Event {
         self.header("traceparent", value)
     }
 
-    /// Emits to this queue instead of `events`: the queue picks the relay.
+    /// Emits to this stream instead of `events`: the relays whose queue
+    /// (stream) it is publish it.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = Some(queue.into());
         self
     }
 
-    /// Lets this event be published beside its aggregate's other events
-    /// instead of after them (no ordering key).
+    /// Takes no lock on the aggregate: the event may be published before
+    /// events of its aggregate that committed earlier (for emitters that
+    /// need no order and want no waiting).
     pub fn unordered(mut self) -> Self {
         self.ordered = false;
         self
     }
 
-    /// Publishes no earlier than this long after the transaction's start.
+    /// Publishes no earlier than this long after the emit. Until then the
+    /// event waits, and so do its aggregate's later events (in its
+    /// subscriptions' parked list).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
     }
 
-    /// The ordering key of an aggregate: its type and id.
-    pub fn ordering_key_of(aggregate_type: &str, aggregate_id: &str) -> String {
-        format!("{aggregate_type}/{aggregate_id}")
-    }
-
     fn validate(&self) -> Result<()> {
-        let bad = |reason: String| Error::InvalidPayload {
-            task_type: EVENT_TASK_TYPE.to_owned(),
-            reason,
-        };
+        let bad = Error::InvalidEvent;
         if let Some(e) = &self.payload_error {
             return Err(bad(format!("its payload does not serialise to JSON: {e}")));
         }
@@ -190,9 +188,30 @@ impl Event {
         }
         if t.aggregate_type.contains('/') {
             return Err(bad(format!(
-                "its aggregate type {:?} contains '/', which separates type and id in the ordering key",
+                "its aggregate type {:?} contains '/', which separates type and id in the aggregate's key",
                 t.aggregate_type
             )));
+        }
+        if let Some(queue) = &self.queue
+            && (queue.is_empty()
+                || queue.len() > MAX_EVENT_FIELD
+                || queue.chars().any(char::is_control))
+        {
+            return Err(bad(format!(
+                "its stream {queue:?}: use 1 to {MAX_EVENT_FIELD} bytes with no control characters"
+            )));
+        }
+        if let Some(d) = self.delay
+            && d > MAX_EVENT_DELAY
+        {
+            return Err(bad(format!(
+                "its delay {d:?} is longer than the most, {MAX_EVENT_DELAY:?}"
+            )));
+        }
+        if contains_nul(&t.payload) {
+            return Err(bad(
+                "its payload holds U+0000, which PostgreSQL's jsonb cannot store".to_owned(),
+            ));
         }
         if let Some(id) = &t.id {
             parse_uuid(id).ok_or_else(|| bad(format!("its id {id:?} is not a UUID")))?;
@@ -231,82 +250,151 @@ impl Event {
 }
 
 /// Emits `event` on `conn`, inside whatever transaction is open on it: the
-/// event commits or rolls back with the caller's rows. Returns its task id
-/// (see [`event_id`] for the id the relay publishes it under).
+/// event commits or rolls back with the caller's rows. Legal at every
+/// isolation level. Returns its id and position.
 ///
-/// Each aggregate's lock is held until the transaction ends (that is what
-/// orders its events by commit). Two transactions that emit for the same
-/// aggregates in opposite orders can deadlock, like any two transactions
-/// locking rows in opposite orders; PostgreSQL then aborts one (SQLSTATE
-/// 40P01, [`crate::is_transient`]) and it should be retried. A transaction
-/// that emits for several aggregates avoids it with [`emit_all`], which
-/// takes the locks in one order.
-pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<TaskId> {
-    Ok(emit_all(conn, [event]).await?[0])
+/// The aggregate's advisory lock is held until the transaction ends (that
+/// is what orders its events by commit). Two transactions that emit for
+/// the same aggregates in opposite orders can deadlock, like any two
+/// transactions locking rows in opposite orders; PostgreSQL then aborts one
+/// (SQLSTATE 40P01, [`crate::is_transient`]) and it should be retried. A
+/// transaction that emits for several aggregates avoids it with
+/// [`emit_all`], which takes the locks in one order.
+pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
+    let mut rows = Rows::default();
+    rows.push(event)?;
+    let position: i64 = sqlx::query_scalar(include_str!("../db/sql/emit_event.sql"))
+        .bind(&rows.ids[0])
+        .bind(&rows.aggregate_types[0])
+        .bind(&rows.aggregate_ids[0])
+        .bind(&rows.event_types[0])
+        .bind(&rows.payloads[0])
+        .bind(&rows.headers[0])
+        .bind(&rows.streams[0])
+        .bind(rows.publish_at[0])
+        .bind(rows.ordered[0])
+        .fetch_one(conn)
+        .await?;
+    let id = rows.ids.swap_remove(0);
+    Ok(Emitted { id, position })
 }
 
 /// Emits several events in one statement, on `conn`'s open transaction,
 /// taking their aggregates' locks in one fixed order (so transactions that
 /// emit for the same aggregates never deadlock on each other). Events of
-/// one aggregate keep the order given. Returns their task ids in that order.
+/// one aggregate keep the order given. Returns them in that order.
 pub async fn emit_all(
     conn: &mut PgConnection,
     events: impl IntoIterator<Item = Event>,
-) -> Result<Vec<TaskId>> {
-    let mut batch = crate::Batch::new();
-    for mut event in events {
-        event.validate()?;
-        // One spelling (lower case, hyphens) wherever the id is read back.
-        if let Some(bytes) = event.task.id.as_deref().and_then(parse_uuid) {
-            event.task.id = Some(format_uuid(&bytes));
-        }
-        let mut options = TaskOptions::new();
-        if event.ordered {
-            options = options.ordering_key(Event::ordering_key_of(
-                &event.task.aggregate_type,
-                &event.task.aggregate_id,
-            ));
-        }
-        if let Some(q) = event.queue {
-            options = options.queue(q);
-        }
-        if let Some(d) = event.delay {
-            options = options.delay(d);
-        }
-        batch.push_with(&event.task, options)?;
+) -> Result<Vec<Emitted>> {
+    let mut rows = Rows::default();
+    for event in events {
+        rows.push(event)?;
     }
-    batch.submit(conn).await
-}
-
-/// The id event task `task` is published under: the emitter's, or the one
-/// derived from the task id and this database's instance id.
-pub async fn event_id(conn: &mut PgConnection, task: TaskId) -> Result<Option<String>> {
-    let id: Option<String> = sqlx::query_scalar(
-        "SELECT coalesce(payload->>'id', outbox_event_id(id)::text) FROM outbox_all_tasks \
-         WHERE id = $1 AND task_type = 'outbox.event'",
-    )
-    .bind(task.0)
-    .fetch_optional(conn)
-    .await?;
-    Ok(id)
-}
-
-/// This database's instance id, as 16 bytes.
-pub(crate) async fn instance_id(conn: &mut PgConnection) -> sqlx::Result<[u8; 16]> {
-    let text: String = sqlx::query_scalar("SELECT id::text FROM outbox_instance")
-        .fetch_one(conn)
+    if rows.ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let positions: Vec<i64> = sqlx::query_scalar(include_str!("../db/sql/emit_events.sql"))
+        .bind(&rows.ids)
+        .bind(&rows.aggregate_types)
+        .bind(&rows.aggregate_ids)
+        .bind(&rows.event_types)
+        .bind(&rows.payloads)
+        .bind(&rows.headers)
+        .bind(&rows.streams)
+        .bind(&rows.publish_at)
+        .bind(&rows.ordered)
+        .fetch_all(conn)
         .await?;
-    parse_uuid(&text).ok_or_else(|| sqlx::Error::Protocol(format!("bad instance id {text:?}")))
+    Ok(rows
+        .ids
+        .into_iter()
+        .zip(positions)
+        .map(|(id, position)| Emitted { id, position })
+        .collect())
 }
 
-/// The derived event id of task `task_id` in the database with `instance`
-/// (the same as SQL's `outbox_event_id`).
-pub(crate) fn derived_event_id(instance: &[u8; 16], task_id: i64) -> String {
+/// Events as the emit statements' columns.
+#[derive(Default)]
+struct Rows {
+    ids: Vec<String>,
+    aggregate_types: Vec<String>,
+    aggregate_ids: Vec<String>,
+    event_types: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+    headers: Vec<Option<serde_json::Value>>,
+    streams: Vec<String>,
+    publish_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    ordered: Vec<bool>,
+}
+
+impl Rows {
+    fn push(&mut self, event: Event) -> Result<()> {
+        event.validate()?;
+        let Event {
+            task,
+            queue,
+            ordered,
+            delay,
+            ..
+        } = event;
+        // One spelling (lower case, hyphens) wherever the id is read back.
+        let id = match task.id.as_deref().and_then(parse_uuid) {
+            Some(bytes) => format_uuid(&bytes),
+            None => new_event_id(),
+        };
+        let publish_at = match delay {
+            Some(d) => Some(
+                chrono::Utc::now()
+                    + chrono::Duration::from_std(d)
+                        .map_err(|e| Error::InvalidEvent(e.to_string()))?,
+            ),
+            None => None,
+        };
+        self.ids.push(id);
+        self.aggregate_types.push(task.aggregate_type);
+        self.aggregate_ids.push(task.aggregate_id);
+        self.event_types.push(task.event_type);
+        self.payloads.push(task.payload);
+        self.headers.push(if task.headers.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_value(&task.headers).unwrap_or_default())
+        });
+        self.streams
+            .push(queue.unwrap_or_else(|| EVENTS_QUEUE.to_owned()));
+        self.publish_at.push(publish_at);
+        self.ordered.push(ordered);
+        Ok(())
+    }
+}
+
+/// Whether a JSON value holds U+0000 anywhere (jsonb refuses it).
+fn contains_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(a) => a.iter().any(contains_nul),
+        serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// A new event id: a UUIDv7 (milliseconds since the epoch, then
+/// randomness), so ids sort roughly by time in consumers' inbox indexes.
+pub(crate) fn new_event_id() -> String {
     let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&instance[..8]);
-    bytes[6] = (bytes[6] & 0x0f) | 0x80;
-    let tail = (task_id as u64 & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
-    bytes[8..].copy_from_slice(&tail.to_be_bytes());
+    // Without an entropy source the time and a counter still make ids
+    // unique within this process; getrandom fails only on broken systems.
+    if getrandom::fill(&mut bytes[6..]).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        bytes[8..].copy_from_slice(&n.to_be_bytes());
+    }
+    let ms = chrono::Utc::now().timestamp_millis().max(0) as u64;
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = (bytes[6] & 0x0f) | 0x70;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
     format_uuid(&bytes)
 }
 
@@ -337,46 +425,17 @@ pub(crate) fn format_uuid(bytes: &[u8; 16]) -> String {
     s
 }
 
-/// Turns the Debezium mirror on or off: while on, every event emitted is
-/// also written to `outbox_events` in the emitting transaction, in the
-/// layout Debezium's Outbox Event Router reads.
-pub async fn set_debezium_mirror(pool: &sqlx::PgPool, on: bool) -> Result<()> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("DROP TRIGGER IF EXISTS outbox_events_mirror ON outbox_tasks")
-        .execute(&mut *tx)
-        .await?;
-    if on {
-        sqlx::query(
-            "CREATE TRIGGER outbox_events_mirror AFTER INSERT ON outbox_tasks FOR EACH ROW \
-             WHEN (NEW.task_type = 'outbox.event') EXECUTE FUNCTION outbox_events_mirror()",
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Whether the Debezium mirror is on.
-pub async fn debezium_mirror(pool: &sqlx::PgPool) -> Result<bool> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_events_mirror' \
-         AND tgrelid = 'outbox_tasks'::regclass)",
-    )
-    .fetch_one(pool)
-    .await?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn uuids_round_trip_and_derived_ids_set_version_and_variant() {
-        let instance = parse_uuid("0123456789abcdef0123456789ABCDEF").unwrap();
-        let id = derived_event_id(&instance, 42);
-        assert_eq!(id, "01234567-89ab-8def-8000-00000000002a");
+    fn uuids_round_trip_and_new_ids_are_version_7() {
+        let id = new_event_id();
+        assert_eq!(&id[14..15], "7", "{id}");
+        assert!(matches!(&id[19..20], "8" | "9" | "a" | "b"), "{id}");
         assert_eq!(format_uuid(&parse_uuid(&id).unwrap()), id);
+        assert_ne!(new_event_id(), id);
         assert!(parse_uuid("not-a-uuid").is_none());
         assert!(parse_uuid("01234567-89ab-8def-8000-00000000002").is_none());
     }
@@ -393,10 +452,13 @@ mod tests {
             Event::new("order", "1", "placed", 1).header("event-id", "x"),
             Event::new("order", "1", "placed", 1).header("bad name", "x"),
             Event::new("order", "1", "placed", 1).header("ok", "line\nbreak"),
+            Event::new("order", "1", "placed", "nul\0byte"),
+            Event::new("order", "1", "placed", 1).queue(""),
+            Event::new("order", "1", "placed", 1).delay(MAX_EVENT_DELAY * 2),
         ];
         for e in cases {
             let err = e.validate().unwrap_err().to_string();
-            assert!(err.contains("outbox.event"), "{err}");
+            assert!(err.contains("event"), "{err}");
         }
     }
 }

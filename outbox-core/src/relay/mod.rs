@@ -1,10 +1,14 @@
-//! Relays: publish events to a broker, at least once, in per-aggregate
-//! order.
+//! Relays: publish the event log to a broker, at least once, in
+//! per-aggregate commit order.
 //!
-//! A relay is the handler of `outbox.event` tasks on one queue (`events`
-//! unless told otherwise) with a [`Sink`]: each event is a task, claimed,
-//! published, and completed once the broker acknowledged it. A worker runs
-//! any number of relays, one per queue:
+//! A relay is a subscription to the log (named after the relay) with a
+//! [`Sink`]. It reads what committed in batches cut between database
+//! snapshots, publishes each aggregate's events in order and different
+//! aggregates in parallel, and moves its cursor once the broker
+//! acknowledged the whole batch. Nothing in the log is updated: every
+//! subscription has its own cursor, so one emit reaches Kafka and a
+//! webhook alike, and a new subscription starts at the start of what the
+//! log keeps (or at its head). A worker runs any number of relays:
 //!
 //! ```no_run
 //! # async fn f(pool: sqlx::PgPool) -> outbox::Result<()> {
@@ -18,20 +22,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Scale: a subscription's aggregates are split into [`Relay::partitions`]
+//! by hash; each partition is leased to one relay worker at a time (the
+//! lease runs out on the database's clock unless renewed, and every write
+//! names the lease's fence, so a worker that lost it writes nothing), and
+//! partitions are shared out again as relay workers come and go.
+//!
 //! What a sink's failure means:
-//! - transient (broker down or slow): the event goes back without
-//!   spending an attempt, after a backoff with jitter; five in a row open
-//!   the relay's circuit, and its handlers wait at the gate (holding the
-//!   relay's concurrency, so it claims nothing more) until a probe gets
-//!   through;
-//! - permanent (the broker refuses this message): the attempt fails and
-//!   the retry table applies; at the end the event is dead and its
-//!   aggregate's later events wait behind it, as ordering keys do, until an
-//!   operator retries, skips or cancels it.
+//! - transient (broker down or slow): the event is tried again after a
+//!   backoff with jitter, and the batch waits for it; five failures in a
+//!   row open the relay's circuit, and publishes wait at the gate until a
+//!   probe gets through. The cursor stays where it was, so nothing is lost
+//!   if the relay worker dies meanwhile;
+//! - permanent (the broker refuses this message): the event's aggregate is
+//!   parked: the event and its aggregate's later events wait in
+//!   `outbox_event_parked`, every other aggregate goes on, and an operator
+//!   retries or skips it (`outbox-worker events retry|skip`).
 
+mod admin;
 mod circuit;
-mod handler;
+mod lease_clock;
 pub mod metrics;
+mod partition;
+mod publish;
+mod service;
 mod sink;
 mod url;
 
@@ -49,17 +63,31 @@ pub mod webhook;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use metrics::{Backlog, backlog};
+pub use admin::{ParkedEvent, Subscription, parked, retry_parked, skip_parked, subscriptions};
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
 
-pub(crate) use handler::RelayHandler;
+pub(crate) use service::run;
 
 use crate::events::EVENTS_QUEUE;
 
-/// Concurrency of a relay that was not given one: events in flight to the
-/// broker at once.
-pub const DEFAULT_RELAY_CONCURRENCY: usize = 100;
+/// Concurrency of a relay that was not given one: aggregates publishing
+/// at once in each partition (one event each).
+pub const DEFAULT_RELAY_CONCURRENCY: usize = 256;
+
+/// Positions a batch spans at most, unless told otherwise.
+pub const DEFAULT_BATCH: i64 = 10_000;
+
+/// How long a relay waits before looking at the log again after finding
+/// nothing new, unless told otherwise.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(5);
+
+/// How long a partition's lease lasts unless renewed, unless told
+/// otherwise: a relay worker that dies hands its partitions over within it.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// The most partitions a subscription may have.
+pub const MAX_PARTITIONS: i32 = 1024;
 
 /// The route of a relay that was not given one: Debezium's default topic
 /// (`outbox.event.order` for an `order` aggregate).
@@ -68,8 +96,8 @@ pub const DEFAULT_ROUTE: &str = "outbox.event.{aggregate_type}";
 /// How long a publish may take before it counts as a transient failure.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One relay: a name (for logs and metrics), a sink, the queue it serves
-/// and how it routes.
+/// One relay: a name (its subscription's, and for logs and metrics), a
+/// sink, the stream it reads and how it routes.
 #[derive(Clone)]
 pub struct Relay {
     pub(crate) name: String,
@@ -79,6 +107,11 @@ pub struct Relay {
     pub(crate) route: Result<Route, String>,
     pub(crate) give_up_after: Option<i32>,
     pub(crate) publish_timeout: Duration,
+    pub(crate) partitions: i32,
+    pub(crate) from_head: bool,
+    pub(crate) batch: i64,
+    pub(crate) poll: Duration,
+    pub(crate) lease: Duration,
 }
 
 impl std::fmt::Debug for Relay {
@@ -89,6 +122,7 @@ impl std::fmt::Debug for Relay {
             .field("queue", &self.queue)
             .field("concurrency", &self.concurrency)
             .field("route", &self.route)
+            .field("partitions", &self.partitions)
             .finish()
     }
 }
@@ -110,6 +144,11 @@ impl Relay {
             route: Route::parse(DEFAULT_ROUTE),
             give_up_after: None,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            partitions: 1,
+            from_head: false,
+            batch: DEFAULT_BATCH,
+            poll: DEFAULT_POLL,
+            lease: DEFAULT_LEASE,
         }
     }
 
@@ -117,23 +156,63 @@ impl Relay {
     /// `redis://`, `kafka://`, `http://` or `https://` for webhooks; each
     /// needs its cargo feature), and query parameters set the routing and
     /// the relay's options (`queue`, `concurrency`, `route`,
-    /// `give_up_after`, `timeout_ms`, and the sink's own: see
-    /// [`sink_kinds`]). Connects
+    /// `give_up_after`, `timeout_ms`, `partitions`, `start=head`, `batch`,
+    /// `poll_ms`, `lease_ms`, and the sink's own: see [`sink_kinds`]). Connects
     /// lazily: a broker that is down at start is a transient failure later,
     /// not an error now.
     pub async fn from_url(name: &str, url: &str) -> Result<Self, String> {
         url::relay_from_url(name, url).await
     }
 
-    /// Serves this queue instead of `events`.
+    /// Reads this stream instead of `events` (the events emitted with
+    /// [`Event::queue`](crate::Event::queue)).
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
         self
     }
 
-    /// Publishes at most this many events at once.
+    /// Publishes at most this many aggregates at once in each partition
+    /// (an aggregate's events go one at a time).
     pub fn concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = concurrency;
+        self
+    }
+
+    /// Splits the subscription's aggregates into this many partitions,
+    /// each published by one relay worker at a time (1 to
+    /// [`MAX_PARTITIONS`]). Set when the subscription is created; a
+    /// subscription keeps the number it was created with.
+    pub fn partitions(mut self, partitions: i32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// A new subscription starts at the log's head (only events emitted
+    /// from then on) instead of the start of what the log keeps. An
+    /// existing subscription goes on from its cursor either way.
+    pub fn start_at_head(mut self) -> Self {
+        self.from_head = true;
+        self
+    }
+
+    /// A batch spans at most this many positions (1 to 1,000,000).
+    pub fn batch(mut self, positions: i64) -> Self {
+        self.batch = positions;
+        self
+    }
+
+    /// Looks at the log this often while it has nothing new (1 ms to 10 s):
+    /// the floor of the time from commit to publish.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// A partition's lease lasts this long unless renewed (1 s to 10 min):
+    /// a relay worker that dies or goes silent hands its partitions over
+    /// within it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
         self
     }
 
@@ -144,8 +223,8 @@ impl Relay {
         self
     }
 
-    /// Makes an event dead after this many permanent failures, before the
-    /// retry table's end (1: dead at the first).
+    /// Parks an event's aggregate after this many permanent failures of
+    /// the event in a row (1, the default: at the first), a second apart.
     pub fn give_up_after(mut self, attempts: i32) -> Self {
         self.give_up_after = Some(attempts);
         self
@@ -170,7 +249,7 @@ impl Relay {
         &self.name
     }
 
-    /// The queue it serves.
+    /// The stream it reads.
     pub fn queue_name(&self) -> &str {
         &self.queue
     }
@@ -199,6 +278,46 @@ impl Relay {
             out.push(format!(
                 "relay {:?}: give_up_after {n} is out of range: use 1 or more",
                 self.name
+            ));
+        }
+        if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
+            out.push(format!(
+                "relay {:?}: {} partitions is out of range: use 1 to {MAX_PARTITIONS}",
+                self.name, self.partitions
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.batch) {
+            out.push(format!(
+                "relay {:?}: batch {} is out of range: use 1 to 1000000",
+                self.name, self.batch
+            ));
+        }
+        if self.concurrency == 0 || self.concurrency > crate::MAX_CONCURRENCY {
+            out.push(format!(
+                "relay {:?}: concurrency {} is out of range: use 1 to {}",
+                self.name,
+                self.concurrency,
+                crate::MAX_CONCURRENCY
+            ));
+        }
+        if self.poll < Duration::from_millis(1) || self.poll > Duration::from_secs(10) {
+            out.push(format!(
+                "relay {:?}: poll interval {:?} is out of range: use 1ms to 10s",
+                self.name, self.poll
+            ));
+        }
+        if self.lease < Duration::from_secs(1) || self.lease > Duration::from_secs(600) {
+            out.push(format!(
+                "relay {:?}: lease {:?} is out of range: use 1s to 10m",
+                self.name, self.lease
+            ));
+        }
+        if self.queue.is_empty() || self.queue.len() > crate::events::MAX_EVENT_FIELD {
+            out.push(format!(
+                "relay {:?}: stream {:?}: use 1 to {} bytes",
+                self.name,
+                self.queue,
+                crate::events::MAX_EVENT_FIELD
             ));
         }
         if self.publish_timeout < Duration::from_millis(10)

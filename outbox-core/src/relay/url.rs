@@ -87,6 +87,25 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
         10,
         600_000,
     )?;
+    let partitions = params.parse_range("partitions", 1, 1, super::MAX_PARTITIONS as u64)?;
+    let batch = params.parse_range("batch", super::DEFAULT_BATCH as u64, 1, 1_000_000)?;
+    let poll_ms =
+        params.parse_range("poll_ms", super::DEFAULT_POLL.as_millis() as u64, 1, 10_000)?;
+    let lease_ms = params.parse_range(
+        "lease_ms",
+        super::DEFAULT_LEASE.as_millis() as u64,
+        1000,
+        600_000,
+    )?;
+    let from_head = match params.take("start").as_deref() {
+        None | Some("start") => false,
+        Some("head") => true,
+        Some(other) => {
+            return Err(format!(
+                "relay option start={other:?}: use start (the start of what the log keeps) or head"
+            ));
+        }
+    };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
         "nats" | "tls" => super::nats::from_url(&parsed, &mut params, &route, name).await,
@@ -112,7 +131,14 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
     let mut relay = Relay::from_arc(name, sink)
         .concurrency(concurrency as usize)
         .route(&route)
-        .publish_timeout(Duration::from_millis(timeout_ms));
+        .publish_timeout(Duration::from_millis(timeout_ms))
+        .partitions(partitions as i32)
+        .batch(batch as i64)
+        .poll_interval(Duration::from_millis(poll_ms))
+        .lease(Duration::from_millis(lease_ms));
+    if from_head {
+        relay = relay.start_at_head();
+    }
     if let Some(q) = queue {
         relay = relay.queue(q);
     }

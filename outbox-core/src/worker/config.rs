@@ -70,6 +70,12 @@ pub struct WorkerConfig {
     /// How much time one partition of the history covers (daily by
     /// default). The maintenance leader creates them two widths ahead.
     pub history_partition: Duration,
+    /// The longest the event log keeps a day of events that some
+    /// subscription has not published yet (a relay stopped for good, or
+    /// left behind): after this its partition is dropped anyway, and the
+    /// `outbox_event_log_forced_drops_total` metric counts it. Partitions
+    /// every subscription has passed go within the hour after their day.
+    pub event_log_max_age: Duration,
     /// Delete successful tasks at once instead of keeping them as COMPLETED
     /// history (a retention of zero). Cheaper for the database; FAILED and
     /// dead rows are kept either way.
@@ -118,6 +124,7 @@ impl Default for WorkerConfig {
             maintenance_interval: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
             history_partition: Duration::from_secs(24 * 3600),
+            event_log_max_age: Duration::from_secs(14 * 24 * 3600),
             delete_completed: false,
             vacuum_threshold: 10_000,
             cleanup_interval: Duration::from_secs(60),
@@ -175,6 +182,7 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
     for (name, value) in [
         ("heartbeat_timeout", config.heartbeat_timeout),
         ("retention", config.retention),
+        ("event_log_max_age", config.event_log_max_age),
         ("forget_workers_after", config.forget_workers_after),
     ] {
         if let Err(e) = crate::options::delay_micros(value) {

@@ -190,6 +190,9 @@ async fn maintain(
         if let Err(error) = history(shared).await {
             tracing::warn!(%error, "could not prepare or trim the task history this round");
         }
+        if let Err(error) = event_log(shared).await {
+            tracing::warn!(%error, "could not prepare or trim the event log this round");
+        }
         // A large backlog is worked off over several rounds, half an
         // interval each, so the lease keeps being renewed on time.
         let budget = (config.maintenance_interval / 2).min(shared.deadline / 2);
@@ -225,7 +228,7 @@ async fn maintain(
                 tracing::warn!(%error, "could not hand on ordering keys this round");
             }
             if let Err(error) = tidy_events(shared, retention_us).await {
-                tracing::warn!(%error, "could not trim the inbox or the Debezium mirror this round");
+                tracing::warn!(%error, "could not trim the inbox this round");
             }
             *last_cleanup = Some(Instant::now());
         }
@@ -295,15 +298,53 @@ async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Deletes inbox records and Debezium mirror rows older than the retention
-/// (one batch of each per round: both grow at most as fast as events).
+/// Deletes inbox records older than the retention (one batch per round:
+/// the inbox grows at most as fast as events).
 async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
-        crate::db::events::prune(conn, retention_us, DEFAULT_BATCH, shared.config.clock.now()).await
+        crate::db::events::prune_inbox(conn, retention_us, DEFAULT_BATCH, shared.config.clock.now())
+            .await
     })
     .await?;
     if deleted > 0 {
-        tracing::info!(deleted, "trimmed the inbox and the Debezium mirror");
+        tracing::info!(deleted, "trimmed the inbox");
+    }
+    Ok(())
+}
+
+/// Creates the event log's partitions ahead of time (a day each, three
+/// days ahead) and drops those every subscription has passed, or that are
+/// older than the log's maximum age whatever the subscriptions say.
+async fn event_log(shared: &Shared) -> sqlx::Result<()> {
+    const DAY_US: i64 = 24 * 3600 * 1_000_000;
+    let config = &shared.config;
+    let now = config.clock.now();
+    let created = call(&shared.engine, shared.deadline, "event log", async |conn| {
+        db::event_log::prepare(conn, 2 * DAY_US, DAY_US, now).await
+    })
+    .await?;
+    if created > 0 {
+        tracing::info!(created, "created partitions of the event log");
+    }
+    // An emitter's statement that started before a partition's end may
+    // still be writing there: an hour's grace.
+    let quiet_us = 3600 * 1_000_000;
+    let max_age_us = delay_micros(config.event_log_max_age).unwrap_or(i64::MAX);
+    let dropped = call(&shared.engine, shared.deadline, "event log", async |conn| {
+        db::event_log::drop_passed(conn, quiet_us, max_age_us, DROPS_PER_ROUND, now).await
+    })
+    .await?;
+    for (partition, forced) in dropped {
+        if forced {
+            metrics::counter!(crate::relay::metrics::FORCED_DROPS).increment(1);
+            tracing::error!(
+                %partition,
+                "dropped an event log partition past the maximum age that a subscription had not \
+                 passed: its unpublished events are lost to it (see `events subscriptions`)"
+            );
+        } else {
+            tracing::info!(%partition, "dropped an event log partition every subscription had passed");
+        }
     }
     Ok(())
 }

@@ -32,7 +32,7 @@ mod heartbeat;
 mod holdings;
 mod listener;
 mod maintainer;
-mod outage;
+pub(crate) mod outage;
 mod presence;
 mod producer;
 pub(crate) mod registry;
@@ -140,9 +140,9 @@ impl WorkerBuilder {
         self
     }
 
-    /// Runs a relay: this worker publishes the events of the relay's queue
-    /// through its sink (see [`crate::relay`]). Any number of relays, one
-    /// per queue; the relay's queue is served with its concurrency.
+    /// Runs a relay: this worker publishes the event log through the
+    /// relay's sink, as (a member of) the relay's subscription (see
+    /// [`crate::relay`]). Any number of relays, each with its own name.
     pub fn relay(mut self, relay: crate::relay::Relay) -> Self {
         self.relays.push(relay);
         self
@@ -156,7 +156,7 @@ impl WorkerBuilder {
 
     /// Checks everything and returns the worker, or every problem found.
     pub fn build(mut self) -> Result<Worker> {
-        let mut queues = if self.queues.is_empty() {
+        let queues = if self.queues.is_empty() {
             self.handlers
                 .default_queues()
                 .into_iter()
@@ -165,36 +165,24 @@ impl WorkerBuilder {
         } else {
             std::mem::take(&mut self.queues)
         };
-        // Relays after the default queues: their queues are their own, with
-        // their concurrency, and the `events` queue is not served by a
-        // worker without a relay for it.
         let mut problems = Vec::new();
+        let mut seen_names = std::collections::BTreeSet::new();
+        for r in &self.relays {
+            problems.extend(r.problems());
+            if !seen_names.insert(r.name.clone()) {
+                problems.push(format!("two relays are named {:?}", r.name));
+            }
+        }
         let relays: Vec<(String, String)> = self
             .relays
             .iter()
             .map(|r| (r.name.clone(), r.queue.clone()))
             .collect();
-        if !self.relays.is_empty() {
-            let mut seen_names = std::collections::BTreeSet::new();
-            let mut seen_queues = std::collections::BTreeSet::new();
-            for r in &self.relays {
-                problems.extend(r.problems());
-                if !seen_names.insert(r.name.clone()) {
-                    problems.push(format!("two relays are named {:?}", r.name));
-                }
-                if !seen_queues.insert(r.queue.clone()) {
-                    problems.push(format!(
-                        "two relays serve queue {:?}: one relay per queue (give the other events another queue)",
-                        r.queue
-                    ));
-                }
-                queues.retain(|(q, _)| *q != r.queue);
-                queues.push((r.queue.clone(), r.concurrency));
-            }
-            let handler = crate::relay::RelayHandler::new(std::mem::take(&mut self.relays));
-            self = self.handler::<crate::events::EventTask>(handler);
-        }
-        problems.extend(self.handlers.problems(&registered_tasks(), &queues));
+        problems.extend(self.handlers.problems(
+            &registered_tasks(),
+            &queues,
+            !self.relays.is_empty(),
+        ));
         problems.extend(config::config_problems(&self.config, &queues));
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
@@ -222,6 +210,7 @@ impl WorkerBuilder {
             counters: Arc::default(),
             periodic: Arc::new(self.periodic),
             relays,
+            relay_runs: self.relays,
         })
     }
 }
@@ -235,8 +224,9 @@ pub struct Worker {
     events: broadcast::Sender<TaskEvent>,
     counters: Arc<WorkerCounters>,
     periodic: Arc<Vec<PeriodicTask>>,
-    /// The relays' names and queues.
+    /// The relays' names and streams.
     relays: Vec<(String, String)>,
+    relay_runs: Vec<crate::relay::Relay>,
 }
 
 /// What the producers, executor and completer share.
@@ -274,7 +264,7 @@ impl Worker {
         }
     }
 
-    /// The relays this worker runs, as (name, queue).
+    /// The relays this worker runs, as (name, stream).
     pub fn relays(&self) -> &[(String, String)] {
         &self.relays
     }
@@ -374,6 +364,23 @@ impl Worker {
             .config
             .maintenance
             .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
+        // Relays stop reading batches with the claims, and stop publishing
+        // when the grace is over.
+        let abandon_relays = CancellationToken::new();
+        let relays: Vec<_> = self
+            .relay_runs
+            .into_iter()
+            .map(|relay| {
+                tokio::spawn(crate::relay::run(
+                    relay,
+                    shared.pool.clone(),
+                    shared.config.worker_id.clone(),
+                    limits,
+                    stop_claiming.clone(),
+                    abandon_relays.clone(),
+                ))
+            })
+            .collect();
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
         for (queue, concurrency) in &self.queues {
@@ -408,6 +415,15 @@ impl Worker {
         }
         tracker.close();
         shutdown::finish_handlers(&shared, &tracker, grace_over).await;
+        for mut relay in relays {
+            if tokio::time::timeout_at(grace_over, &mut relay)
+                .await
+                .is_err()
+            {
+                abandon_relays.cancel();
+                let _ = relay.await;
+            }
+        }
 
         // Outcomes still queued or being retried get until the flush
         // deadline; then whatever this worker still holds is released.

@@ -71,9 +71,11 @@ impl Handlers {
         &self,
         registered: &[&'static RegisteredTask],
         queues: &[(String, usize)],
+        has_relays: bool,
     ) -> Vec<String> {
         let mut problems = Vec::new();
-        if queues.is_empty() {
+        // A worker that only relays events serves no queue.
+        if queues.is_empty() && !has_relays {
             problems.push(
                 "no queue to serve: register a handler or name a queue with .queue(name, concurrency)"
                     .to_owned(),

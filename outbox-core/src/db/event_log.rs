@@ -1,0 +1,414 @@
+//! Statements about the event log: subscriptions, their partitions'
+//! leases and cursors, batches, held-back (parked) events, retention.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+/// One event as a relay reads it from the log or the parked list.
+#[derive(Debug, Clone)]
+pub(crate) struct LogEvent {
+    pub(crate) position: i64,
+    pub(crate) id: String,
+    pub(crate) aggregatetype: String,
+    pub(crate) aggregateid: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: Option<serde_json::Value>,
+    pub(crate) headers: Option<serde_json::Value>,
+    pub(crate) publish_at: Option<DateTime<Utc>>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) aggregate_hash: i32,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for LogEvent {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row;
+        Ok(Self {
+            position: row.try_get("position")?,
+            id: row.try_get("id")?,
+            aggregatetype: row.try_get("aggregatetype")?,
+            aggregateid: row.try_get("aggregateid")?,
+            event_type: row.try_get("type")?,
+            payload: row.try_get("payload")?,
+            headers: row.try_get("headers")?,
+            publish_at: row.try_get("publish_at")?,
+            created_at: row.try_get("created_at")?,
+            aggregate_hash: row.try_get("aggregate_hash")?,
+        })
+    }
+}
+
+/// A cursor: published is exactly what is visible in `snapshot` with a
+/// position at most `position`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub(crate) snapshot: String,
+    pub(crate) position: i64,
+}
+
+/// A leased partition.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub(crate) part: i32,
+    pub(crate) fence: i64,
+    pub(crate) cursor: Cursor,
+}
+
+/// Who holds which partition of a subscription, for fenced writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holder<'a> {
+    pub(crate) subscription: &'a str,
+    pub(crate) part: i32,
+    pub(crate) holder: &'a str,
+    pub(crate) fence: i64,
+}
+
+/// Creates the subscription unless it exists; returns its stream and
+/// partitions as recorded, or none when a concurrent creator got there
+/// first (ask again).
+pub(crate) async fn subscribe(
+    conn: &mut PgConnection,
+    name: &str,
+    stream: &str,
+    partitions: i32,
+    from_head: bool,
+) -> sqlx::Result<Option<(String, i32)>> {
+    sqlx::query_as(include_str!("sql/event_subscribe.sql"))
+        .bind(name)
+        .bind(stream)
+        .bind(partitions)
+        .bind(from_head)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Says `member` is alive for `ttl_us`; returns how many members are.
+pub(crate) async fn member(
+    conn: &mut PgConnection,
+    subscription: &str,
+    member: &str,
+    ttl_us: i64,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(include_str!("sql/event_member.sql"))
+        .bind(subscription)
+        .bind(member)
+        .bind(ttl_us)
+        .fetch_one(conn)
+        .await
+}
+
+/// Leases up to `want` free partitions.
+pub(crate) async fn acquire(
+    conn: &mut PgConnection,
+    subscription: &str,
+    holder: &str,
+    ttl_us: i64,
+    want: i64,
+) -> sqlx::Result<Vec<Lease>> {
+    let rows: Vec<(i32, i64, String, i64)> = sqlx::query_as(include_str!("sql/event_acquire.sql"))
+        .bind(subscription)
+        .bind(holder)
+        .bind(ttl_us)
+        .bind(want)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(part, fence, snapshot, position)| Lease {
+            part,
+            fence,
+            cursor: Cursor { snapshot, position },
+        })
+        .collect())
+}
+
+/// Renews the leases of `held` (part, fence); returns the parts still held.
+pub(crate) async fn renew(
+    conn: &mut PgConnection,
+    subscription: &str,
+    holder: &str,
+    held: &[(i32, i64)],
+    ttl_us: i64,
+) -> sqlx::Result<Vec<i32>> {
+    let (parts, fences): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
+    sqlx::query_scalar(include_str!("sql/event_renew.sql"))
+        .bind(subscription)
+        .bind(holder)
+        .bind(parts)
+        .bind(fences)
+        .bind(ttl_us)
+        .fetch_all(conn)
+        .await
+}
+
+/// Lets go of `held` (part, fence).
+pub(crate) async fn release(
+    conn: &mut PgConnection,
+    subscription: &str,
+    holder: &str,
+    held: &[(i32, i64)],
+) -> sqlx::Result<()> {
+    let (parts, fences): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
+    sqlx::query(include_str!("sql/event_release.sql"))
+        .bind(subscription)
+        .bind(holder)
+        .bind(parts)
+        .bind(fences)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// A batch and the cursor it leads to once published.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub(crate) next: Cursor,
+    pub(crate) events: Vec<LogEvent>,
+}
+
+/// The next batch after `cursor` of partition `part` of `partitions`, at
+/// most `limit` positions further.
+pub(crate) async fn read(
+    conn: &mut PgConnection,
+    cursor: &Cursor,
+    limit: i64,
+    stream: &str,
+    partitions: i32,
+    part: i32,
+) -> sqlx::Result<Batch> {
+    use sqlx::{FromRow, Row};
+    let rows = sqlx::query(include_str!("sql/event_read.sql"))
+        .bind(&cursor.snapshot)
+        .bind(cursor.position)
+        .bind(limit)
+        .bind(stream)
+        .bind(partitions)
+        .bind(part)
+        .fetch_all(conn)
+        .await?;
+    let mut next = None;
+    let mut events = Vec::with_capacity(rows.len());
+    for row in rows {
+        if next.is_none() {
+            next = Some(Cursor {
+                snapshot: row.try_get("s2")?,
+                position: row.try_get("h2")?,
+            });
+        }
+        // The one row of an empty batch has no event.
+        if row.try_get::<Option<i64>, _>("position")?.is_some() {
+            events.push(LogEvent::from_row(&row)?);
+        }
+    }
+    Ok(Batch {
+        next: next.unwrap_or_else(|| cursor.clone()),
+        events,
+    })
+}
+
+/// Moves the cursor after `published` events, fenced; false when the
+/// lease was lost.
+pub(crate) async fn advance(
+    conn: &mut PgConnection,
+    at: Holder<'_>,
+    next: &Cursor,
+    published: i64,
+    ttl_us: i64,
+) -> sqlx::Result<bool> {
+    let row: Option<i32> = sqlx::query_scalar(include_str!("sql/event_advance.sql"))
+        .bind(at.subscription)
+        .bind(at.part)
+        .bind(at.holder)
+        .bind(at.fence)
+        .bind(&next.snapshot)
+        .bind(next.position)
+        .bind(published)
+        .bind(ttl_us)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// An event to hold back, with when to try it again and why.
+#[derive(Debug, Clone)]
+pub(crate) struct Parking {
+    pub(crate) event: LogEvent,
+    pub(crate) retry_at: Option<DateTime<Utc>>,
+    pub(crate) error: Option<String>,
+}
+
+/// Holds `events` back, fenced.
+pub(crate) async fn park(
+    conn: &mut PgConnection,
+    at: Holder<'_>,
+    events: &[Parking],
+) -> sqlx::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&Parking) -> Option<String>| events.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(include_str!("sql/event_park.sql"))
+        .bind(at.subscription)
+        .bind(at.part)
+        .bind(at.holder)
+        .bind(at.fence)
+        .bind(events.iter().map(|p| p.event.position).collect::<Vec<_>>())
+        .bind(col(|p| Some(p.event.id.clone())))
+        .bind(col(|p| Some(p.event.aggregatetype.clone())))
+        .bind(col(|p| Some(p.event.aggregateid.clone())))
+        .bind(col(|p| Some(p.event.event_type.clone())))
+        .bind(
+            events
+                .iter()
+                .map(|p| p.event.payload.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|p| p.event.headers.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|p| p.event.publish_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|p| p.event.aggregate_hash)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|p| p.event.created_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|p| p.retry_at).collect::<Vec<_>>())
+        .bind(col(|p| p.error.clone()))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The aggregates of a partition held back.
+pub(crate) async fn parked_aggregates(
+    conn: &mut PgConnection,
+    subscription: &str,
+    partitions: i32,
+    part: i32,
+) -> sqlx::Result<Vec<(String, String)>> {
+    sqlx::query_as(include_str!("sql/event_parked_aggregates.sql"))
+        .bind(subscription)
+        .bind(partitions)
+        .bind(part)
+        .fetch_all(conn)
+        .await
+}
+
+/// Held-back events of a partition due to be tried again, in order.
+pub(crate) async fn parked_due(
+    conn: &mut PgConnection,
+    subscription: &str,
+    partitions: i32,
+    part: i32,
+    limit: i64,
+) -> sqlx::Result<Vec<LogEvent>> {
+    sqlx::query_as(include_str!("sql/event_parked_due.sql"))
+        .bind(subscription)
+        .bind(partitions)
+        .bind(part)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+}
+
+/// Held-back events `published` went out; `next` (the first left of its
+/// aggregate) is tried again at `retry_at` with `error`. False when the
+/// lease was lost.
+pub(crate) async fn unpark(
+    conn: &mut PgConnection,
+    at: Holder<'_>,
+    published: &[i64],
+    next: Option<i64>,
+    retry_at: Option<DateTime<Utc>>,
+    error: Option<&str>,
+) -> sqlx::Result<bool> {
+    let row: Option<i32> = sqlx::query_scalar(include_str!("sql/event_unpark.sql"))
+        .bind(at.subscription)
+        .bind(at.part)
+        .bind(at.holder)
+        .bind(at.fence)
+        .bind(published)
+        .bind(next)
+        .bind(retry_at)
+        .bind(error)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Makes sure a partition of the log covers each time `ahead_us` from now
+/// (`width_us` wide); returns how many were made.
+pub(crate) async fn prepare(
+    conn: &mut PgConnection,
+    ahead_us: i64,
+    width_us: i64,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    let times: Vec<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/prepare_history.sql"))
+        .bind(ahead_us)
+        .bind(width_us)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut created = 0;
+    let mut failed = None;
+    for t in times {
+        let made: sqlx::Result<bool> = sqlx::query_scalar(include_str!("sql/event_log_cover.sql"))
+            .bind(t)
+            .bind(width_us)
+            .fetch_one(&mut *conn)
+            .await;
+        match made {
+            Ok(true) => created += 1,
+            Ok(false) => {}
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(created),
+    }
+}
+
+/// Drops partitions every subscription has passed (ended `quiet_us` ago at
+/// least), or that ended `max_age_us` ago whatever they say, at most
+/// `limit`; returns their names and whether each was forced.
+pub(crate) async fn drop_passed(
+    conn: &mut PgConnection,
+    quiet_us: i64,
+    max_age_us: i64,
+    limit: usize,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<Vec<(String, bool)>> {
+    let mut dropped = Vec::new();
+    while dropped.len() < limit {
+        let (name, forced): (Option<String>, Option<bool>) =
+            sqlx::query_as(include_str!("sql/event_log_drop.sql"))
+                .bind(quiet_us)
+                .bind(max_age_us)
+                .bind(now)
+                .fetch_one(&mut *conn)
+                .await?;
+        match name {
+            Some(name) => dropped.push((name, forced.unwrap_or(false))),
+            None => break,
+        }
+    }
+    Ok(dropped)
+}

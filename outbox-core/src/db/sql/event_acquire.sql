@@ -1,0 +1,15 @@
+-- Leases up to $4 partitions of subscription $1 that nobody holds, or
+-- whose lease ran out (on the database's clock), to holder $2 for $3
+-- microseconds. Each gets a new fence, which every later write of the
+-- holder names. Returns them with their cursors.
+UPDATE outbox_event_cursors AS c
+SET holder = $2,
+    lease_until = now() + $3 * interval '1 microsecond',
+    fence = c.fence + 1
+FROM (SELECT part FROM outbox_event_cursors
+      WHERE subscription = $1 AND (holder IS NULL OR lease_until < now())
+      ORDER BY part
+      LIMIT $4
+      FOR UPDATE SKIP LOCKED) AS free
+WHERE c.subscription = $1 AND c.part = free.part
+RETURNING c.part, c.fence, c.snapshot::text, c.position

@@ -1,0 +1,25 @@
+-- Creates subscription $1 of stream $2 with $3 partitions unless it exists,
+-- its cursors at the start of what the log keeps ($4 false) or at its head
+-- ($4 true: only events emitted from now on); returns the subscription's
+-- stream and partitions as recorded (it keeps what it was created with).
+-- '1:1:' is a snapshot in which no transaction is visible: nothing has
+-- been published. Two creators at once: the second gets no row (its
+-- snapshot predates the first's commit) and asks again.
+WITH created AS (
+    INSERT INTO outbox_event_subscriptions (name, stream, partitions)
+    VALUES ($1, $2, $3)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name, stream, partitions
+), cursors AS (
+    INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
+    SELECT c.name, p,
+           CASE WHEN $4 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
+           CASE WHEN $4 THEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+                              FROM outbox_event_position_seq)
+                ELSE 0 END
+    FROM created AS c, generate_series(0, c.partitions - 1) AS p
+)
+SELECT stream, partitions FROM created
+UNION ALL
+SELECT stream, partitions FROM outbox_event_subscriptions
+WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM created)

@@ -1,0 +1,31 @@
+-- Every subscription with how far behind it is: its slowest partition's
+-- position, the events of its stream past it (counted up to a million),
+-- how long the oldest of them has waited, its live relay workers, what it
+-- has published, and the events it holds back.
+WITH head AS (
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS position
+    FROM outbox_event_position_seq
+), subs AS (
+    SELECT s.name, s.stream, s.partitions, min(c.position) AS position,
+           count(DISTINCT c.holder) FILTER (WHERE c.lease_until > now()) AS holders,
+           sum(c.published)::bigint AS published,
+           max(c.advanced_at) AS advanced_at,
+           s.created_at
+    FROM outbox_event_subscriptions AS s
+    JOIN outbox_event_cursors AS c ON c.subscription = s.name
+    GROUP BY s.name
+)
+SELECT s.name, s.stream, s.partitions, s.position,
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_event_log AS e
+                              WHERE e.position > s.position AND e.stream = s.stream
+                              LIMIT 1000000) AS behind) AS behind,
+       coalesce(extract(epoch FROM now() - (SELECT e.created_at FROM outbox_event_log AS e
+                                            WHERE e.position > s.position AND e.stream = s.stream
+                                            ORDER BY e.position LIMIT 1)), 0)::float8 AS lag_s,
+       s.holders, s.published,
+       (SELECT count(*) FROM outbox_event_parked AS p WHERE p.subscription = s.name) AS parked,
+       (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
+        WHERE p.subscription = s.name) AS parked_aggregates,
+       (SELECT position FROM head) AS head
+FROM subs AS s
+ORDER BY s.name

@@ -1,0 +1,171 @@
+//! What operators see of subscriptions, and what they do about parked
+//! aggregates: one place the CLI, the dashboard and the metrics read.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::error::Result;
+
+/// One subscription and how far behind it is.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Subscription {
+    /// Its name (its relay's).
+    pub name: String,
+    /// The stream it reads.
+    pub stream: String,
+    /// How many partitions its aggregates are split into.
+    pub partitions: i32,
+    /// Its slowest partition's position.
+    pub position: i64,
+    /// Events of its stream past that position (counted up to a million).
+    pub behind: i64,
+    /// How long the oldest of them has waited, in seconds.
+    pub lag_s: f64,
+    /// Relay workers holding a partition now.
+    pub holders: i64,
+    /// Events it has published.
+    pub published: i64,
+    /// Events it holds back (parked aggregates' events).
+    pub parked: i64,
+    /// Aggregates it holds back.
+    pub parked_aggregates: i64,
+    /// The log's last position.
+    pub head: i64,
+}
+
+/// Every subscription, by name.
+pub async fn subscriptions(pool: &PgPool) -> Result<Vec<Subscription>> {
+    #[allow(clippy::type_complexity, reason = "one row of the listing")]
+    let rows: Vec<(String, String, i32, i64, i64, f64, i64, i64, i64, i64, i64)> =
+        sqlx::query_as(include_str!("../db/sql/event_subscriptions.sql"))
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(
+                name,
+                stream,
+                partitions,
+                position,
+                behind,
+                lag_s,
+                holders,
+                published,
+                parked,
+                parked_aggregates,
+                head,
+            )| Subscription {
+                name,
+                stream,
+                partitions,
+                position,
+                behind,
+                lag_s,
+                holders,
+                published,
+                parked,
+                parked_aggregates,
+                head,
+            },
+        )
+        .collect())
+}
+
+/// A held-back event.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ParkedEvent {
+    /// The subscription holding it back.
+    pub subscription: String,
+    /// Its aggregate's type.
+    pub aggregatetype: String,
+    /// Its aggregate's id.
+    pub aggregateid: String,
+    /// Its position in the log.
+    pub position: i64,
+    /// Its event id.
+    pub id: String,
+    /// Its event type.
+    pub event_type: String,
+    /// When it was held back.
+    pub parked_at: DateTime<Utc>,
+    /// When the relay tries it again (only the first of an aggregate's
+    /// counts); none: when an operator says so.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Why the broker refused it (the first of a parked aggregate).
+    pub error: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for ParkedEvent {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row;
+        Ok(Self {
+            subscription: row.try_get("subscription")?,
+            aggregatetype: row.try_get("aggregatetype")?,
+            aggregateid: row.try_get("aggregateid")?,
+            position: row.try_get("position")?,
+            id: row.try_get("id")?,
+            event_type: row.try_get("type")?,
+            parked_at: row.try_get("parked_at")?,
+            retry_at: row.try_get("retry_at")?,
+            error: row.try_get("error")?,
+        })
+    }
+}
+
+/// Held-back events of `subscription` (every one when none), each
+/// aggregate's in order, at most `limit`.
+pub async fn parked(
+    pool: &PgPool,
+    subscription: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ParkedEvent>> {
+    Ok(
+        sqlx::query_as(include_str!("../db/sql/event_parked_list.sql"))
+            .bind(subscription)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// Tries a parked aggregate again now, from its first held-back event;
+/// returns that event's id, or none when nothing is held back for it.
+pub async fn retry_parked(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Option<String>> {
+    parked_action(pool, subscription, aggregate_type, aggregate_id, false).await
+}
+
+/// Drops a parked aggregate's first held-back event (the one the broker
+/// refused) and tries the rest now; returns the dropped event's id, or
+/// none when nothing is held back for it.
+pub async fn skip_parked(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Option<String>> {
+    parked_action(pool, subscription, aggregate_type, aggregate_id, true).await
+}
+
+async fn parked_action(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    skip: bool,
+) -> Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar(include_str!("../db/sql/event_parked_retry.sql"))
+            .bind(subscription)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(skip)
+            .fetch_optional(pool)
+            .await?,
+    )
+}

@@ -1,0 +1,389 @@
+//! One leased partition of a subscription: read a batch, publish it, move
+//! the cursor (with whatever the batch parked, in one transaction); try
+//! parked aggregates again when they are due; renew the lease meanwhile.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Connection;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::lease_clock::LeaseClock;
+use super::metrics as m;
+use super::publish::{self, Aggregate, Interrupted, Running};
+use crate::db::event_log::{self, Cursor, Holder, Lease};
+use crate::db::session::{EnginePool, call};
+use crate::worker::outage::Outage;
+
+/// How often parked aggregates are looked at for one due again.
+const PARKED_CHECK: Duration = Duration::from_secs(1);
+
+/// An idle partition writes its cursor (moved past other partitions'
+/// events) at most this often.
+const IDLE_SAVE: Duration = Duration::from_secs(1);
+
+/// What a partition's relay worker shares with its partitions.
+pub(crate) struct Env {
+    pub(crate) relay: Running,
+    pub(crate) engine: EnginePool,
+    pub(crate) deadline: Duration,
+    pub(crate) subscription: String,
+    pub(crate) stream: String,
+    pub(crate) partitions: i32,
+    pub(crate) holder: String,
+    pub(crate) batch: i64,
+    pub(crate) poll: Duration,
+    pub(crate) lease_ttl: Duration,
+}
+
+impl Env {
+    pub(crate) fn ttl_us(&self) -> i64 {
+        self.lease_ttl.as_micros() as i64
+    }
+}
+
+/// How a partition's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Asked to stop (shutdown, or handed to another worker): the lease
+    /// goes back.
+    Stopped,
+    /// The lease was lost or ran out: someone else may hold it.
+    Lost,
+}
+
+/// Runs partition `lease` until `stop` (no new batch; the current one
+/// finishes unless `abandon` fires) or the lease is lost. Releases the
+/// lease when stopped.
+pub(crate) async fn run(
+    env: Arc<Env>,
+    lease: Lease,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+) -> End {
+    let clock = LeaseClock::new(env.lease_ttl, Instant::now());
+    let part = Partition {
+        env: &env,
+        part: lease.part,
+        fence: lease.fence,
+        clock: &clock,
+    };
+    tracing::info!(relay = %env.relay.name, part = lease.part, fence = lease.fence, "partition leased");
+    let end = part.work(lease.cursor, &stop, &abandon).await;
+    if end == End::Stopped {
+        let held = [(lease.part, lease.fence)];
+        let released = call(&env.engine, env.deadline, "relay lease", async |conn| {
+            event_log::release(conn, &env.subscription, &env.holder, &held).await
+        })
+        .await;
+        if let Err(error) = released {
+            tracing::info!(relay = %env.relay.name, part = lease.part, %error, "could not hand the partition back; its lease runs out by itself");
+        }
+    } else {
+        tracing::warn!(relay = %env.relay.name, part = lease.part, "partition lease lost: another relay worker may have it now");
+    }
+    end
+}
+
+struct Partition<'a> {
+    env: &'a Env,
+    part: i32,
+    fence: i64,
+    clock: &'a LeaseClock,
+}
+
+impl Partition<'_> {
+    fn holder(&self) -> Holder<'_> {
+        Holder {
+            subscription: &self.env.subscription,
+            part: self.part,
+            holder: &self.env.holder,
+            fence: self.fence,
+        }
+    }
+
+    async fn work(
+        &self,
+        mut cursor: Cursor,
+        stop: &CancellationToken,
+        abandon: &CancellationToken,
+    ) -> End {
+        let env = self.env;
+        let mut outage = Outage::new("relay");
+        let mut saved = cursor.clone();
+        let mut saved_at = std::time::Instant::now();
+        let mut parked: Option<HashSet<Aggregate>> = None;
+        let mut parked_checked: Option<std::time::Instant> = None;
+        loop {
+            if stop.is_cancelled() {
+                return End::Stopped;
+            }
+            if !self.clock.held() {
+                return End::Lost;
+            }
+            if self.clock.due() {
+                match self.renew().await {
+                    Ok(true) => {}
+                    Ok(false) => return End::Lost,
+                    Err(error) => {
+                        let wait = outage.failed(&error);
+                        if self.pause(wait, stop).await {
+                            return End::Stopped;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if parked.is_none() || parked_checked.is_none_or(|t| t.elapsed() >= PARKED_CHECK) {
+                match self.replay_parked(abandon).await {
+                    Ok(Some(set)) => {
+                        parked = Some(set);
+                        parked_checked = Some(std::time::Instant::now());
+                    }
+                    Ok(None) => return End::Lost,
+                    Err(Failure::Db(error)) => {
+                        let wait = outage.failed(&error);
+                        if self.pause(wait, stop).await {
+                            return End::Stopped;
+                        }
+                        continue;
+                    }
+                    Err(Failure::Interrupted(Interrupted::Abandoned)) => return End::Stopped,
+                    Err(Failure::Interrupted(Interrupted::LeaseExpired)) => return End::Lost,
+                }
+            }
+            let read = call(&env.engine, env.deadline, "relay read", async |conn| {
+                event_log::read(
+                    conn,
+                    &cursor,
+                    env.batch,
+                    &env.stream,
+                    env.partitions,
+                    self.part,
+                )
+                .await
+            })
+            .await;
+            let batch = match read {
+                Ok(batch) => {
+                    outage.ok();
+                    batch
+                }
+                Err(error) => {
+                    let wait = outage.failed(&error);
+                    if self.pause(wait, stop).await {
+                        return End::Stopped;
+                    }
+                    continue;
+                }
+            };
+            if batch.events.is_empty() {
+                // A cut a whole batch past the cursor may have more behind it.
+                let capped = batch.next.position - cursor.position >= env.batch;
+                cursor = batch.next;
+                if cursor != saved && saved_at.elapsed() >= IDLE_SAVE {
+                    match self.commit(&cursor, 0, &[]).await {
+                        Ok(true) => {
+                            saved = cursor.clone();
+                            saved_at = std::time::Instant::now();
+                        }
+                        Ok(false) => return End::Lost,
+                        Err(error) => {
+                            outage.failed(&error);
+                        }
+                    }
+                }
+                if !capped && self.pause(env.poll, stop).await {
+                    return End::Stopped;
+                }
+                continue;
+            }
+            let set = parked.get_or_insert_with(HashSet::new);
+            let count = batch.events.len();
+            let done = tokio::select! {
+                r = publish::batch(&env.relay, batch.events, set, self.clock, abandon) => r,
+                lost = self.keep_lease() => {
+                    tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing");
+                    return End::Lost;
+                }
+            };
+            let done = match done {
+                Ok(done) => done,
+                Err(Interrupted::Abandoned) => return End::Stopped,
+                Err(Interrupted::LeaseExpired) => return End::Lost,
+            };
+            // The broker has the batch: the cursor must move, or it is all
+            // published again. Retried through outages for as long as the
+            // lease surely holds.
+            loop {
+                match self.commit(&batch.next, done.published, &done.parked).await {
+                    Ok(true) => break,
+                    Ok(false) => return End::Lost,
+                    Err(error) => {
+                        let wait = outage.failed(&error);
+                        if !self.clock.held() {
+                            return End::Lost;
+                        }
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+            outage.ok();
+            set.extend(done.newly_parked);
+            if !done.parked.is_empty() {
+                m::parked(&env.relay.name, done.parked.len());
+            }
+            tracing::trace!(relay = %env.relay.name, part = self.part, count, "batch published");
+            cursor = batch.next;
+            saved = cursor.clone();
+            saved_at = std::time::Instant::now();
+        }
+    }
+
+    /// Waits `d`; true when asked to stop meanwhile.
+    async fn pause(&self, d: Duration, stop: &CancellationToken) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => false,
+            () = stop.cancelled() => true,
+        }
+    }
+
+    /// Renews the lease; false when it was lost.
+    async fn renew(&self) -> sqlx::Result<bool> {
+        let env = self.env;
+        let sent = Instant::now();
+        let held = [(self.part, self.fence)];
+        let kept = call(&env.engine, env.deadline, "relay lease", async |conn| {
+            event_log::renew(conn, &env.subscription, &env.holder, &held, env.ttl_us()).await
+        })
+        .await?;
+        if kept.contains(&self.part) {
+            self.clock.renewed(sent);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Renews the lease while a batch is published; returns once it is
+    /// lost (never while it holds).
+    async fn keep_lease(&self) -> &'static str {
+        loop {
+            tokio::time::sleep(self.env.lease_ttl / 10).await;
+            if !self.clock.due() {
+                continue;
+            }
+            match self.renew().await {
+                Ok(true) => {}
+                Ok(false) => return "taken",
+                // The publish checks the clock before each event; here a
+                // failed renewal only means trying again.
+                Err(_) if self.clock.held() => {}
+                Err(_) => return "ran out",
+            }
+        }
+    }
+
+    /// Writes the cursor and what the batch parked, in one transaction,
+    /// fenced; false when the lease was lost.
+    async fn commit(
+        &self,
+        next: &Cursor,
+        published: i64,
+        parked: &[event_log::Parking],
+    ) -> sqlx::Result<bool> {
+        let env = self.env;
+        let sent = Instant::now();
+        let held = call(&env.engine, env.deadline, "relay cursor", async |conn| {
+            let mut tx = conn.begin().await?;
+            event_log::park(&mut tx, self.holder(), parked).await?;
+            let held =
+                event_log::advance(&mut tx, self.holder(), next, published, env.ttl_us()).await?;
+            if held {
+                tx.commit().await?;
+            }
+            Ok(held)
+        })
+        .await?;
+        if held {
+            self.clock.renewed(sent);
+        }
+        Ok(held)
+    }
+
+    /// Publishes the parked events that are due again, in order, and
+    /// returns the aggregates still parked; none when the lease was lost.
+    async fn replay_parked(
+        &self,
+        abandon: &CancellationToken,
+    ) -> Result<Option<HashSet<Aggregate>>, Failure> {
+        let env = self.env;
+        let due = call(&env.engine, env.deadline, "relay parked", async |conn| {
+            event_log::parked_due(
+                conn,
+                &env.subscription,
+                env.partitions,
+                self.part,
+                env.batch,
+            )
+            .await
+        })
+        .await?;
+        // Due rows come in position order, aggregates interleaved.
+        let mut groups: Vec<Vec<event_log::LogEvent>> = Vec::new();
+        let mut index: std::collections::HashMap<Aggregate, usize> = Default::default();
+        for event in due {
+            let key = (event.aggregatetype.clone(), event.aggregateid.clone());
+            let i = *index.entry(key).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[i].push(event);
+        }
+        for group in groups {
+            let positions: Vec<i64> = group.iter().map(|e| e.position).collect();
+            let (published, rest) =
+                publish::aggregate(&env.relay, group, self.clock, abandon).await?;
+            let sent = &positions[..published as usize];
+            let (next, retry_at, error) = match rest.first() {
+                Some(p) => (Some(p.event.position), p.retry_at, p.error.clone()),
+                None => (None, None, None),
+            };
+            let held = call(&env.engine, env.deadline, "relay parked", async |conn| {
+                event_log::unpark(conn, self.holder(), sent, next, retry_at, error.as_deref()).await
+            })
+            .await?;
+            if !held {
+                return Ok(None);
+            }
+            if published > 0 {
+                tracing::info!(relay = %env.relay.name, published, "published held-back events");
+            }
+        }
+        let set = call(&env.engine, env.deadline, "relay parked", async |conn| {
+            event_log::parked_aggregates(conn, &env.subscription, env.partitions, self.part).await
+        })
+        .await?;
+        Ok(Some(set.into_iter().collect()))
+    }
+}
+
+/// Why trying parked events stopped.
+enum Failure {
+    Db(sqlx::Error),
+    Interrupted(Interrupted),
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+impl From<Interrupted> for Failure {
+    fn from(e: Interrupted) -> Self {
+        Self::Interrupted(e)
+    }
+}

@@ -1,0 +1,328 @@
+//! Publishing a batch: each aggregate's events one at a time, in order,
+//! different aggregates at once; transient failures waited out behind the
+//! circuit breaker, permanent ones parking the aggregate.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::circuit::{Admit, Circuit};
+use super::lease_clock::LeaseClock;
+use super::metrics as m;
+use super::{Message, PublishError, Route, Sink};
+use crate::db::event_log::{LogEvent, Parking};
+
+/// One relay, running: what every partition of it shares.
+pub(crate) struct Running {
+    pub(crate) name: Arc<str>,
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) route: Route,
+    pub(crate) give_up_after: i32,
+    pub(crate) publish_timeout: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) circuit: Circuit,
+}
+
+/// An aggregate: its type and id.
+pub(crate) type Aggregate = (String, String);
+
+/// Why publishing stopped before the batch was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interrupted {
+    /// The worker is shutting down and its grace is over.
+    Abandoned,
+    /// The lease may have run out: another relay worker may own the
+    /// partition now.
+    LeaseExpired,
+}
+
+/// What became of a batch.
+#[derive(Debug, Default)]
+pub(crate) struct Done {
+    /// Events the broker acknowledged.
+    pub(crate) published: i64,
+    /// Events held back, to write with the cursor.
+    pub(crate) parked: Vec<Parking>,
+    /// Aggregates parked by this batch.
+    pub(crate) newly_parked: Vec<Aggregate>,
+}
+
+/// What became of one event.
+enum Sent {
+    Published,
+    /// Not due yet: held back until then.
+    NotYet(chrono::DateTime<Utc>),
+    /// Refused for good.
+    Refused(String),
+}
+
+/// Publishes `events` (in position order): each aggregate in order, up to
+/// the relay's concurrency of aggregates at once. Events of aggregates in
+/// `parked` join the parked list behind them.
+pub(crate) async fn batch(
+    relay: &Running,
+    events: Vec<LogEvent>,
+    parked: &HashSet<Aggregate>,
+    lease: &LeaseClock,
+    abandon: &CancellationToken,
+) -> Result<Done, Interrupted> {
+    let mut done = Done::default();
+    let mut groups: Vec<Vec<LogEvent>> = Vec::new();
+    let mut index: HashMap<Aggregate, usize> = HashMap::new();
+    for event in events {
+        let key = (event.aggregatetype.clone(), event.aggregateid.clone());
+        if parked.contains(&key) {
+            done.parked.push(behind(event));
+            continue;
+        }
+        let i = *index.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(event);
+    }
+    let mut running = FuturesUnordered::new();
+    let mut groups = groups.into_iter();
+    loop {
+        while running.len() < relay.concurrency.max(1) {
+            let Some(group) = groups.next() else { break };
+            running.push(aggregate(relay, group, lease, abandon));
+        }
+        let Some(result) = running.next().await else {
+            break;
+        };
+        let (published, parking) = result?;
+        done.published += published;
+        if let Some(first) = parking.first() {
+            done.newly_parked.push((
+                first.event.aggregatetype.clone(),
+                first.event.aggregateid.clone(),
+            ));
+        }
+        done.parked.extend(parking);
+    }
+    Ok(done)
+}
+
+/// Publishes one aggregate's events in order; returns how many went out
+/// and what is held back (the first not sent and everything after it).
+pub(crate) async fn aggregate(
+    relay: &Running,
+    events: Vec<LogEvent>,
+    lease: &LeaseClock,
+    abandon: &CancellationToken,
+) -> Result<(i64, Vec<Parking>), Interrupted> {
+    let mut published = 0;
+    let mut events = events.into_iter();
+    while let Some(event) = events.next() {
+        let (retry_at, error) = match one(relay, &event, lease, abandon).await? {
+            Sent::Published => {
+                published += 1;
+                continue;
+            }
+            Sent::NotYet(at) => (Some(at), None),
+            Sent::Refused(reason) => (None, Some(reason)),
+        };
+        let mut parking = vec![Parking {
+            event,
+            retry_at,
+            error,
+        }];
+        parking.extend(events.map(behind));
+        return Ok((published, parking));
+    }
+    Ok((published, Vec::new()))
+}
+
+/// An event joining its parked aggregate: tried as soon as it is first.
+fn behind(event: LogEvent) -> Parking {
+    Parking {
+        event,
+        retry_at: Some(Utc::now()),
+        error: None,
+    }
+}
+
+/// Publishes one event until the broker takes it, refuses it for good
+/// (`give_up_after` times), or publishing must stop.
+async fn one(
+    relay: &Running,
+    event: &LogEvent,
+    lease: &LeaseClock,
+    abandon: &CancellationToken,
+) -> Result<Sent, Interrupted> {
+    if let Some(at) = event.publish_at
+        && at > Utc::now()
+    {
+        return Ok(Sent::NotYet(at));
+    }
+    let message = message(&relay.route, event);
+    let mut refusals = 0;
+    loop {
+        if abandon.is_cancelled() {
+            return Err(Interrupted::Abandoned);
+        }
+        match relay.circuit.admit(Duration::from_millis(500)).await {
+            Admit::Go => {}
+            Admit::Later(_) => continue,
+        }
+        if !lease.held() {
+            return Err(Interrupted::LeaseExpired);
+        }
+        let started = std::time::Instant::now();
+        let result = tokio::select! {
+            r = tokio::time::timeout(relay.publish_timeout, relay.sink.publish(&message)) => match r {
+                Ok(result) => result,
+                Err(_) => Err(PublishError::transient(
+                    "timeout",
+                    format!("no acknowledgement within {:?}", relay.publish_timeout),
+                )),
+            },
+            () = abandon.cancelled() => return Err(Interrupted::Abandoned),
+        };
+        let took = started.elapsed();
+        let wait = match result {
+            Ok(()) => {
+                relay.circuit.success();
+                m::circuit(&relay.name, false);
+                m::published(&relay.name, took, event.created_at);
+                return Ok(Sent::Published);
+            }
+            Err(PublishError::Transient {
+                kind,
+                reason,
+                retry_after,
+            }) => {
+                let streak = relay.circuit.failure();
+                m::circuit(&relay.name, relay.circuit.is_open());
+                m::failed(&relay.name, "transient", kind);
+                tracing::debug!(relay = %relay.name, event_id = %event.id, kind, %reason, "publish failed for now");
+                backoff(streak).max(retry_after.unwrap_or_default())
+            }
+            Err(PublishError::Permanent { kind, reason }) => {
+                // The broker answered: it is up.
+                relay.circuit.success();
+                m::failed(&relay.name, "permanent", kind);
+                refusals += 1;
+                let reason = format!("{} refused the event ({kind}): {reason}", relay.sink.kind());
+                if refusals >= relay.give_up_after {
+                    tracing::warn!(relay = %relay.name, event_id = %event.id, position = event.position,
+                        aggregate_type = %event.aggregatetype, aggregate_id = %event.aggregateid,
+                        %reason, "parking the aggregate: the broker refuses its event");
+                    return Ok(Sent::Refused(reason));
+                }
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = abandon.cancelled() => return Err(Interrupted::Abandoned),
+        }
+    }
+}
+
+/// The message of an event.
+pub(crate) fn message(route: &Route, event: &LogEvent) -> Message {
+    let mut headers = vec![
+        ("event-id".to_owned(), event.id.clone()),
+        ("aggregate-type".to_owned(), event.aggregatetype.clone()),
+        ("aggregate-id".to_owned(), event.aggregateid.clone()),
+        ("event-type".to_owned(), event.event_type.clone()),
+        ("sequence".to_owned(), event.position.to_string()),
+        (
+            "created-at".to_owned(),
+            event
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        ),
+    ];
+    if let Some(serde_json::Value::Object(own)) = &event.headers {
+        for (name, value) in own {
+            let value = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            headers.push((name.clone(), value));
+        }
+    }
+    let payload = event.payload.as_ref().map_or_else(
+        || b"null".to_vec(),
+        |p| serde_json::to_vec(p).unwrap_or_default(),
+    );
+    Message {
+        destination: route.destination(&event.aggregatetype, &event.event_type),
+        event_id: event.id.clone(),
+        aggregate_type: event.aggregatetype.clone(),
+        aggregate_id: event.aggregateid.clone(),
+        event_type: event.event_type.clone(),
+        payload,
+        headers,
+        sequence: event.position,
+        created_at: event.created_at,
+    }
+}
+
+/// The wait after the `streak`-th transient failure in a row: 100 ms
+/// doubling to 30 s, with jitter so a fleet does not retry in step.
+pub(crate) fn backoff(streak: u32) -> Duration {
+    let base = Duration::from_millis(100) * 2u32.pow(streak.saturating_sub(1).min(9));
+    jittered(base.min(Duration::from_secs(30)))
+}
+
+/// `d` scaled by a random factor in [0.5, 1.0).
+fn jittered(d: Duration) -> Duration {
+    let r = getrandom::u32().unwrap_or(u32::MAX / 2);
+    d.mul_f64(0.5 + f64::from(r) / f64::from(u32::MAX) / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_caps() {
+        for streak in 1..20 {
+            let full = (Duration::from_millis(100) * 2u32.pow((streak - 1).min(9)))
+                .min(Duration::from_secs(30));
+            let b = backoff(streak);
+            assert!(b >= full / 2 && b <= full, "{streak}: {b:?} vs {full:?}");
+        }
+    }
+
+    #[test]
+    fn messages_carry_the_relays_headers_then_the_emitters() {
+        let event = LogEvent {
+            position: 7,
+            id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
+            aggregatetype: "order".to_owned(),
+            aggregateid: "42".to_owned(),
+            event_type: "order.placed".to_owned(),
+            payload: Some(serde_json::json!({"total": 990})),
+            headers: Some(serde_json::json!({"tenant": "acme"})),
+            publish_at: None,
+            created_at: Utc::now(),
+            aggregate_hash: 1,
+        };
+        let m = message(&Route::parse("x.{aggregate_type}").unwrap(), &event);
+        assert_eq!(m.destination, "x.order");
+        assert_eq!(m.sequence, 7);
+        let names: Vec<&str> = m.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "event-id",
+                "aggregate-type",
+                "aggregate-id",
+                "event-type",
+                "sequence",
+                "created-at",
+                "tenant"
+            ]
+        );
+        assert_eq!(m.payload, br#"{"total":990}"#);
+    }
+}

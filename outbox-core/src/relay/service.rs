@@ -1,0 +1,189 @@
+//! A relay worker's share of one subscription: it says it is alive, takes
+//! free partitions up to its fair share (the partitions over the live
+//! members, rounded up), gives back what is over it, and runs each
+//! partition it holds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::Relay;
+use super::circuit::Circuit;
+use super::partition::{self, End, Env};
+use super::publish::Running;
+use crate::db::event_log;
+use crate::db::session::{EnginePool, SessionLimits, call};
+use crate::worker::outage::Outage;
+
+/// A partition being run.
+struct Held {
+    task: JoinHandle<End>,
+    /// Asks it to finish its batch and hand the lease back.
+    give_back: CancellationToken,
+}
+
+/// Runs `relay` until `stop` (no new batch) and `abandon` (stop
+/// publishing now; fires when the worker's shutdown grace is over).
+pub(crate) async fn run(
+    relay: Relay,
+    pool: sqlx::PgPool,
+    holder: String,
+    limits: SessionLimits,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+) {
+    let Ok(route) = relay.route.clone() else {
+        return; // refused by the builder
+    };
+    // One session per partition at work and one for membership, up to a
+    // point: partitions beyond it wait for a session between statements.
+    let sessions = (relay.partitions as usize).min(16) + 1;
+    // The relay's statements are all index lookups and short range scans;
+    // its batch read looks up open transactions by id, which statistics
+    // skewed by one large transaction (every row alike) would turn into a
+    // scan of the whole log. Its sessions run nothing else. (No JIT: the
+    // cost that keeps scans off would otherwise make every statement
+    // compile itself for a tenth of a second.)
+    let engine = EnginePool::new(&pool, &holder, limits, sessions).with_settings(&[
+        ("enable_seqscan", "off"),
+        ("max_parallel_workers_per_gather", "0"),
+        ("jit", "off"),
+    ]);
+    let deadline = limits.deadline();
+    let mut outage = Outage::new("relay");
+    let lease_us = relay.lease.as_micros() as i64;
+    let (stream, partitions) = loop {
+        let subscribed = call(&engine, deadline, "relay subscribe", async |conn| {
+            event_log::subscribe(
+                conn,
+                &relay.name,
+                &relay.queue,
+                relay.partitions,
+                relay.from_head,
+            )
+            .await
+        })
+        .await;
+        match subscribed {
+            Ok(Some(recorded)) => break recorded,
+            Ok(None) => continue,
+            Err(error) => {
+                let wait = outage.failed(&error);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => continue,
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+    };
+    outage.ok();
+    if stream != relay.queue || partitions != relay.partitions {
+        tracing::warn!(relay = %relay.name, stream = %stream, partitions,
+            "the subscription exists with this stream and partition count, which it keeps \
+             (a subscription's are set when it is created)");
+    }
+    let env = Arc::new(Env {
+        relay: Running {
+            name: Arc::from(relay.name.as_str()),
+            sink: relay.sink,
+            route,
+            give_up_after: relay.give_up_after.unwrap_or(1).max(1),
+            publish_timeout: relay.publish_timeout,
+            concurrency: relay.concurrency,
+            circuit: Circuit::new(relay.publish_timeout * 2),
+        },
+        engine,
+        deadline,
+        subscription: relay.name.clone(),
+        stream,
+        partitions,
+        holder: holder.clone(),
+        batch: relay.batch,
+        poll: relay.poll,
+        lease_ttl: relay.lease,
+    });
+    tracing::info!(relay = %relay.name, partitions, "relay starting");
+    let mut held: BTreeMap<i32, Held> = BTreeMap::new();
+    let round = relay.lease / 4;
+    loop {
+        held.retain(|_, h| !h.task.is_finished());
+        let members = call(&env.engine, deadline, "relay member", async |conn| {
+            event_log::member(conn, &env.subscription, &holder, 3 * lease_us).await
+        })
+        .await;
+        let wait = match members {
+            Ok(members) => {
+                outage.ok();
+                let members = members.max(1);
+                let share = (i64::from(partitions) + members - 1) / members;
+                rebalance(&env, &mut held, share, &stop, &abandon, &mut outage).await
+            }
+            Err(error) => outage.failed(&error).min(round),
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => break,
+        }
+    }
+    // Stop: every partition finishes its batch (or is abandoned when the
+    // grace is over) and hands its lease back.
+    for (_, h) in held {
+        let _ = h.task.await;
+    }
+    env.engine.close(Duration::from_millis(200)).await;
+    tracing::info!(relay = %env.relay.name, "relay stopped");
+}
+
+/// Takes partitions up to `share`, or gives back what is over it; returns
+/// how long until the next round.
+async fn rebalance(
+    env: &Arc<Env>,
+    held: &mut BTreeMap<i32, Held>,
+    share: i64,
+    stop: &CancellationToken,
+    abandon: &CancellationToken,
+    outage: &mut Outage,
+) -> Duration {
+    let round = env.lease_ttl / 4;
+    let have = held.len() as i64;
+    if have > share {
+        // The highest partitions go: another worker arrived.
+        for (_, h) in held.iter().rev().take((have - share) as usize) {
+            h.give_back.cancel();
+        }
+        return round;
+    }
+    if have == share {
+        return round;
+    }
+    let acquired = call(&env.engine, env.deadline, "relay lease", async |conn| {
+        event_log::acquire(
+            conn,
+            &env.subscription,
+            &env.holder,
+            env.ttl_us(),
+            share - have,
+        )
+        .await
+    })
+    .await;
+    match acquired {
+        Ok(leases) => {
+            for lease in leases {
+                let give_back = stop.child_token();
+                let task = tokio::spawn(partition::run(
+                    Arc::clone(env),
+                    lease.clone(),
+                    give_back.clone(),
+                    abandon.clone(),
+                ));
+                held.insert(lease.part, Held { task, give_back });
+            }
+            round
+        }
+        Err(error) => outage.failed(&error).min(round),
+    }
+}
