@@ -278,7 +278,7 @@ pub(crate) async fn run<B: Broker>(name: &str, broker: &mut B) {
     }
     open.commit().await.expect("commit the long transaction");
     emit_all(
-        &mut *db.pool.acquire().await.expect("a connection"),
+        &mut db.pool.acquire().await.expect("a connection"),
         [Event::new(
             "order",
             "held-open",

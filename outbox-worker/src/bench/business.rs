@@ -139,6 +139,145 @@ enum Extra {
     None = 0,
     Submit = 1,
     SecondRow = 2,
+    /// A plain row of an event's columns in an ordinary table (the
+    /// control an emit is held to).
+    EventRow = 3,
+    /// `outbox::emit`.
+    Emit = 4,
+    /// Three order lines and three stock updates more (the realistic
+    /// business transaction), and with an emit too.
+    Lines = 5,
+    LinesEmit = 6,
+}
+
+/// The emit phase's tables: the control (an event's columns, with the
+/// primary key Debezium's outbox table has), order lines and stock.
+const CREATE_EMIT_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS bench_event_control (
+    id uuid PRIMARY KEY,
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid varchar(255) NOT NULL,
+    type varchar(255) NOT NULL,
+    payload jsonb,
+    headers jsonb,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS bench_order_lines (
+    id bigserial PRIMARY KEY,
+    order_id bigint NOT NULL,
+    sku bigint NOT NULL,
+    quantity integer NOT NULL
+);
+CREATE INDEX IF NOT EXISTS bench_order_lines_order_idx ON bench_order_lines (order_id);
+CREATE TABLE IF NOT EXISTS bench_stock (sku bigint PRIMARY KEY, quantity bigint NOT NULL);
+TRUNCATE bench_event_control, bench_order_lines, bench_stock;
+INSERT INTO bench_stock SELECT g, 1000000 FROM generate_series(0, 99999) AS g;";
+
+/// What the emit phase measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct EmitReport {
+    clients: usize,
+    transactions_each: usize,
+    plain_tx_per_s: f64,
+    with_event_row_tx_per_s: f64,
+    with_emit_tx_per_s: f64,
+    /// Added to each transaction's time (clients over rate), in ms.
+    event_row_marginal_ms: f64,
+    emit_marginal_ms: f64,
+    /// Emit's marginal cost over the control row's: target 1.15 or less.
+    emit_vs_event_row_marginal: f64,
+    /// The rate with an emit over the rate with the control row: target
+    /// 0.95 or more.
+    emit_vs_event_row_rate: f64,
+    /// The realistic business transaction (an order, three lines, three
+    /// stock updates), without and with an emit.
+    realistic_ms: Latency,
+    realistic_with_emit_ms: Latency,
+    /// How much higher its p50 is with an emit, in %: target 2 or less.
+    realistic_p50_overhead_pct: f64,
+}
+
+/// The business transaction with an emit, against the same with a plain
+/// row of an event's columns, and the realistic business transaction with
+/// and without one; alternating rounds, as for submit.
+pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Failure> {
+    let total = bench.args.business.business_txs;
+    if total == 0 {
+        return Ok(None);
+    }
+    sqlx::raw_sql(CREATE_ORDERS)
+        .execute(&bench.pool)
+        .await
+        .map_err(db)?;
+    sqlx::raw_sql(CREATE_EMIT_TABLES)
+        .execute(&bench.pool)
+        .await
+        .map_err(db)?;
+    bench.checkpoint().await;
+    let clients = bench.args.submitters.max(1);
+    let per_round = total.div_ceil(ROUNDS);
+    let extras = [
+        Extra::None,
+        Extra::EventRow,
+        Extra::Emit,
+        Extra::Lines,
+        Extra::LinesEmit,
+    ];
+    for extra in extras {
+        run_round(&bench.pool, clients, per_round / 4 + 1, extra).await?;
+    }
+    let mut kinds: Vec<Kind> = (0..extras.len()).map(|_| Kind::default()).collect();
+    for round in 0..ROUNDS {
+        for k in 0..extras.len() {
+            let i = (round + k) % extras.len();
+            let (seconds, ms) = run_round(&bench.pool, clients, per_round, extras[i]).await?;
+            kinds[i].seconds += seconds;
+            kinds[i].ms.extend(ms);
+        }
+    }
+    let rates: Vec<f64> = kinds.iter().map(Kind::rate).collect();
+    let per_tx = |rate: f64| clients as f64 / rate.max(1e-9) * 1000.0;
+    let event_row_marginal_ms = per_tx(rates[1]) - per_tx(rates[0]);
+    let emit_marginal_ms = per_tx(rates[2]) - per_tx(rates[0]);
+    let realistic_ms = Latency::of(std::mem::take(&mut kinds[3].ms));
+    let realistic_with_emit_ms = Latency::of(std::mem::take(&mut kinds[4].ms));
+    sqlx::raw_sql("DROP TABLE bench_orders, bench_event_control, bench_order_lines, bench_stock")
+        .execute(&bench.pool)
+        .await
+        .map_err(db)?;
+    let report = EmitReport {
+        clients,
+        transactions_each: per_round * ROUNDS,
+        plain_tx_per_s: rates[0],
+        with_event_row_tx_per_s: rates[1],
+        with_emit_tx_per_s: rates[2],
+        event_row_marginal_ms,
+        emit_marginal_ms,
+        emit_vs_event_row_marginal: emit_marginal_ms / event_row_marginal_ms.max(1e-9),
+        emit_vs_event_row_rate: rates[2] / rates[1].max(1e-9),
+        realistic_p50_overhead_pct: (realistic_with_emit_ms.p50 / realistic_ms.p50.max(1e-9) - 1.0)
+            * 100.0,
+        realistic_ms,
+        realistic_with_emit_ms,
+    };
+    bench.say(format!(
+        "emit in the business transaction (BEGIN; INSERT order; ...; COMMIT) from {clients} clients, {} each:\n  \
+         plain {:.0} tx/s; with a plain row of an event's columns {:.0} tx/s (+{:.3} ms); with an emit {:.0} tx/s (+{:.3} ms)\n  \
+         emit / control row: marginal cost {:.2}x, rate {:.3}x\n  \
+         an order, three lines and three stock updates: {}; with an emit: {} (p50 {:+.1}%)",
+        report.transactions_each,
+        report.plain_tx_per_s,
+        report.with_event_row_tx_per_s,
+        report.event_row_marginal_ms,
+        report.with_emit_tx_per_s,
+        report.emit_marginal_ms,
+        report.emit_vs_event_row_marginal,
+        report.emit_vs_event_row_rate,
+        report.realistic_ms,
+        report.realistic_with_emit_ms,
+        report.realistic_p50_overhead_pct,
+    ));
+    Ok(Some(report))
 }
 
 #[derive(Default)]
@@ -185,6 +324,13 @@ async fn run_round(
                         .await?;
                     }
                     Extra::SecondRow => insert_order(&mut tx, customer).await?,
+                    Extra::EventRow => event_row(&mut tx, customer).await?,
+                    Extra::Emit => emit_one(&mut tx, customer).await?,
+                    Extra::Lines => lines(&mut tx, customer, i).await?,
+                    Extra::LinesEmit => {
+                        lines(&mut tx, customer, i).await?;
+                        emit_one(&mut tx, customer).await?;
+                    }
                 }
                 tx.commit().await?;
                 ms.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -203,6 +349,60 @@ pub(crate) async fn insert_order(conn: &mut sqlx::PgConnection, customer: i64) -
     sqlx::query("INSERT INTO bench_orders (customer_id, amount_cents) VALUES ($1, $2)")
         .bind(customer)
         .bind(1999_i64)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// The control: a plain row of an event's columns.
+async fn event_row(conn: &mut sqlx::PgConnection, customer: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO bench_event_control (id, aggregatetype, aggregateid, type, payload, headers)
+         VALUES ($1::uuid, $2, $3, $4, $5, $6)",
+    )
+    .bind(outbox::bench_support::new_event_id())
+    .bind("order")
+    .bind(customer.to_string())
+    .bind("order.placed")
+    .bind(serde_json::json!({"amount_cents": 1999}))
+    .bind(None::<serde_json::Value>)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// The same event, emitted.
+async fn emit_one(conn: &mut sqlx::PgConnection, customer: i64) -> outbox::Result<()> {
+    outbox::emit(
+        conn,
+        outbox::Event::new(
+            "order",
+            customer.to_string(),
+            "order.placed",
+            serde_json::json!({"amount_cents": 1999}),
+        ),
+    )
+    .await
+    .map(drop)
+}
+
+/// Three order lines and three stock updates (in sku order, so clients
+/// never deadlock on each other).
+async fn lines(conn: &mut sqlx::PgConnection, customer: i64, i: usize) -> sqlx::Result<()> {
+    let mut skus = [0i64; 3];
+    for (k, sku) in skus.iter_mut().enumerate() {
+        *sku = (customer * 7919 + i as i64 * 104_729 + k as i64 * 31) % 100_000;
+    }
+    skus.sort_unstable();
+    sqlx::query(
+        "INSERT INTO bench_order_lines (order_id, sku, quantity)
+         SELECT currval('bench_orders_id_seq'), s, 1 FROM unnest($1::bigint[]) AS s",
+    )
+    .bind(&skus[..])
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("UPDATE bench_stock SET quantity = quantity - 1 WHERE sku = ANY($1)")
+        .bind(&skus[..])
         .execute(conn)
         .await
         .map(drop)

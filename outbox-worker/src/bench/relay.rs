@@ -1,24 +1,34 @@
-//! `bench --relay KIND`: what a relay publishes per second and how long an
-//! event takes from its commit to the broker's acknowledgement.
+//! `bench --relay KIND`: what a relay publishes per second from the event
+//! log, and how long an event takes from its commit to the broker's
+//! acknowledgement.
 //!
 //! The broker is started here on a free loopback port (nats-server with
 //! JetStream, redis-server with `appendfsync always`) or, for webhooks, an
 //! in-process HTTP receiver that answers 204; `--relay-url` points at a
-//! running broker instead. Phases:
+//! running broker instead. Each phase starts on an empty log with a new
+//! subscription. Phases:
 //! 1. `--relay-events` events over as many aggregates, then one relay
 //!    worker drains them: events/s;
 //! 2. the same over 1,000 aggregates, each in strict order: events/s;
-//! 3. events emitted one per transaction at `--relay-rate` per second for
-//!    `--relay-seconds` while the relay runs: commit-to-ack p50/p99.
+//! 3. the same events drained by two subscriptions at once (each to the
+//!    broker): how much longer than one;
+//! 4. phases 1's emit and drain again while another session holds a
+//!    snapshot open: their rates against the same without it;
+//! 5. events emitted one per transaction at `--relay-rate` per second for
+//!    `--relay-seconds` while the relay runs: commit-to-ack p50/p99;
+//! 6. retention: a day of `--relay-drop-events` events, every subscription
+//!    past it, dropped whole: how long the drop took, and the log's dead
+//!    row versions (none: nothing in it is updated or deleted).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use outbox::events::{Event, emit, emit_all};
 use outbox::relay::{Message, PublishFuture, Relay, Sink};
-use outbox::{TaskEventKind, Worker, WorkerConfig};
+use outbox::{Worker, WorkerConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -42,9 +52,12 @@ pub(crate) struct RelayArgs {
     /// Events in each throughput phase.
     #[arg(long, default_value_t = 50_000, value_parser = flags::count(1, 10_000_000))]
     relay_events: usize,
-    /// The relay's concurrency (events in flight).
-    #[arg(long, default_value_t = 100, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
+    /// The relay's concurrency (aggregates publishing at once).
+    #[arg(long, default_value_t = outbox::relay::DEFAULT_RELAY_CONCURRENCY, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
     relay_concurrency: usize,
+    /// Events in the retention phase's day (0 skips it).
+    #[arg(long, default_value_t = 1_000_000, value_parser = flags::count(0, 100_000_000))]
+    relay_drop_events: usize,
     /// Events per second in the latency phase.
     #[arg(long, default_value_t = 1000, value_parser = flags::count(1, 100_000))]
     relay_rate: usize,
@@ -76,13 +89,34 @@ pub(crate) struct RelayReport {
     events_per_s: f64,
     /// 1,000 aggregates, each in strict order.
     ordered_1000_keys_events_per_s: f64,
+    /// Over the rate of one event per aggregate: the target is 0.9 or more.
+    ordered_vs_unordered: f64,
+    /// Two subscriptions draining the same events at once, in seconds,
+    /// over one: the target is 1.3 or less.
+    two_subscriptions_time_ratio: f64,
+    /// Emits per second (transactions of 1,000) without and with another
+    /// session holding a snapshot open, and the ratio (target 0.9+).
+    emit_events_per_s: f64,
+    emit_with_snapshot_held_events_per_s: f64,
+    emit_snapshot_ratio: f64,
+    /// Drain rate with the snapshot held over without (target 0.9+).
+    drain_with_snapshot_held_events_per_s: f64,
+    drain_snapshot_ratio: f64,
     /// Emitted one per transaction at this rate.
     latency_rate_per_s: usize,
     /// From the emitting transaction's commit returning to the broker's ack.
     commit_to_ack_ms: Latency,
+    /// Emit in the business transaction, against a plain row.
+    emit: Option<super::business::EmitReport>,
+    /// The retention phase: events in the day, the drop's milliseconds, and
+    /// the log's dead row versions after every phase.
+    drop_events: usize,
+    drop_ms: f64,
+    log_dead_tuples: i64,
 }
 
-/// A sink that notes when each event was acknowledged.
+/// A sink that notes when each of the latency phase's events was
+/// acknowledged.
 struct Timed {
     inner: Arc<dyn Sink>,
     acked: Arc<Mutex<HashMap<String, Instant>>>,
@@ -96,11 +130,13 @@ impl Sink for Timed {
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;
-            self.acked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(message.event_id.clone())
-                .or_insert_with(Instant::now);
+            if message.event_id.starts_with(LATENCY_IDS) {
+                self.acked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(message.event_id.clone())
+                    .or_insert_with(Instant::now);
+            }
             Ok(())
         })
     }
@@ -121,6 +157,10 @@ enum Running {
     External,
 }
 
+/// How the latency phase's event ids start (the only events whose
+/// acknowledgements are timed one by one).
+const LATENCY_IDS: &str = "00000000-0000-4000-8000-";
+
 pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayReport, Failure> {
     let args = &bench.args.relay;
     let (url, broker) = match &args.relay_url {
@@ -128,12 +168,15 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         None => start_broker(kind).await?,
     };
     let acked = Arc::new(Mutex::new(HashMap::new()));
-    let make = async |acked: &Arc<Mutex<HashMap<String, Instant>>>| -> Result<Relay, Failure> {
-        let acked = Arc::clone(acked);
+    let subscriptions = AtomicUsize::new(0);
+    let make = async || -> Result<Relay, Failure> {
+        let acked = Arc::clone(&acked);
+        // A new subscription each time, from the start of the log.
+        let name = format!("bench{}", subscriptions.fetch_add(1, Ordering::Relaxed));
         let relay = match &broker {
             // guest's password would have to come from the environment.
             Running::Process(server) if kind == RelayKind::Rabbitmq => Relay::new(
-                "bench",
+                name,
                 outbox::relay::rabbitmq::RabbitSink::new(
                     &format!("amqp://guest:guest@127.0.0.1:{}/%2f", server.port),
                     "outbox",
@@ -142,7 +185,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
                 .map_err(Failure::config)?
                 .bind_queue("bench"),
             ),
-            _ => Relay::from_url("bench", &url)
+            _ => Relay::from_url(&name, &url)
                 .await
                 .map_err(Failure::config)?,
         };
@@ -151,42 +194,147 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
             .wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
     };
     let n = args.relay_events;
+    let emit = super::business::measure_emit(bench).await?;
     bench.say(format!(
         "relay {kind:?}: {n} events per throughput phase, concurrency {}",
         args.relay_concurrency
     ));
 
     reset(bench).await?;
-    fill(bench, n, |i| i.to_string()).await?;
-    let events_per_s = drain(bench, make(&acked).await?, n).await?;
+    let emit_rate = fill(bench, n, |i| i.to_string()).await?;
+    let events_per_s = drain(bench, &[make().await?], n).await?;
     bench.say(format!(
-        "  each event its own aggregate: {events_per_s:.0} events/s"
+        "  each event its own aggregate: {events_per_s:.0} events/s (emitted at {emit_rate:.0}/s)"
     ));
 
     reset(bench).await?;
     fill(bench, n, |i| (i % 1000).to_string()).await?;
-    let ordered = drain(bench, make(&acked).await?, n).await?;
+    let ordered = drain(bench, &[make().await?], n).await?;
     bench.say(format!(
-        "  1,000 aggregates in strict order: {ordered:.0} events/s"
+        "  1,000 aggregates in strict order: {ordered:.0} events/s ({:.2}x)",
+        ordered / events_per_s.max(1e-9)
+    ));
+
+    // Two subscriptions on the same events, at once: each drains all of
+    // them (2n publishes), timed against one subscription's n.
+    let two = drain(bench, &[make().await?, make().await?], 2 * n).await?;
+    let two_ratio = (2.0 * n as f64 / two) / (n as f64 / ordered.max(1e-9));
+    bench.say(format!(
+        "  two subscriptions at once: {:.2} s against one's {:.2} s ({two_ratio:.2}x)",
+        2.0 * n as f64 / two,
+        n as f64 / ordered.max(1e-9)
+    ));
+
+    // A snapshot held open by another session (a long report, a stuck
+    // transaction): nothing in the log is updated, so nothing waits on it.
+    reset(bench).await?;
+    let mut holder = bench.pool.begin().await.map_err(db)?;
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_event_cursors")
+        .execute(&mut *holder)
+        .await
+        .map_err(db)?;
+    let held_emit = fill(bench, n, |i| i.to_string()).await?;
+    let held_drain = drain(bench, &[make().await?], n).await?;
+    holder.rollback().await.map_err(db)?;
+    bench.say(format!(
+        "  with a snapshot held open: emit {held_emit:.0}/s ({:.2}x), drain {held_drain:.0}/s ({:.2}x)",
+        held_emit / emit_rate.max(1e-9),
+        held_drain / events_per_s.max(1e-9)
     ));
 
     acked.lock().unwrap_or_else(|p| p.into_inner()).clear();
     reset(bench).await?;
-    let latency = latency(bench, make(&acked).await?, &acked).await?;
+    let latency = latency(bench, make().await?, &acked).await?;
     bench.say(format!(
         "  commit to ack at {} events/s: {latency}",
         args.relay_rate
     ));
     drop(broker);
+    let log_dead_tuples: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE relname LIKE 'outbox_event_log%'",
+    )
+    .fetch_one(&bench.pool)
+    .await
+    .map_err(db)?;
+    let drop_events = args.relay_drop_events;
+    let drop_ms = if drop_events > 0 {
+        let ms = retention(bench, drop_events).await?;
+        bench.say(format!(
+            "  retention: a day of {drop_events} events dropped in {ms:.0} ms; {log_dead_tuples} dead row versions in the log"
+        ));
+        ms
+    } else {
+        0.0
+    };
     Ok(RelayReport {
         relay: kind,
         concurrency: args.relay_concurrency,
         events: n,
         events_per_s,
         ordered_1000_keys_events_per_s: ordered,
+        ordered_vs_unordered: ordered / events_per_s.max(1e-9),
+        two_subscriptions_time_ratio: two_ratio,
+        emit_events_per_s: emit_rate,
+        emit_with_snapshot_held_events_per_s: held_emit,
+        emit_snapshot_ratio: held_emit / emit_rate.max(1e-9),
+        drain_with_snapshot_held_events_per_s: held_drain,
+        drain_snapshot_ratio: held_drain / events_per_s.max(1e-9),
         latency_rate_per_s: args.relay_rate,
         commit_to_ack_ms: latency,
+        emit,
+        drop_events,
+        drop_ms,
+        log_dead_tuples,
     })
+}
+
+/// Fills a day's partition (a day ahead, so nothing else lands there) with
+/// `n` events, moves a subscription past them, and times the maintenance
+/// leader's statement that drops it.
+async fn retention(bench: &Bench, n: usize) -> Result<f64, Failure> {
+    reset(bench).await?;
+    let day = chrono::Utc::now() - chrono::Duration::days(3);
+    sqlx::query("SELECT outbox_event_log_cover($1, interval '1 day')")
+        .bind(day)
+        .execute(&bench.pool)
+        .await
+        .map_err(db)?;
+    sqlx::query(
+        "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
+         SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'order.updated', '{}'::jsonb,
+                date_trunc('day', $2::timestamptz) + interval '1 hour'
+         FROM generate_series(1, $1) AS g",
+    )
+    .bind(n as i64)
+    .bind(day)
+    .execute(&bench.pool)
+    .await
+    .map_err(db)?;
+    // A subscription whose cursor is past everything.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('drop', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
+         SELECT 'drop', 0, pg_current_snapshot(), last_value FROM outbox_event_position_seq;",
+    )
+    .execute(&bench.pool)
+    .await
+    .map_err(db)?;
+    bench.checkpoint().await;
+    let started = Instant::now();
+    let dropped: Option<String> = sqlx::query_scalar(
+        "SELECT dropped FROM outbox_event_log_drop(now() - interval '1 hour', now() - interval '30 days')",
+    )
+    .fetch_one(&bench.pool)
+    .await
+    .map_err(db)?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    if dropped.is_none() {
+        return Err(Failure::runtime(
+            "the retention phase's day was not dropped",
+        ));
+    }
+    reset(bench).await?;
+    Ok(ms)
 }
 
 /// Starts a broker of `kind`; returns the relay URL.
@@ -269,17 +417,13 @@ impl Drop for Running {
     }
 }
 
-/// Removes the events of the phases before, their keys' lock rows and
-/// their dead row versions, and flushes them to disk: each phase starts on
-/// an empty queue, not behind the last one's cleanup.
+/// Empties the log and forgets the subscriptions, and flushes it to disk:
+/// each phase starts on an empty log, not behind the last one's writes.
 async fn reset(bench: &Bench) -> Result<(), Failure> {
     for sql in [
-        "DELETE FROM outbox_tasks WHERE queue = 'events'",
-        "DELETE FROM outbox_task_history WHERE queue = 'events'",
-        "DELETE FROM outbox_keys WHERE queue = 'events'",
-        "VACUUM ANALYZE outbox_tasks",
-        "VACUUM ANALYZE outbox_task_history",
-        "VACUUM ANALYZE outbox_keys",
+        "TRUNCATE outbox_event_log",
+        "DELETE FROM outbox_event_subscriptions",
+        "VACUUM ANALYZE outbox_event_cursors",
     ] {
         sqlx::query(sql).execute(&bench.pool).await.map_err(db)?;
     }
@@ -288,8 +432,9 @@ async fn reset(bench: &Bench) -> Result<(), Failure> {
 }
 
 /// Emits `n` events, event `i` on aggregate `key(i)`, in transactions of
-/// 1,000.
-async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<(), Failure> {
+/// 1,000; events/s.
+async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<f64, Failure> {
+    let started = Instant::now();
     let mut i = 0;
     while i < n {
         let end = (i + 1000).min(n);
@@ -309,25 +454,37 @@ async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<
         tx.commit().await.map_err(db)?;
         i = end;
     }
-    Ok(())
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Runs a relay worker until `n` events are published; events/s.
-async fn drain(bench: &Bench, relay: Relay, n: usize) -> Result<f64, Failure> {
-    let (worker, shutdown, running) = start(bench, relay).await?;
-    let mut events = worker;
+/// Runs a relay worker with `relays` until they published `n` events in
+/// all; events/s.
+async fn drain(bench: &Bench, relays: &[Relay], n: usize) -> Result<f64, Failure> {
+    let count = Arc::new(AtomicUsize::new(0));
+    let relays: Vec<Relay> = relays
+        .iter()
+        .cloned()
+        .map(|r| {
+            let count = Arc::clone(&count);
+            r.wrap_sink(move |inner| Arc::new(Counted { inner, count }))
+        })
+        .collect();
+    let (shutdown, running) = start(bench, relays).await?;
     let started = Instant::now();
-    let mut done = 0;
-    while done < n {
-        match tokio::time::timeout(Duration::from_secs(120), events.recv()).await {
-            Ok(Ok(e)) if e.kind == TaskEventKind::Completed => done += 1,
-            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
-            _ => {
-                return Err(Failure::runtime(format!(
-                    "the relay published {done} of {n} events, then nothing for 2 minutes"
-                )));
-            }
+    let mut last = (0, Instant::now());
+    loop {
+        let done = count.load(Ordering::Relaxed);
+        if done >= n {
+            break;
         }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(120) {
+            return Err(Failure::runtime(format!(
+                "the relay published {done} of {n} events, then nothing for 2 minutes"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     shutdown.cancel();
@@ -335,25 +492,44 @@ async fn drain(bench: &Bench, relay: Relay, n: usize) -> Result<f64, Failure> {
     Ok(rate)
 }
 
+/// Counts the publishes of one drain.
+struct Counted {
+    inner: Arc<dyn Sink>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Sink for Counted {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
+        Box::pin(async move {
+            self.inner.publish(message).await?;
+            self.count.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+}
+
 type Started = (
-    tokio::sync::broadcast::Receiver<outbox::TaskEvent>,
     CancellationToken,
     tokio::task::JoinHandle<outbox::Result<()>>,
 );
 
-async fn start(bench: &Bench, relay: Relay) -> Result<Started, Failure> {
+async fn start(bench: &Bench, relays: Vec<Relay>) -> Result<Started, Failure> {
     let pool = connect(&bench.url, 8).await?;
-    let worker = Worker::builder(pool)
-        .config(WorkerConfig {
-            maintenance: false,
-            ..WorkerConfig::default()
-        })
-        .relay(relay)
-        .build()?;
-    let events = worker.subscribe();
+    let mut builder = Worker::builder(pool).config(WorkerConfig {
+        maintenance: false,
+        ..WorkerConfig::default()
+    });
+    for relay in relays {
+        builder = builder.relay(relay);
+    }
+    let worker = builder.build()?;
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    Ok((events, shutdown, running))
+    Ok((shutdown, running))
 }
 
 /// Emits at the configured rate with the relay running; commit-to-ack.
@@ -363,8 +539,8 @@ async fn latency(
     acked: &Arc<Mutex<HashMap<String, Instant>>>,
 ) -> Result<Latency, Failure> {
     let args = &bench.args.relay;
-    let (_events, shutdown, running) = start(bench, relay).await?;
-    // Let it start (the first claim, the broker connection).
+    let (shutdown, running) = start(bench, vec![relay]).await?;
+    // Let it start (the subscription, the broker connection).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let total = args.relay_rate * args.relay_seconds;
     let every = Duration::from_secs(1).div_f64(args.relay_rate as f64);
@@ -373,7 +549,7 @@ async fn latency(
     for i in 0..total {
         tokio::time::sleep_until(next).await;
         next += every;
-        let id = format!("00000000-0000-4000-8000-{i:012x}");
+        let id = format!("{LATENCY_IDS}{i:012x}");
         let mut tx = bench.pool.begin().await.map_err(db)?;
         emit(
             &mut tx,
