@@ -138,11 +138,7 @@ async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db.database_url, 2).await?;
     let rows = outbox::relay::subscriptions(&pool).await?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&rows).map_err(Failure::runtime)?
-        );
-        return Ok(());
+        return print_json(&rows);
     }
     if rows.is_empty() {
         println!("no subscriptions: a relay creates its own when it first runs");
@@ -182,11 +178,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     let rows =
         outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&rows).map_err(Failure::runtime)?
-        );
-        return Ok(());
+        return print_json(&rows);
     }
     if rows.is_empty() {
         println!("no events held back");
@@ -235,5 +227,11 @@ async fn act(args: AggregateArgs, skip: bool) -> Result<(), Failure> {
             )));
         }
     }
+    Ok(())
+}
+
+/// Prints `rows` as one JSON array.
+fn print_json(rows: &impl serde::Serialize) -> Result<(), Failure> {
+    println!("{}", serde_json::to_string(rows).map_err(Failure::runtime)?);
     Ok(())
 }

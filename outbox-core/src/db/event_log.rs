@@ -358,32 +358,14 @@ pub(crate) async fn prepare(
     width_us: i64,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<u64> {
-    let times: Vec<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/prepare_history.sql"))
-        .bind(ahead_us)
-        .bind(width_us)
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await?;
-    let mut created = 0;
-    let mut failed = None;
-    for t in times {
-        let made: sqlx::Result<bool> = sqlx::query_scalar(include_str!("sql/event_log_cover.sql"))
-            .bind(t)
-            .bind(width_us)
-            .fetch_one(&mut *conn)
-            .await;
-        match made {
-            Ok(true) => created += 1,
-            Ok(false) => {}
-            Err(error) => {
-                failed.get_or_insert(error);
-            }
-        }
-    }
-    match failed {
-        Some(error) => Err(error),
-        None => Ok(created),
-    }
+    super::cover_ahead(
+        conn,
+        include_str!("sql/event_log_cover.sql"),
+        ahead_us,
+        width_us,
+        now,
+    )
+    .await
 }
 
 /// Drops partitions every subscription has passed (ended `quiet_us` ago at

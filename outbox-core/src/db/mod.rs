@@ -410,3 +410,45 @@ pub(crate) async fn release_lease(
         .await?;
     Ok(())
 }
+
+/// Makes sure partitions cover now through `ahead_us` later, each
+/// `width_us` wide, with `cover` (a statement taking a time and a width,
+/// returning whether it created a partition), one statement and
+/// transaction each, the furthest first; returns how many were created. A
+/// partition that cannot be made now (a lock not granted at once) does not
+/// stop the others: the first such error is returned after trying them
+/// all.
+pub(crate) async fn cover_ahead(
+    conn: &mut PgConnection,
+    cover: &'static str,
+    ahead_us: i64,
+    width_us: i64,
+    now: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    let times: Vec<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/partition_times.sql"))
+        .bind(ahead_us)
+        .bind(width_us)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut created = 0;
+    let mut failed = None;
+    for t in times {
+        let made: sqlx::Result<bool> = sqlx::query_scalar(cover)
+            .bind(t)
+            .bind(width_us)
+            .fetch_one(&mut *conn)
+            .await;
+        match made {
+            Ok(true) => created += 1,
+            Ok(false) => {}
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(created),
+    }
+}

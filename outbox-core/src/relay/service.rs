@@ -110,8 +110,11 @@ pub(crate) async fn run(
     let round = relay.lease / 4;
     loop {
         held.retain(|_, h| !h.task.is_finished());
+        // A member says it is alive for one lease, four times a lease: a
+        // dead one stops counting as its partitions' leases run out, so the
+        // others' shares grow just as those partitions come free.
         let members = call(&env.engine, deadline, "relay member", async |conn| {
-            event_log::member(conn, &env.subscription, &holder, 3 * lease_us).await
+            event_log::member(conn, &env.subscription, &holder, lease_us).await
         })
         .await;
         let wait = match members {

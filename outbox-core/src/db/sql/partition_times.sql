@@ -1,4 +1,4 @@
--- The times the history's partitions must cover: now ($3 clock override)
+-- The times partitions (the history's, the event log's) must cover: now ($3 clock override)
 -- and every $2 microseconds (a partition's width) up to $1 microseconds
 -- ahead, furthest first: a partition ahead has no rows to take over from
 -- the default partition, so it can always be made, even when the current
