@@ -1,8 +1,9 @@
 //! Fault injection with real processes and a real PostgreSQL: kill -9 of a
 //! worker, SIGTERM with slow tasks, loss of the maintenance leader, a
 //! database restart and outage in the middle of a drain, sessions
-//! terminated again and again, and a network that goes silent (a fault
-//! proxy black-holes a worker's connections). Each test prints what it
+//! terminated again and again, a network that goes silent (a fault proxy
+//! black-holes a worker's connections), and a relay through a restart, an
+//! outage and terminated sessions. Each test prints what it
 //! injected and what it counted afterwards.
 
 mod blackhole;
@@ -10,6 +11,7 @@ mod cluster;
 mod kill;
 mod leader;
 mod periodic;
+mod relay;
 mod restart;
 mod sigterm;
 mod table_health;
