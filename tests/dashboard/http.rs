@@ -455,3 +455,89 @@ async fn served_under_a_base_path_every_link_stays_under_it() {
     .await;
     assert_eq!(nul.status, StatusCode::BAD_REQUEST, "{}", nul.body);
 }
+
+#[tokio::test]
+async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one() {
+    let db = TestDb::migrated().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('hooks', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
+         VALUES ('hooks', 0, pg_current_snapshot(), 0);
+         INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+                                          payload, aggregate_hash, created_at, retry_at, error)
+         VALUES ('hooks', 7, gen_random_uuid(), 'order', '42', 'order.placed', '{}', 1, now(), NULL,
+                 'webhook refused the event (http_refused): <script>alert(1)</script>'),
+                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), now(), NULL);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let page = send(
+        Method::GET,
+        &format!("{}/events", served.url),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains("data-subscription=\"hooks\""),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("data-aggregate=\"order/42\""));
+    assert!(
+        page.body
+            .contains("&#60;script&#62;alert(1)&#60;/script&#62;"),
+        "escaped: {}",
+        page.body
+    );
+    assert!(!page.body.contains("<script>alert(1)"), "never raw");
+    let positions = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT position FROM outbox_event_parked ORDER BY position")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    let form = "aggregate_type=order&aggregate_id=42";
+    let forged = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("origin", "https://evil.example"), FORM],
+        &format!("csrf=guess&{form}"),
+    )
+    .await;
+    assert_ne!(forged.status, StatusCode::SEE_OTHER);
+    assert_eq!(positions(db.pool.clone()).await, [7, 9], "nothing skipped");
+    let unknown = send(
+        Method::POST,
+        &format!("{}/events/hooks/explode", served.url),
+        &[("authorization", &bearer), FORM],
+        form,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let skipped = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        form,
+    )
+    .await;
+    assert_eq!(skipped.status, StatusCode::SEE_OTHER, "{}", skipped.body);
+    assert_eq!(
+        positions(db.pool.clone()).await,
+        [9],
+        "the refused event is gone"
+    );
+    let nothing = send(
+        Method::POST,
+        &format!("{}/events/hooks/retry", served.url),
+        &[("authorization", &bearer), FORM],
+        "aggregate_type=order&aggregate_id=7",
+    )
+    .await;
+    assert_eq!(nothing.status, StatusCode::NOT_FOUND, "{}", nothing.body);
+}

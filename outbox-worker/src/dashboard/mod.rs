@@ -19,6 +19,7 @@
 //! action.
 
 mod auth;
+mod events;
 mod pages;
 mod views;
 
@@ -167,6 +168,11 @@ pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/tasks", get(pages::tasks))
         .route("/periodic", get(pages::periodic))
         .route("/queues", get(pages::queues))
+        .route("/events", get(events::events))
+        .route(
+            "/events/{subscription}/{action}",
+            post(events::parked_action),
+        )
         .route("/queues/{name}/{action}", post(pages::queue_action))
         .route("/tasks/{id}", get(pages::task))
         .route("/tasks/{id}/retry", post(pages::retry_one))

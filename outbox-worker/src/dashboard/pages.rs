@@ -21,7 +21,10 @@ use super::views::{
 use super::{Dashboard, QUERY_DEADLINE};
 
 /// Runs one admin query under the page deadline; an error page otherwise.
-async fn query<T>(what: &str, f: impl Future<Output = outbox::Result<T>>) -> Result<T, Refusal> {
+pub(super) async fn query<T>(
+    what: &str,
+    f: impl Future<Output = outbox::Result<T>>,
+) -> Result<T, Refusal> {
     match tokio::time::timeout(QUERY_DEADLINE, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(outbox::Error::InvalidOption(message))) => {
@@ -45,7 +48,7 @@ async fn query<T>(what: &str, f: impl Future<Output = outbox::Result<T>>) -> Res
 }
 
 /// Refuses every action of a read-only dashboard.
-fn writable(d: &Dashboard) -> Result<(), Refusal> {
+pub(super) fn writable(d: &Dashboard) -> Result<(), Refusal> {
     if d.config.read_only {
         return Err(Refusal::new(
             StatusCode::FORBIDDEN,

@@ -1,0 +1,135 @@
+//! The events page: every subscription with its lag, the events held back
+//! for parked aggregates, and retry or skip for each parked aggregate (the
+//! same functions as `outbox-worker events`).
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::Extension;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use outbox::relay::{ParkedEvent, Subscription};
+use serde::Deserialize;
+
+use super::Dashboard;
+use super::auth::{CsrfToken, Identity, check_csrf};
+use super::pages::{query, writable};
+use super::views::{Refusal, render, when};
+
+/// Parked events shown at most.
+const PARKED_SHOWN: i64 = 200;
+
+#[derive(Template)]
+#[template(path = "events.html")]
+pub(crate) struct EventsPage<'a> {
+    pub(crate) base: &'a str,
+    pub(crate) csrf: &'a str,
+    pub(crate) read_only: bool,
+    pub(crate) subscriptions: Vec<Subscription>,
+    pub(crate) parked: Vec<ParkedEvent>,
+}
+
+impl EventsPage<'_> {
+    /// Whether `p` is the first held-back event of its aggregate (the one
+    /// the actions act on).
+    fn first_of_aggregate(&self, i: &usize) -> bool {
+        let p = &self.parked[*i];
+        *i == 0 || {
+            let q = &self.parked[*i - 1];
+            (
+                q.subscription.as_str(),
+                q.aggregatetype.as_str(),
+                q.aggregateid.as_str(),
+            ) != (
+                p.subscription.as_str(),
+                p.aggregatetype.as_str(),
+                p.aggregateid.as_str(),
+            )
+        }
+    }
+
+    fn retry_at(&self, p: &ParkedEvent) -> String {
+        p.retry_at
+            .as_ref()
+            .map_or_else(|| "when an operator says so".to_owned(), |t| when(Some(t)))
+    }
+}
+
+pub(crate) async fn events(
+    State(d): State<Arc<Dashboard>>,
+    Extension(csrf): Extension<CsrfToken>,
+) -> Response {
+    let result = async {
+        let subscriptions = query("subscriptions", outbox::relay::subscriptions(&d.pool)).await?;
+        let parked = query(
+            "parked events",
+            outbox::relay::parked(&d.pool, None, PARKED_SHOWN),
+        )
+        .await?;
+        Ok::<_, Refusal>(render(
+            StatusCode::OK,
+            &EventsPage {
+                base: &d.config.base_path,
+                csrf: &csrf.0,
+                read_only: d.config.read_only,
+                subscriptions,
+                parked,
+            },
+        ))
+    }
+    .await;
+    result.unwrap_or_else(|refused| refused.page(&d.config))
+}
+
+/// The aggregate a parked-event action is for.
+#[derive(Deserialize)]
+pub(crate) struct AggregateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    aggregate_type: String,
+    #[serde(default)]
+    aggregate_id: String,
+}
+
+/// Retries or skips a parked aggregate of a subscription.
+pub(crate) async fn parked_action(
+    State(d): State<Arc<Dashboard>>,
+    Extension(identity): Extension<Identity>,
+    headers: HeaderMap,
+    Path((subscription, action)): Path<(String, String)>,
+    axum::Form(form): axum::Form<AggregateForm>,
+) -> Response {
+    let result = async {
+        writable(&d)?;
+        check_csrf(identity, &headers, &form.csrf)?;
+        let (t, i) = (&form.aggregate_type, &form.aggregate_id);
+        let done = match action.as_str() {
+            "retry" => {
+                query(
+                    "retry",
+                    outbox::relay::retry_parked(&d.pool, &subscription, t, i),
+                )
+                .await?
+            }
+            "skip" => {
+                query(
+                    "skip",
+                    outbox::relay::skip_parked(&d.pool, &subscription, t, i),
+                )
+                .await?
+            }
+            _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
+        };
+        if done.is_none() {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                format!("{subscription} holds nothing back for aggregate {t}/{i}"),
+            ));
+        }
+        Ok(Redirect::to(&format!("{}/events", d.config.base_path)).into_response())
+    }
+    .await;
+    result.unwrap_or_else(|refused| refused.page(&d.config))
+}
