@@ -46,6 +46,13 @@ impl FaultProxy {
             .expect("resolve the server")
             .next()
             .expect("an address for the server");
+        let proxy = Self::start_tcp(upstream).await;
+        let proxied = options.port(proxy.port).to_url_lossy().to_string();
+        (proxy, proxied)
+    }
+
+    /// Starts a proxy in front of any TCP server (a broker) at `upstream`.
+    pub async fn start_tcp(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the proxy");
@@ -56,15 +63,11 @@ impl FaultProxy {
             pumps: Mutex::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
-        let proxied = options.port(port).to_url_lossy().to_string();
-        (
-            Self {
-                port,
-                shared,
-                accept,
-            },
-            proxied,
-        )
+        Self {
+            port,
+            shared,
+            accept,
+        }
     }
 
     /// The port the proxy listens on.

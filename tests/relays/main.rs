@@ -2,10 +2,11 @@
 //! redis-server from Debian's packages, started here on free loopback
 //! ports, librdkafka's mock Kafka cluster in a process of its own, and a
 //! local HTTP receiver for webhooks. Each runs the same scenario of kills,
-//! restarts
-//! and a poison event (scenario.rs). A suite whose server is not installed
-//! is skipped, unless CI is set: then it fails.
+//! restarts and a poison event (scenario.rs); NATS also has its
+//! connection black-holed (blackhole.rs). A suite whose server is not
+//! installed is skipped, unless CI is set: then it fails.
 
+mod blackhole;
 mod kafka;
 mod nats;
 mod rabbitmq;
