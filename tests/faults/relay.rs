@@ -11,9 +11,11 @@ use std::time::Duration;
 use outbox::Worker;
 use outbox::events::{Event, emit};
 use outbox::relay::{Message, PublishFuture, Relay, Sink};
-use outbox_worker::local_postgres::{LocalPostgres, LocalPostgresOptions};
+use outbox_worker::local_postgres::LocalPostgres;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+use crate::restart::{on, private_cluster};
 
 const EVENTS: usize = 3000;
 const AGGREGATES: u64 = 100;
@@ -35,26 +37,9 @@ impl Sink for Capture {
     }
 }
 
-async fn pg_ctl(
-    cluster: &Arc<LocalPostgres>,
-    step: fn(&LocalPostgres) -> Result<(), outbox_worker::local_postgres::LocalPostgresError>,
-) {
-    let c = Arc::clone(cluster);
-    tokio::task::spawn_blocking(move || step(&c))
-        .await
-        .unwrap()
-        .expect("pg_ctl");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothing() {
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(|| LocalPostgres::start(&LocalPostgresOptions::default()))
-            .await
-            .unwrap()
-            .expect("start a private PostgreSQL"),
-    );
-    let url = cluster.url("postgres");
+    let (cluster, url) = private_cluster().await;
     let pool = outbox_tests::TestDb::pool_on(&url, 10).await;
     outbox::migrate(&pool).await.unwrap();
     let sink = Capture::default();
@@ -131,15 +116,15 @@ async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothi
         }
     };
     wait_for(500).await;
-    pg_ctl(&cluster, LocalPostgres::restart).await;
+    on(&cluster, LocalPostgres::restart).await;
     eprintln!(
         "relay faults: PostgreSQL restarted at {} published",
         published(&sink)
     );
     wait_for(1200).await;
-    pg_ctl(&cluster, LocalPostgres::stop_server).await;
+    on(&cluster, LocalPostgres::stop_server).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    pg_ctl(&cluster, LocalPostgres::start_again).await;
+    on(&cluster, LocalPostgres::start_again).await;
     eprintln!(
         "relay faults: PostgreSQL down 3 s at {} published",
         published(&sink)

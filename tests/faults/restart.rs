@@ -35,7 +35,7 @@ impl TaskHandler<Count> for Counter {
 
 /// A cluster of the test's own (restarting or stopping the shared one
 /// would hit every other test) and its URL.
-async fn private_cluster() -> (Arc<LocalPostgres>, String) {
+pub(crate) async fn private_cluster() -> (Arc<LocalPostgres>, String) {
     let cluster =
         tokio::task::spawn_blocking(|| LocalPostgres::start(&LocalPostgresOptions::default()))
             .await
@@ -46,7 +46,7 @@ async fn private_cluster() -> (Arc<LocalPostgres>, String) {
 }
 
 /// Runs a pg_ctl step on `cluster` off the async threads.
-async fn on(
+pub(crate) async fn on(
     cluster: &Arc<LocalPostgres>,
     step: fn(&LocalPostgres) -> Result<(), outbox_worker::local_postgres::LocalPostgresError>,
 ) {

@@ -33,43 +33,32 @@ pub struct Subscription {
     pub head: i64,
 }
 
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row;
+        Ok(Self {
+            name: row.try_get("name")?,
+            stream: row.try_get("stream")?,
+            partitions: row.try_get("partitions")?,
+            position: row.try_get("position")?,
+            behind: row.try_get("behind")?,
+            lag_s: row.try_get("lag_s")?,
+            holders: row.try_get("holders")?,
+            published: row.try_get("published")?,
+            parked: row.try_get("parked")?,
+            parked_aggregates: row.try_get("parked_aggregates")?,
+            head: row.try_get("head")?,
+        })
+    }
+}
+
 /// Every subscription, by name.
 pub async fn subscriptions(pool: &PgPool) -> Result<Vec<Subscription>> {
-    #[allow(clippy::type_complexity, reason = "one row of the listing")]
-    let rows: Vec<(String, String, i32, i64, i64, f64, i64, i64, i64, i64, i64)> =
+    Ok(
         sqlx::query_as(include_str!("../db/sql/event_subscriptions.sql"))
             .fetch_all(pool)
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                name,
-                stream,
-                partitions,
-                position,
-                behind,
-                lag_s,
-                holders,
-                published,
-                parked,
-                parked_aggregates,
-                head,
-            )| Subscription {
-                name,
-                stream,
-                partitions,
-                position,
-                behind,
-                lag_s,
-                holders,
-                published,
-                parked,
-                parked_aggregates,
-                head,
-            },
-        )
-        .collect())
+            .await?,
+    )
 }
 
 /// A held-back event.

@@ -54,7 +54,6 @@ pub(crate) async fn run(
     ]);
     let deadline = limits.deadline();
     let mut outage = Outage::new("relay");
-    let lease_us = relay.lease.as_micros() as i64;
     let (stream, partitions) = loop {
         let subscribed = call(&engine, deadline, "relay subscribe", async |conn| {
             event_log::subscribe(
@@ -114,7 +113,7 @@ pub(crate) async fn run(
         // dead one stops counting as its partitions' leases run out, so the
         // others' shares grow just as those partitions come free.
         let members = call(&env.engine, deadline, "relay member", async |conn| {
-            event_log::member(conn, &env.subscription, &holder, lease_us).await
+            event_log::member(conn, &env.subscription, &holder, env.ttl_us()).await
         })
         .await;
         let wait = match members {

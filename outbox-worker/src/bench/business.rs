@@ -76,22 +76,16 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
         .map_err(db)?;
     let clients = bench.args.submitters.max(1);
     let per_round = total.div_ceil(ROUNDS);
-    // A warm-up round of each, not counted.
-    for extra in [Extra::None, Extra::Submit, Extra::SecondRow] {
-        run_round(&bench.pool, clients, per_round / 4 + 1, extra).await?;
-    }
-    let mut kinds = [Kind::default(), Kind::default(), Kind::default()];
-    for round in 0..ROUNDS {
-        // Rotate which kind goes first, too.
-        for k in 0..3 {
-            let extra = [Extra::None, Extra::Submit, Extra::SecondRow][(round + k) % 3];
-            let (seconds, ms) = run_round(&bench.pool, clients, per_round, extra).await?;
-            let kind = &mut kinds[extra as usize];
-            kind.seconds += seconds;
-            kind.ms.extend(ms);
-        }
-    }
-    let [plain, with, second] = kinds;
+    let kinds = alternate(
+        &bench.pool,
+        clients,
+        per_round,
+        &[Extra::None, Extra::Submit, Extra::SecondRow],
+    )
+    .await?;
+    let [plain, with, second]: [Kind; 3] = kinds
+        .try_into()
+        .map_err(|_| Failure::runtime("one kind per extra"))?;
     sqlx::raw_sql("DROP TABLE bench_orders")
         .execute(&bench.pool)
         .await
@@ -136,18 +130,18 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
 /// What each transaction adds to its order row.
 #[derive(Clone, Copy)]
 enum Extra {
-    None = 0,
-    Submit = 1,
-    SecondRow = 2,
+    None,
+    Submit,
+    SecondRow,
     /// A plain row of an event's columns in an ordinary table (the
     /// control an emit is held to).
-    EventRow = 3,
+    EventRow,
     /// `outbox::emit`.
-    Emit = 4,
+    Emit,
     /// Three order lines and three stock updates more (the realistic
     /// business transaction), and with an emit too.
-    Lines = 5,
-    LinesEmit = 6,
+    Lines,
+    LinesEmit,
 }
 
 /// The emit phase's tables: the control (an event's columns, with the
@@ -223,18 +217,7 @@ pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Fa
         Extra::Lines,
         Extra::LinesEmit,
     ];
-    for extra in extras {
-        run_round(&bench.pool, clients, per_round / 4 + 1, extra).await?;
-    }
-    let mut kinds: Vec<Kind> = (0..extras.len()).map(|_| Kind::default()).collect();
-    for round in 0..ROUNDS {
-        for k in 0..extras.len() {
-            let i = (round + k) % extras.len();
-            let (seconds, ms) = run_round(&bench.pool, clients, per_round, extras[i]).await?;
-            kinds[i].seconds += seconds;
-            kinds[i].ms.extend(ms);
-        }
-    }
+    let mut kinds = alternate(&bench.pool, clients, per_round, &extras).await?;
     let rates: Vec<f64> = kinds.iter().map(Kind::rate).collect();
     let per_tx = |rate: f64| clients as f64 / rate.max(1e-9) * 1000.0;
     let event_row_marginal_ms = per_tx(rates[1]) - per_tx(rates[0]);
@@ -290,6 +273,31 @@ impl Kind {
     fn rate(&self) -> f64 {
         self.ms.len() as f64 / self.seconds.max(1e-9)
     }
+}
+
+/// A warm-up round of each of `extras` (not counted), then `ROUNDS` rounds
+/// of `per_round` transactions of each, rotating which goes first so that
+/// a slow spell of the shared machine falls on all alike; their totals, in
+/// the order of `extras`.
+async fn alternate(
+    pool: &PgPool,
+    clients: usize,
+    per_round: usize,
+    extras: &[Extra],
+) -> Result<Vec<Kind>, Failure> {
+    for &extra in extras {
+        run_round(pool, clients, per_round / 4 + 1, extra).await?;
+    }
+    let mut kinds: Vec<Kind> = extras.iter().map(|_| Kind::default()).collect();
+    for round in 0..ROUNDS {
+        for k in 0..extras.len() {
+            let i = (round + k) % extras.len();
+            let (seconds, ms) = run_round(pool, clients, per_round, extras[i]).await?;
+            kinds[i].seconds += seconds;
+            kinds[i].ms.extend(ms);
+        }
+    }
+    Ok(kinds)
 }
 
 /// `count` transactions over `clients` connections; the round's wall time
