@@ -78,7 +78,7 @@ pub use clock::Clock;
 pub use db::classify::is_transient;
 pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};
 pub use error::{Error, Result, StartupProblems};
-pub use events::{Event, emit, emit_all};
+pub use events::{Event, emit, emit_all, emit_once};
 pub use handler::{
     HandlerError, HandlerResult, MAX_RESULT_BYTES, Outcome, TaskContext, TaskHandler,
 };

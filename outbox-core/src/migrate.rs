@@ -97,6 +97,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0012_event_log.up.sql"),
         down: include_str!("../../migrations/0012_event_log.down.sql"),
     },
+    Migration {
+        version: 13,
+        name: "event_ids",
+        up: include_str!("../../migrations/0013_event_ids.up.sql"),
+        down: include_str!("../../migrations/0013_event_ids.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -158,6 +158,7 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             registered.task_type
         ))
     })?;
+    let unique = args.unique_key.is_some();
     let mut options = TaskOptions::new();
     if let Some(d) = args.delay {
         options = options.delay(d);
@@ -181,8 +182,25 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;
     let pool = connect_migrated(&args.db.database_url, 1).await?;
-    let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
-    let done = batch.submit_detailed(&mut conn).await?[0];
+    let done = crate::commit::write_and_commit(
+        &pool,
+        async |conn| Ok(batch.submit_detailed(conn).await?[0]),
+        |done| crate::commit::Write {
+            what: format!("task {}", done.id),
+            retry: if unique {
+                "running the same command again is safe: its unique key makes a second \
+                 submit a duplicate"
+                    .to_owned()
+            } else {
+                format!(
+                    "`tasks show {}` says whether it was, once the database answers; \
+                     submit with --unique-key to make a retry safe",
+                    done.id
+                )
+            },
+        },
+    )
+    .await?;
     if args.json {
         println!(
             "{}",

@@ -19,7 +19,7 @@ use crate::flags::{self, DAY, HOUR, MINUTE, MS, SECOND};
 use crate::signals::stop_on_signal;
 
 pub use crate::failure::{
-    EXIT_CONFIG, EXIT_DATABASE_UNREACHABLE, EXIT_RUNTIME, EXIT_SCHEMA_BEHIND,
+    EXIT_CONFIG, EXIT_DATABASE_UNREACHABLE, EXIT_OUTCOME_UNKNOWN, EXIT_RUNTIME, EXIT_SCHEMA_BEHIND,
 };
 
 pub use crate::Register;
@@ -30,7 +30,8 @@ pub use crate::Register;
     version,
     about = "Run and operate outbox task workers on PostgreSQL",
     after_help = "Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or input, \
-                  3 database unreachable, 4 schema behind (run `migrate`)."
+                  3 database unreachable, 4 schema behind (run `migrate`), 5 a write's \
+                  commit outcome unknown (the message names its id and a safe retry)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -314,6 +315,9 @@ async fn within(
     tokio::time::timeout(limit, command)
         .await
         .unwrap_or_else(|_| {
+            if let Some(in_doubt) = crate::commit::given_up_in_doubt() {
+                return Err(in_doubt);
+            }
             Err(Failure::unreachable(format!(
                 "the database did not finish this command within {} (--command-timeout): \
              is a lock holding it, or is the server overloaded?",

@@ -3,7 +3,7 @@
 //! parked aggregates.
 
 use clap::{Args, Subcommand};
-use outbox::events::{self, Event};
+use outbox::events::{self, Event, new_event_id};
 
 use crate::connect::{DbArgs, connect_migrated};
 use crate::failure::Failure;
@@ -118,19 +118,30 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     for (name, value) in args.headers {
         event = event.header(name, value);
     }
-    if let Some(id) = args.id {
-        event = event.id(id);
-    }
     if let Some(q) = args.queue {
         event = event.queue(q);
     }
     let pool = connect_migrated(&args.db.database_url, 2).await?;
-    let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
-    let emitted = events::emit(&mut conn, event).await?;
-    println!(
-        "emitted event {} at position {}",
-        emitted.id, emitted.position
-    );
+    // The id is chosen here, before the transaction, so a failure whose
+    // outcome is unknown can name it, and a retry with it writes nothing
+    // if the first try committed (emit_once).
+    let id = args.id.unwrap_or_else(new_event_id);
+    event = event.id(id.clone());
+    let emitted = crate::commit::write_and_commit(
+        &pool,
+        async |conn| events::emit_once(conn, event).await,
+        |_| crate::commit::Write {
+            what: format!("event {id}"),
+            retry: format!(
+                "run the same command with --id {id}: it writes the event only if it was not"
+            ),
+        },
+    )
+    .await?;
+    match emitted {
+        Some(e) => println!("emitted event {} at position {}", e.id, e.position),
+        None => println!("event {id} was emitted before: nothing written"),
+    }
     Ok(())
 }
 

@@ -9,6 +9,10 @@ pub const EXIT_CONFIG: u8 = 2;
 pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
 /// Exit code: the database schema is behind this build; run `migrate`.
 pub const EXIT_SCHEMA_BEHIND: u8 = 4;
+/// Exit code: the connection failed while a write was committing and its
+/// outcome could not be learnt; the message names the write's id and the
+/// retry that is safe.
+pub const EXIT_OUTCOME_UNKNOWN: u8 = 5;
 
 /// A failed command: what to tell the operator, and the exit code.
 #[derive(Debug)]

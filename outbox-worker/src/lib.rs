@@ -8,6 +8,7 @@ mod admin_cmd;
 mod bench;
 pub mod builtin;
 pub mod cli;
+mod commit;
 mod connect;
 pub mod dashboard;
 mod dashboard_cmd;

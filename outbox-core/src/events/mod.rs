@@ -314,6 +314,30 @@ pub async fn emit_all(
         .collect())
 }
 
+/// Emits `event` unless an event with its id was emitted by `emit_once`
+/// before: `None` then, and nothing is written. For an emit retried after
+/// its commit outcome was lost (the connection dropped during `COMMIT`):
+/// give the event the same [`Event::id`] both times and it is written at
+/// most once. Run it inside the caller's transaction, like [`emit`].
+///
+/// The ids are kept in their own table (one extra indexed row per emit,
+/// which plain [`emit`] does not pay) for the event log's maximum age; a
+/// retry later than that emits again. Without [`Event::id`] the event gets
+/// a new id, so the guard only helps once the caller knows the id.
+pub async fn emit_once(conn: &mut PgConnection, event: Event) -> Result<Option<Emitted>> {
+    let mut event = event;
+    let id = event.task.id.get_or_insert_with(new_event_id).clone();
+    event.validate()?;
+    let first: Option<bool> = sqlx::query_scalar(include_str!("../db/sql/claim_event_id.sql"))
+        .bind(&id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if first.is_none() {
+        return Ok(None);
+    }
+    emit(conn, event).await.map(Some)
+}
+
 /// Events as the emit statements' columns.
 #[derive(Default)]
 struct Rows {
@@ -381,7 +405,7 @@ fn contains_nul(v: &serde_json::Value) -> bool {
 
 /// A new event id: a UUIDv7 (milliseconds since the epoch, then
 /// randomness), so ids sort roughly by time in consumers' inbox indexes.
-pub(crate) fn new_event_id() -> String {
+pub fn new_event_id() -> String {
     let mut bytes = [0u8; 16];
     // Without an entropy source the time and a counter still make ids
     // unique within this process; getrandom fails only on broken systems.

@@ -346,5 +346,13 @@ async fn event_log(shared: &Shared) -> sqlx::Result<()> {
             tracing::info!(%partition, "dropped an event log partition every subscription had passed");
         }
     }
+    // emit_once's guard lasts as long as the log keeps its events.
+    let pruned = call(&shared.engine, shared.deadline, "event log", async |conn| {
+        crate::db::events::prune_event_ids(conn, max_age_us, DEFAULT_BATCH, now).await
+    })
+    .await?;
+    if pruned > 0 {
+        tracing::info!(pruned, "trimmed the ids of events emitted once");
+    }
     Ok(())
 }
