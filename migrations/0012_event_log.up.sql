@@ -6,8 +6,9 @@
 -- was refused at REPEATABLE READ and SERIALIZABLE. Now emit appends one row
 -- to outbox_event_log: no trigger, no row lock, legal at every isolation
 -- level. Relays read the log without writing it (outbox::relay): each
--- subscription keeps a cursor per partition of its aggregates, and a batch
--- is what became visible between the cursor's snapshot and a newer one.
+-- subscription keeps a cursor per partition of its aggregates: a position
+-- and the positions at or below it not yet seen (gaps: open or rolled-back
+-- emits). A batch is what became visible past the position or in a gap.
 --
 -- Per-aggregate commit order: an emitter takes a transaction-scoped
 -- advisory lock on its aggregate's hash before it draws the event's
@@ -23,8 +24,11 @@ CREATE SEQUENCE outbox_event_position_seq AS bigint;
 -- plus what the relays need. Partitioned by day on created_at; retention
 -- drops a partition whole once every subscription has passed it.
 CREATE TABLE outbox_event_log (
-    -- The emitting transaction, 64 bits (never wraps): read back against
-    -- snapshots to tell what has committed.
+    -- The emitting transaction, 64 bits (never wraps). Its default comes
+    -- first so that an insert has its transaction id before it draws a
+    -- position: a relay's gap whose transaction is older than every open
+    -- one is a rollback (see event_read.sql). Not indexed: each index on
+    -- this table is paid by every emit.
     xid            xid8 NOT NULL DEFAULT pg_current_xact_id(),
     position       bigint NOT NULL DEFAULT nextval('outbox_event_position_seq'),
     id             uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -43,10 +47,9 @@ CREATE TABLE outbox_event_log (
     created_at     timestamptz NOT NULL DEFAULT statement_timestamp()
 ) PARTITION BY RANGE (created_at);
 
--- A batch's new events, by position; and the events of transactions that
--- were still open at the cursor's snapshot, by transaction id.
+-- A batch's new events and its cursor's filled gaps, by position: the
+-- log's only index.
 CREATE INDEX outbox_event_log_position_idx ON outbox_event_log (position);
-CREATE INDEX outbox_event_log_xid_idx ON outbox_event_log (xid);
 
 -- Catches rows no partition covers (maintenance stopped for days), so that
 -- an emit never fails for want of a partition.
@@ -62,16 +65,21 @@ CREATE TABLE outbox_event_subscriptions (
 );
 
 -- One cursor per partition of a subscription. What it has published is
--- exactly the events visible in `snapshot` whose position is at most
--- `position`; a batch moves both forward. The relay worker holding the
+-- exactly its events at or below `position` except those at the positions
+-- in `gaps`, which were not visible when the cursor passed them (their
+-- transactions were open, or rolled back). `gap_bounds` holds, for each
+-- gap, a transaction id above its emitter's: once every transaction below
+-- it has ended, a gap still unseen was rolled back and is forgotten. A
+-- batch moves the position forward and fills or forgets gaps. The relay worker holding the
 -- lease (`holder` until `lease_until`, on the database's clock) is the only
 -- one that publishes the partition; `fence` grows with every new holder and
 -- every write names it, so a holder whose lease was taken writes nothing.
 CREATE TABLE outbox_event_cursors (
     subscription text NOT NULL REFERENCES outbox_event_subscriptions (name) ON DELETE CASCADE,
     part         integer NOT NULL,
-    snapshot     pg_snapshot NOT NULL,
     position     bigint NOT NULL,
+    gaps         bigint[] NOT NULL DEFAULT '{}',
+    gap_bounds   bigint[] NOT NULL DEFAULT '{}',
     holder       text,
     lease_until  timestamptz,
     fence        bigint NOT NULL DEFAULT 0,
@@ -196,8 +204,8 @@ $$;
 
 -- Retention: drops the oldest partition that ended at or before `quiet`
 -- (no emitter can still be writing there) and that every cursor has
--- passed: its last position at or below the cursor's, and its newest
--- transaction older than the cursor snapshot's oldest open one. A
+-- passed: its last position at or below the cursor's, and no gap of the
+-- cursor at or below it (an open emitter may still be writing there). A
 -- partition that ended before `max_age` goes regardless (a subscription
 -- stuck for that long loses it; the maintenance leader says so). Returns
 -- the partition's name and whether it was forced, or nulls when none is
@@ -213,18 +221,17 @@ AS $$
 DECLARE
     p record;
     last_position bigint;
-    last_xid xid8;
     passed boolean;
 BEGIN
     PERFORM pg_advisory_xact_lock(7310582910364481892);
     FOR p IN SELECT * FROM outbox_event_log_partitions() AS l
              WHERE l.upper_bound <= quiet ORDER BY l.lower_bound
     LOOP
-        EXECUTE format('SELECT max(position), max(xid) FROM %I.%I', p.schema_name, p.table_name)
-            INTO last_position, last_xid;
+        EXECUTE format('SELECT max(position) FROM %I.%I', p.schema_name, p.table_name)
+            INTO last_position;
         SELECT coalesce(bool_and(last_position IS NULL
                                  OR (c.position >= last_position
-                                     AND last_xid < pg_snapshot_xmin(c.snapshot))), false)
+                                     AND NOT last_position >= ANY (c.gaps))), false)
             INTO passed
         FROM outbox_event_cursors AS c;
         IF passed OR p.upper_bound <= max_age THEN

@@ -37,12 +37,44 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for LogEvent {
     }
 }
 
-/// A cursor: published is exactly what is visible in `snapshot` with a
-/// position at most `position`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A cursor: published is exactly what is at or below `position` but for
+/// the `gaps`, positions not visible when it passed them. Each gap's bound
+/// (same index in `gap_bounds`) is a transaction id above its emitter's:
+/// once every transaction below it has ended, a gap still not visible was
+/// rolled back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Cursor {
-    pub(crate) snapshot: String,
     pub(crate) position: i64,
+    pub(crate) gaps: Vec<i64>,
+    pub(crate) gap_bounds: Vec<i64>,
+}
+
+impl Cursor {
+    /// The cursor after a read that cut at `end` under a snapshot with
+    /// `xmin`, when the next transaction id was `next_xid`, in which
+    /// `visible` (sorted) were the positions visible in (position, end] or
+    /// at a gap.
+    fn after(&self, end: i64, xmin: i64, next_xid: i64, visible: &[i64]) -> Cursor {
+        let seen = |p: i64| visible.binary_search(&p).is_ok();
+        let mut next = Cursor {
+            position: end,
+            ..Cursor::default()
+        };
+        for (&p, &bound) in self.gaps.iter().zip(&self.gap_bounds) {
+            // Filled now, or its emitter has ended without committing.
+            if !seen(p) && xmin < bound {
+                next.gaps.push(p);
+                next.gap_bounds.push(bound);
+            }
+        }
+        for p in self.position + 1..=end {
+            if !seen(p) {
+                next.gaps.push(p);
+                next.gap_bounds.push(next_xid);
+            }
+        }
+        next
+    }
 }
 
 /// A leased partition.
@@ -104,7 +136,9 @@ pub(crate) async fn acquire(
     ttl_us: i64,
     want: i64,
 ) -> sqlx::Result<Vec<Lease>> {
-    let rows: Vec<(i32, i64, String, i64)> = sqlx::query_as(include_str!("sql/event_acquire.sql"))
+    /// part, fence, position, gaps, gap bounds.
+    type Row = (i32, i64, i64, Vec<i64>, Vec<i64>);
+    let rows: Vec<Row> = sqlx::query_as(include_str!("sql/event_acquire.sql"))
         .bind(subscription)
         .bind(holder)
         .bind(ttl_us)
@@ -113,10 +147,14 @@ pub(crate) async fn acquire(
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(part, fence, snapshot, position)| Lease {
+        .map(|(part, fence, position, gaps, gap_bounds)| Lease {
             part,
             fence,
-            cursor: Cursor { snapshot, position },
+            cursor: Cursor {
+                position,
+                gaps,
+                gap_bounds,
+            },
         })
         .collect())
 }
@@ -166,7 +204,9 @@ pub(crate) struct Batch {
 }
 
 /// The next batch after `cursor` of partition `part` of `partitions`, at
-/// most `limit` positions further.
+/// most `limit` positions further: two statements, the sequence's last
+/// value first, so that every position the batch can cut at was drawn
+/// before the second one's snapshot (see event_read.sql).
 pub(crate) async fn read(
     conn: &mut PgConnection,
     cursor: &Cursor,
@@ -176,31 +216,44 @@ pub(crate) async fn read(
     part: i32,
 ) -> sqlx::Result<Batch> {
     use sqlx::{FromRow, Row};
+    let last: i64 = sqlx::query_scalar(include_str!("sql/event_last_position.sql"))
+        .fetch_one(&mut *conn)
+        .await?;
+    let end = last
+        .min(cursor.position.saturating_add(limit))
+        .max(cursor.position);
+    if end == cursor.position && cursor.gaps.is_empty() {
+        return Ok(Batch {
+            next: cursor.clone(),
+            events: Vec::new(),
+        });
+    }
     let rows = sqlx::query(include_str!("sql/event_read.sql"))
-        .bind(&cursor.snapshot)
         .bind(cursor.position)
-        .bind(limit)
+        .bind(end)
+        .bind(&cursor.gaps)
         .bind(stream)
         .bind(partitions)
         .bind(part)
         .fetch_all(conn)
         .await?;
-    let mut next = None;
-    let mut events = Vec::with_capacity(rows.len());
+    let (mut xmin, mut next_xid) = (0, 0);
+    let mut visible = Vec::with_capacity(rows.len());
+    let mut events = Vec::new();
     for row in rows {
-        if next.is_none() {
-            next = Some(Cursor {
-                snapshot: row.try_get("s2")?,
-                position: row.try_get("h2")?,
-            });
-        }
+        xmin = row.try_get("xmin")?;
+        next_xid = row.try_get("next_xid")?;
         // The one row of an empty batch has no event.
-        if row.try_get::<Option<i64>, _>("position")?.is_some() {
+        let Some(position) = row.try_get::<Option<i64>, _>("position")? else {
+            continue;
+        };
+        visible.push(position);
+        if row.try_get::<bool, _>("mine")? {
             events.push(LogEvent::from_row(&row)?);
         }
     }
     Ok(Batch {
-        next: next.unwrap_or_else(|| cursor.clone()),
+        next: cursor.after(end, xmin, next_xid, &visible),
         events,
     })
 }
@@ -219,10 +272,11 @@ pub(crate) async fn advance(
         .bind(at.part)
         .bind(at.holder)
         .bind(at.fence)
-        .bind(&next.snapshot)
+        .bind(&next.gaps)
         .bind(next.position)
         .bind(published)
         .bind(ttl_us)
+        .bind(&next.gap_bounds)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

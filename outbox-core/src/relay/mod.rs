@@ -2,8 +2,8 @@
 //! per-aggregate commit order.
 //!
 //! A relay is a subscription to the log (named after the relay) with a
-//! [`Sink`]. It reads what committed in batches cut between database
-//! snapshots, publishes each aggregate's events in order and different
+//! [`Sink`]. It reads what committed in batches by position, keeping the
+//! positions of transactions still open as gaps to read again, publishes each aggregate's events in order and different
 //! aggregates in parallel, and moves its cursor once the broker
 //! acknowledged the whole batch. Nothing in the log is updated: every
 //! subscription has its own cursor, so one emit reaches Kafka and a

@@ -12,4 +12,4 @@ FROM (SELECT part FROM outbox_event_cursors
       LIMIT $4
       FOR UPDATE SKIP LOCKED) AS free
 WHERE c.subscription = $1 AND c.part = free.part
-RETURNING c.part, c.fence, c.snapshot::text, c.position
+RETURNING c.part, c.fence, c.position, c.gaps, c.gap_bounds

@@ -1,9 +1,11 @@
--- Moves the cursor of subscription $1's partition $2 to snapshot $5 and
--- position $6 after $7 more events were published, and renews the lease
--- for $8 microseconds, if holder $3 still holds it under fence $4; returns
--- a row then, none when the lease was lost (nothing is written).
+-- Moves the cursor of subscription $1's partition $2 to position $6 with
+-- gaps $5 (and their bounds $9) after $7 more events were published, and
+-- renews the lease for $8 microseconds, if holder $3 still holds it under
+-- fence $4; returns a row then, none when the lease was lost (nothing is
+-- written).
 UPDATE outbox_event_cursors
-SET snapshot = $5::pg_snapshot,
+SET gaps = $5::bigint[],
+    gap_bounds = $9::bigint[],
     position = $6,
     published = published + $7,
     advanced_at = now(),

@@ -1,41 +1,55 @@
 -- The next batch of one partition ($6 of $5) of a subscription of stream
--- $4, whose cursor is snapshot $1 and position $2: it has published
--- exactly the events visible in $1 with a position at most $2.
+-- $4, whose cursor is at position $1 with gaps $3: it has published its
+-- events at or below $1 except those at the gaps, which were not visible
+-- when it passed them.
 --
--- The batch cuts at this statement's own snapshot S2 and at a position H2
--- at most $3 past $2, and holds what S2 and H2 add: the events visible now
--- with a position in ($2, H2], and the events at or below $2 whose
--- transactions were still open at $1 (listed in it, or begun after it)
--- and have committed since. Every row returns S2 and H2, the cursor once
--- the batch is published; with no event, one row of them alone.
+-- $2 is the batch's end, at most the batch size past $1 and at most the
+-- sequence's last value as read by the statement before this one. Every
+-- position up to $2 was therefore drawn before this statement's snapshot
+-- was taken, by a transaction that already had its id (the log's xid
+-- column comes before its position), so below the next transaction id as
+-- of now: a position up to $2 that is not visible here belongs to a
+-- transaction below that id that is still open or rolled back. The caller
+-- keeps those as gaps, with that id as their bound. (A snapshot's xmax is
+-- no such bound: it is one past the newest *completed* transaction. The
+-- next id is read through age(), which measures from it: GetStable-
+-- LatestTransactionId, in a statement of a transaction without an id.)
+--
+-- Returns every visible event in ($1, $2] or at a gap, of any stream or
+-- partition (the caller needs all their positions to know the gaps), with
+-- the columns only for the partition's own; and the snapshot's xmin and
+-- the next transaction id on every row, or on one row alone when nothing
+-- is visible.
 --
 -- Order: an aggregate's emitters draw positions in their commit order, so
 -- when an event is visible, every earlier event of its aggregate is too,
 -- at a lower position: it is in this batch or an earlier one, never a
 -- later one. Nothing here updates the log.
-WITH cut AS MATERIALIZED (
-    SELECT pg_current_snapshot() AS s2,
-           greatest($2::bigint,
-                    least($2::bigint + $3::bigint,
-                          (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
-                           FROM outbox_event_position_seq))) AS h2
+WITH snap AS MATERIALIZED (
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin
+), cut AS MATERIALIZED (
+    SELECT xmin, xmin + age((xmin % 4294967296)::text::xid) AS next_xid FROM snap
+), e AS (
+    SELECT position, id, aggregatetype, aggregateid, type, payload, headers, publish_at,
+           created_at, aggregate_hash,
+           stream = $4 AND (aggregate_hash & 2147483647) % $5 = $6 AS mine
+    FROM outbox_event_log
+    WHERE position > $1 AND position <= $2
+    UNION ALL
+    SELECT position, id, aggregatetype, aggregateid, type, payload, headers, publish_at,
+           created_at, aggregate_hash,
+           stream = $4 AND (aggregate_hash & 2147483647) % $5 = $6 AS mine
+    FROM outbox_event_log
+    WHERE position = ANY ($3::bigint[])
 )
-SELECT cut.s2::text AS s2, cut.h2, e.position, e.id::text AS id,
-       e.aggregatetype::text AS aggregatetype, e.aggregateid::text AS aggregateid,
-       e.type::text AS type, e.payload, e.headers, e.publish_at, e.created_at,
-       e.aggregate_hash
+SELECT cut.xmin, cut.next_xid, e.position, e.mine,
+       CASE WHEN e.mine THEN e.id::text END AS id,
+       CASE WHEN e.mine THEN e.aggregatetype::text END AS aggregatetype,
+       CASE WHEN e.mine THEN e.aggregateid::text END AS aggregateid,
+       CASE WHEN e.mine THEN e.type::text END AS type,
+       CASE WHEN e.mine THEN e.payload END AS payload,
+       CASE WHEN e.mine THEN e.headers END AS headers,
+       e.publish_at, e.created_at, e.aggregate_hash
 FROM cut
-LEFT JOIN LATERAL (
-    SELECT * FROM outbox_event_log
-    WHERE position > $2 AND position <= cut.h2
-    UNION ALL
-    -- (position + 0: these two are found by transaction id, never by
-    -- scanning every position up to the cursor's.)
-    SELECT * FROM outbox_event_log
-    WHERE position + 0 <= $2 AND xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
-    UNION ALL
-    SELECT * FROM outbox_event_log
-    WHERE position + 0 <= $2 AND xid >= pg_snapshot_xmax($1::pg_snapshot)
-      AND xid < pg_snapshot_xmax(cut.s2)
-) AS e ON e.stream = $4 AND (e.aggregate_hash & 2147483647) % $5 = $6
+LEFT JOIN e ON true
 ORDER BY e.position

@@ -2,8 +2,8 @@
 -- its cursors at the start of what the log keeps ($4 false) or at its head
 -- ($4 true: only events emitted from now on); returns the subscription's
 -- stream and partitions as recorded (it keeps what it was created with).
--- '1:1:' is a snapshot in which no transaction is visible: nothing has
--- been published. Two creators at once: the second gets no row (its
+-- At the head, events of transactions still open are not published (they
+-- were emitted before). Two creators at once: the second gets no row (its
 -- snapshot predates the first's commit) and asks again.
 WITH created AS (
     INSERT INTO outbox_event_subscriptions (name, stream, partitions)
@@ -11,9 +11,8 @@ WITH created AS (
     ON CONFLICT (name) DO NOTHING
     RETURNING name, stream, partitions
 ), cursors AS (
-    INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
+    INSERT INTO outbox_event_cursors (subscription, part, position)
     SELECT c.name, p,
-           CASE WHEN $4 THEN pg_current_snapshot() ELSE '1:1:'::pg_snapshot END,
            CASE WHEN $4 THEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
                               FROM outbox_event_position_seq)
                 ELSE 0 END
