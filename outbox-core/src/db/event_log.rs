@@ -448,3 +448,26 @@ pub(crate) async fn drop_passed(
     }
     Ok(dropped)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cursor;
+
+    #[test]
+    fn a_read_fills_keeps_and_forgets_gaps_and_opens_new_ones() {
+        let cursor = Cursor {
+            position: 10,
+            gaps: vec![3, 5, 7],
+            gap_bounds: vec![100, 100, 200],
+        };
+        // Visible now: gap 3, and 11, 13 of (10, 14]. xmin 150: every
+        // transaction below 150 has ended, so gap 5 (bound 100), still not
+        // visible, was rolled back; gap 7 (bound 200) may still be open.
+        let next = cursor.after(14, 150, 300, &[3, 11, 13]);
+        assert_eq!(next.position, 14);
+        assert_eq!(next.gaps, vec![7, 12, 14]);
+        assert_eq!(next.gap_bounds, vec![200, 300, 300]);
+        // Nothing new, nothing visible, nothing ended: the same cursor.
+        assert_eq!(next.after(14, 150, 400, &[]), next);
+    }
+}
