@@ -461,8 +461,7 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
     let db = TestDb::migrated().await;
     sqlx::raw_sql(
         "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('hooks', 'events', 1);
-         INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
-         VALUES ('hooks', 0, pg_current_snapshot(), 0);
+         INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('hooks', 0, 0);
          INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
                                           payload, aggregate_hash, created_at, retry_at, error)
          VALUES ('hooks', 7, gen_random_uuid(), 'order', '42', 'order.placed', '{}', 1, now(), NULL,

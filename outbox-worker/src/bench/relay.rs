@@ -313,8 +313,8 @@ async fn retention(bench: &Bench, n: usize) -> Result<f64, Failure> {
     // A subscription whose cursor is past everything.
     sqlx::raw_sql(
         "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('drop', 'events', 1);
-         INSERT INTO outbox_event_cursors (subscription, part, snapshot, position)
-         SELECT 'drop', 0, pg_current_snapshot(), last_value FROM outbox_event_position_seq;",
+         INSERT INTO outbox_event_cursors (subscription, part, position)
+         SELECT 'drop', 0, last_value FROM outbox_event_position_seq;",
     )
     .execute(&bench.pool)
     .await
