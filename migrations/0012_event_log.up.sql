@@ -42,8 +42,6 @@ CREATE TABLE outbox_event_log (
     stream         text NOT NULL DEFAULT 'events',
     -- Not published before this time (Event::delay), or null.
     publish_at     timestamptz,
-    -- The aggregate's hash: its advisory lock's key and its partition.
-    aggregate_hash integer GENERATED ALWAYS AS (hashtext(aggregatetype::text || '/' || aggregateid::text)) STORED,
     created_at     timestamptz NOT NULL DEFAULT statement_timestamp()
 ) PARTITION BY RANGE (created_at);
 
@@ -183,7 +181,7 @@ BEGIN
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
     WHERE c.oid = 'outbox_event_log'::regclass;
     part := 'outbox_event_log_' || to_char(lo, 'YYYYMMDD"_"HH24MISS');
-    EXECUTE format('CREATE TABLE %I.%I (LIKE %I.outbox_event_log INCLUDING DEFAULTS INCLUDING GENERATED)',
+    EXECUTE format('CREATE TABLE %I.%I (LIKE %I.outbox_event_log INCLUDING DEFAULTS)',
                    schema_name, part, schema_name);
     EXECUTE format('ALTER TABLE %I.%I ADD CONSTRAINT %I CHECK (created_at >= %L AND created_at < %L)',
                    schema_name, part, part || '_range', lo, hi);

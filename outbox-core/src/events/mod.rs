@@ -263,7 +263,12 @@ impl Event {
 pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
     let mut rows = Rows::default();
     rows.push(event)?;
-    let position: i64 = sqlx::query_scalar(include_str!("../db/sql/emit_event.sql"))
+    let sql = if rows.ordered[0] {
+        include_str!("../db/sql/emit_event.sql")
+    } else {
+        include_str!("../db/sql/emit_event_unordered.sql")
+    };
+    let position: i64 = sqlx::query_scalar(sql)
         .bind(&rows.ids[0])
         .bind(&rows.aggregate_types[0])
         .bind(&rows.aggregate_ids[0])
@@ -272,7 +277,6 @@ pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
         .bind(&rows.headers[0])
         .bind(&rows.streams[0])
         .bind(rows.publish_at[0])
-        .bind(rows.ordered[0])
         .fetch_one(conn)
         .await?;
     let id = rows.ids.swap_remove(0);

@@ -21,6 +21,10 @@
 -- the next transaction id on every row, or on one row alone when nothing
 -- is visible.
 --
+-- A partition is a share of the aggregates' hashes (the same hash as
+-- their emit lock's key), computed here rather than stored: a stored
+-- column would cost every emit.
+--
 -- Order: an aggregate's emitters draw positions in their commit order, so
 -- when an event is visible, every earlier event of its aggregate is too,
 -- at a lower position: it is in this batch or an earlier one, never a
@@ -30,17 +34,15 @@ WITH snap AS MATERIALIZED (
 ), cut AS MATERIALIZED (
     SELECT xmin, xmin + age((xmin % 4294967296)::text::xid) AS next_xid FROM snap
 ), e AS (
-    SELECT position, id, aggregatetype, aggregateid, type, payload, headers, publish_at,
-           created_at, aggregate_hash,
-           stream = $4 AND (aggregate_hash & 2147483647) % $5 = $6 AS mine
+    SELECT *, hashtext(aggregatetype::text || '/' || aggregateid::text) AS aggregate_hash
     FROM outbox_event_log
     WHERE position > $1 AND position <= $2
     UNION ALL
-    SELECT position, id, aggregatetype, aggregateid, type, payload, headers, publish_at,
-           created_at, aggregate_hash,
-           stream = $4 AND (aggregate_hash & 2147483647) % $5 = $6 AS mine
+    SELECT *, hashtext(aggregatetype::text || '/' || aggregateid::text) AS aggregate_hash
     FROM outbox_event_log
     WHERE position = ANY ($3::bigint[])
+), m AS (
+    SELECT e.*, e.stream = $4 AND (e.aggregate_hash & 2147483647) % $5 = $6 AS mine FROM e
 )
 SELECT cut.xmin, cut.next_xid, e.position, e.mine,
        CASE WHEN e.mine THEN e.id::text END AS id,
@@ -51,5 +53,5 @@ SELECT cut.xmin, cut.next_xid, e.position, e.mine,
        CASE WHEN e.mine THEN e.headers END AS headers,
        e.publish_at, e.created_at, e.aggregate_hash
 FROM cut
-LEFT JOIN e ON true
+LEFT JOIN m AS e ON true
 ORDER BY e.position
