@@ -138,9 +138,9 @@ impl Relay {
     pub fn from_arc(name: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
         Self {
             name: name.into(),
+            concurrency: sink.default_concurrency(),
             sink,
             queue: EVENTS_QUEUE.to_owned(),
-            concurrency: DEFAULT_RELAY_CONCURRENCY,
             route: Route::parse(DEFAULT_ROUTE),
             give_up_after: None,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
@@ -247,6 +247,12 @@ impl Relay {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How many aggregates it publishes at once (set, or its sink's
+    /// default).
+    pub fn concurrency_limit(&self) -> usize {
+        self.concurrency
     }
 
     /// The stream it reads.

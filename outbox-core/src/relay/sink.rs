@@ -111,6 +111,15 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Publishes one message.
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a>;
+
+    /// The relay's concurrency unless one is set: how many aggregates
+    /// publish at once. One aggregate's events go one after another, each
+    /// waiting for its acknowledgement, so a sink whose acknowledgements
+    /// wait for a batch to fill (Kafka's linger) needs more aggregates in
+    /// flight to keep the broker busy.
+    fn default_concurrency(&self) -> usize {
+        super::DEFAULT_RELAY_CONCURRENCY
+    }
 }
 
 /// Where a message goes, from a template over the event's fields:

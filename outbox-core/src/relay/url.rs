@@ -71,12 +71,11 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
         }
     }
     let queue = params.take("queue");
-    let concurrency = params.parse_range(
-        "concurrency",
-        super::DEFAULT_RELAY_CONCURRENCY as u64,
-        1,
-        crate::MAX_CONCURRENCY as u64,
-    )?;
+    // Without it, the sink's own default (Sink::default_concurrency).
+    let concurrency = match params.0.contains_key("concurrency") {
+        true => Some(params.parse_range("concurrency", 1, 1, crate::MAX_CONCURRENCY as u64)?),
+        false => None,
+    };
     let route = params
         .take("route")
         .unwrap_or_else(|| super::DEFAULT_ROUTE.to_owned());
@@ -128,8 +127,11 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
     if let Some((k, _)) = params.0.iter().next() {
         return Err(format!("relay {name:?}: unknown option {k:?} in its URL"));
     }
-    let mut relay = Relay::from_arc(name, sink)
-        .concurrency(concurrency as usize)
+    let mut relay = Relay::from_arc(name, sink);
+    if let Some(concurrency) = concurrency {
+        relay = relay.concurrency(concurrency as usize);
+    }
+    let mut relay = relay
         .route(&route)
         .publish_timeout(Duration::from_millis(timeout_ms))
         .partitions(partitions as i32)
@@ -262,5 +264,18 @@ mod tests {
             split_host_list("nats://a:1?x=a,b"),
             ("nats://a:1?x=a,b".to_owned(), None)
         );
+    }
+
+    #[cfg(feature = "kafka")]
+    #[tokio::test]
+    async fn concurrency_is_the_sinks_unless_the_url_sets_it() {
+        let relay = relay_from_url("k", "kafka://127.0.0.1:9").await.unwrap();
+        assert_eq!(relay.concurrency_limit(), crate::relay::kafka::KAFKA_CONCURRENCY);
+        let relay = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=5")
+            .await
+            .unwrap();
+        assert_eq!(relay.concurrency_limit(), 5);
+        let refused = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=0").await;
+        assert!(refused.unwrap_err().contains("concurrency"));
     }
 }

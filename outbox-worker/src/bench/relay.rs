@@ -52,9 +52,10 @@ pub(crate) struct RelayArgs {
     /// Events in each throughput phase.
     #[arg(long, default_value_t = 50_000, value_parser = flags::count(1, 10_000_000))]
     relay_events: usize,
-    /// The relay's concurrency (aggregates publishing at once).
-    #[arg(long, default_value_t = outbox::relay::DEFAULT_RELAY_CONCURRENCY, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
-    relay_concurrency: usize,
+    /// The relay's concurrency (aggregates publishing at once); default:
+    /// the sink's (1,024 for Kafka, 256 for the others).
+    #[arg(long, value_parser = flags::count(1, outbox::MAX_CONCURRENCY as u64))]
+    relay_concurrency: Option<usize>,
     /// Events in the retention phase's day (0 skips it).
     #[arg(long, default_value_t = 1_000_000, value_parser = flags::count(0, 100_000_000))]
     relay_drop_events: usize,
@@ -127,6 +128,10 @@ impl Sink for Timed {
         self.inner.kind()
     }
 
+    fn default_concurrency(&self) -> usize {
+        self.inner.default_concurrency()
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;
@@ -189,15 +194,17 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
                 .await
                 .map_err(Failure::config)?,
         };
-        Ok(relay
-            .concurrency(args.relay_concurrency)
-            .wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
+        let relay = match args.relay_concurrency {
+            Some(c) => relay.concurrency(c),
+            None => relay,
+        };
+        Ok(relay.wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
     };
     let n = args.relay_events;
     let emit = super::business::measure_emit(bench).await?;
+    let concurrency = make().await?.concurrency_limit();
     bench.say(format!(
-        "relay {kind:?}: {n} events per throughput phase, concurrency {}",
-        args.relay_concurrency
+        "relay {kind:?}: {n} events per throughput phase, concurrency {concurrency}"
     ));
 
     reset(bench).await?;
@@ -268,7 +275,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     };
     Ok(RelayReport {
         relay: kind,
-        concurrency: args.relay_concurrency,
+        concurrency,
         events: n,
         events_per_s,
         ordered_1000_keys_events_per_s: ordered,
