@@ -270,7 +270,10 @@ mod tests {
     #[tokio::test]
     async fn concurrency_is_the_sinks_unless_the_url_sets_it() {
         let relay = relay_from_url("k", "kafka://127.0.0.1:9").await.unwrap();
-        assert_eq!(relay.concurrency_limit(), crate::relay::kafka::KAFKA_CONCURRENCY);
+        assert_eq!(
+            relay.concurrency_limit(),
+            crate::relay::kafka::KAFKA_CONCURRENCY
+        );
         let relay = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=5")
             .await
             .unwrap();
