@@ -8,8 +8,16 @@
 //! for a durable queue). A returned message is a permanent failure (no
 //! queue is bound for it: publishing again will not change that); a nack
 //! is transient (the broker could not take it now).
+//!
+//! Each channel carries one publish at a time, from a pool of channels on
+//! one connection. lapin hands a `basic.return` to the next confirmation
+//! it resolves on the channel; with several publishes in flight on one
+//! channel, an unroutable message could be reported as published and a
+//! routed one as returned (the relay scenario caught it: a poison event
+//! "published", an order event refused once).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lapin::Confirmation;
 use lapin::options::{
@@ -30,8 +38,16 @@ pub struct RabbitSink {
     declare: Option<ExchangeKind>,
     /// Declare this durable queue and bind it to every routing key (`#`).
     bind_queue: Option<String>,
-    channel: Mutex<Option<(Connection, Channel)>>,
+    /// The connection, declared on (exchange, queue) when made.
+    connection: Mutex<Option<Connection>>,
+    /// Channels with confirms on, each used by one publish at a time.
+    channels: Vec<Mutex<Option<Channel>>>,
+    /// Which channel the next publish takes.
+    next: AtomicUsize,
 }
+
+/// Channels per sink: publishes at once (each waits for its confirm).
+const CHANNELS: usize = 64;
 
 impl RabbitSink {
     /// A sink on `uri` (`amqp://host:port/vhost`) publishing to `exchange`;
@@ -42,7 +58,9 @@ impl RabbitSink {
             exchange: exchange.to_owned(),
             declare: None,
             bind_queue: None,
-            channel: Mutex::new(None),
+            connection: Mutex::new(None),
+            channels: (0..CHANNELS).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
         }
     }
 
@@ -71,28 +89,20 @@ impl RabbitSink {
         self
     }
 
-    /// The channel, connecting (with confirms on) when there is none or it
-    /// broke.
-    async fn channel(&self) -> Result<Channel, PublishError> {
-        let mut held = self.channel.lock().await;
-        if let Some((conn, channel)) = held.as_ref()
+    /// A new channel with confirms on, connecting (and declaring) first
+    /// when there is no connection or it broke.
+    async fn open_channel(&self) -> Result<Channel, PublishError> {
+        let mut held = self.connection.lock().await;
+        if let Some(conn) = held.as_ref()
             && conn.status().connected()
-            && channel.status().connected()
         {
-            return Ok(channel.clone());
+            return confirming(conn).await;
         }
         *held = None;
         let conn = Connection::connect(&self.uri, ConnectionProperties::default())
             .await
             .map_err(|e| PublishError::transient("connect", e))?;
-        let channel = conn
-            .create_channel()
-            .await
-            .map_err(|e| PublishError::transient("connect", e))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| PublishError::transient("connect", e))?;
+        let channel = confirming(&conn).await?;
         if let Some(kind) = &self.declare {
             channel
                 .exchange_declare(
@@ -130,12 +140,24 @@ impl RabbitSink {
                 .await
                 .map_err(|e| PublishError::transient("declare", e))?;
         }
-        *held = Some((conn, channel.clone()));
+        *held = Some(conn);
         Ok(channel)
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
-        let channel = self.channel().await?;
+        let slot = &self.channels[self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS];
+        // Held until the confirm: one publish per channel at a time.
+        let mut held = slot.lock().await;
+        let channel = match held.as_ref() {
+            Some(c) if c.status().connected() => c.clone(),
+            _ => {
+                *held = None;
+                let c = self.open_channel().await?;
+                *held = Some(c.clone());
+                c
+            }
+        };
+        let broken = |e: lapin::Error| PublishError::transient("connection", e);
         let mut headers = FieldTable::default();
         for (name, value) in &message.headers {
             headers.insert(
@@ -161,8 +183,16 @@ impl RabbitSink {
                 properties,
             )
             .await
-            .map_err(|e| self.broken(e))?;
-        match confirm.await.map_err(|e| self.broken(e))? {
+            .map_err(|e| {
+                *held = None;
+                broken(e)
+            })?;
+        let confirmed = confirm.await;
+        if confirmed.is_err() {
+            // Made again on the next publish that takes this slot.
+            *held = None;
+        }
+        match confirmed.map_err(broken)? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(PublishError::permanent(
                 "returned",
@@ -181,15 +211,19 @@ impl RabbitSink {
             )),
         }
     }
+}
 
-    /// A failure of the connection or channel: transient, and the channel
-    /// is made again on the next publish.
-    fn broken(&self, e: lapin::Error) -> PublishError {
-        if let Ok(mut held) = self.channel.try_lock() {
-            *held = None;
-        }
-        PublishError::transient("connection", e)
-    }
+/// A channel of `conn` with publisher confirms on.
+async fn confirming(conn: &Connection) -> Result<Channel, PublishError> {
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| PublishError::transient("connect", e))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| PublishError::transient("connect", e))?;
+    Ok(channel)
 }
 
 impl Sink for RabbitSink {
