@@ -263,6 +263,11 @@ impl Event {
 pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
     let mut rows = Rows::default();
     rows.push(event)?;
+    append_one(conn, rows).await
+}
+
+/// Appends the one event of `rows` (checked and with its id).
+async fn append_one(conn: &mut PgConnection, mut rows: Rows) -> Result<Emitted> {
     let sql = if rows.ordered[0] {
         include_str!("../db/sql/emit_event.sql")
     } else {
@@ -329,17 +334,18 @@ pub async fn emit_all(
 /// retry later than that emits again. Without [`Event::id`] the event gets
 /// a new id, so the guard only helps once the caller knows the id.
 pub async fn emit_once(conn: &mut PgConnection, event: Event) -> Result<Option<Emitted>> {
-    let mut event = event;
-    let id = event.task.id.get_or_insert_with(new_event_id).clone();
-    event.validate()?;
+    // Checked (and its id settled) before the id is recorded: a refused
+    // event must not leave a record that would turn its retry away.
+    let mut rows = Rows::default();
+    rows.push(event)?;
     let first: Option<bool> = sqlx::query_scalar(include_str!("../db/sql/claim_event_id.sql"))
-        .bind(&id)
+        .bind(&rows.ids[0])
         .fetch_optional(&mut *conn)
         .await?;
     if first.is_none() {
         return Ok(None);
     }
-    emit(conn, event).await.map(Some)
+    append_one(conn, rows).await.map(Some)
 }
 
 /// Events as the emit statements' columns.

@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS bench_orders (
 CREATE INDEX IF NOT EXISTS bench_orders_customer_idx ON bench_orders (customer_id);
 TRUNCATE bench_orders;";
 
-pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Failure> {
+/// The phase's transaction count, with the orders table made; none when
+/// the phase is skipped (`--business-txs 0`).
+async fn orders_phase(bench: &Bench) -> Result<Option<usize>, Failure> {
     let total = bench.args.business.business_txs;
     if total == 0 {
         return Ok(None);
@@ -74,6 +76,13 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
         .execute(&bench.pool)
         .await
         .map_err(db)?;
+    Ok(Some(total))
+}
+
+pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Failure> {
+    let Some(total) = orders_phase(bench).await? else {
+        return Ok(None);
+    };
     let clients = bench.args.submitters.max(1);
     let per_round = total.div_ceil(ROUNDS);
     let kinds = alternate(
@@ -195,14 +204,9 @@ pub(crate) struct EmitReport {
 /// row of an event's columns, and the realistic business transaction with
 /// and without one; alternating rounds, as for submit.
 pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Failure> {
-    let total = bench.args.business.business_txs;
-    if total == 0 {
+    let Some(total) = orders_phase(bench).await? else {
         return Ok(None);
-    }
-    sqlx::raw_sql(CREATE_ORDERS)
-        .execute(&bench.pool)
-        .await
-        .map_err(db)?;
+    };
     sqlx::raw_sql(CREATE_EMIT_TABLES)
         .execute(&bench.pool)
         .await

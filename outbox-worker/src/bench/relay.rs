@@ -202,14 +202,15 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     };
     let n = args.relay_events;
     let emit = super::business::measure_emit(bench).await?;
-    let concurrency = make().await?.concurrency_limit();
+    let first = make().await?;
+    let concurrency = first.concurrency_limit();
     bench.say(format!(
         "relay {kind:?}: {n} events per throughput phase, concurrency {concurrency}"
     ));
 
     reset(bench).await?;
     let emit_rate = fill(bench, n, |i| i.to_string()).await?;
-    let events_per_s = drain(bench, &[make().await?], n).await?;
+    let events_per_s = drain(bench, &[first], n).await?;
     bench.say(format!(
         "  each event its own aggregate: {events_per_s:.0} events/s (emitted at {emit_rate:.0}/s)"
     ));
