@@ -10,6 +10,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// Sends `signal` (a name: `KILL`, `TERM`) to the process `target`, or to
+/// the process group `-target` when it is negative, through kill(1) (the
+/// workspace forbids `unsafe`, so no libc::kill).
+///
+/// Always `kill -s NAME -- TARGET`: Debian 12's procps-ng 4.0.2 reads
+/// `kill -KILL -1234` as `kill(-1, SIGKILL)`, which as root ends every
+/// process on the machine. Targets 0 and -1 (this group, everything) are
+/// refused for the same reason.
+pub fn send_signal(target: i64, signal: &str) -> std::io::Result<std::process::ExitStatus> {
+    if target == 0 || target == -1 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("refusing to signal {target}"),
+        ));
+    }
+    Command::new("kill")
+        .args(["-s", signal, "--", &target.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+}
+
 /// The first of `candidates` that exists, else `name` on the PATH (Debian
 /// puts nats-server in /usr/sbin, which an ordinary user's PATH may lack,
 /// and RabbitMQ's own script in /usr/lib/rabbitmq/bin, behind a wrapper on
@@ -266,11 +288,7 @@ impl BrokerProcess {
     /// Kills the server with SIGKILL and waits for it to be gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(format!("-{}", child.id()))
-                .stderr(Stdio::null())
-                .status();
+            let _ = send_signal(-i64::from(child.id()), "KILL");
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -918,11 +918,8 @@ async fn dashboard_serves_pages_with_a_token_and_stops_on_sigterm() {
     stream.read_to_string(&mut page).await.unwrap();
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("data-queue=\"default\""), "{page}");
-    let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
+    let pid = child.id().unwrap();
+    outbox_worker::local_broker::send_signal(i64::from(pid), "TERM").unwrap();
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
         .expect("the dashboard stops on SIGTERM")

@@ -47,10 +47,7 @@ impl WorkerProcess {
 
     /// Sends a signal by name (`KILL`, `TERM`).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
+        let status = outbox_worker::local_broker::send_signal(i64::from(self.pid()), name)
             .expect("run kill");
         assert!(status.success(), "kill -{name} {} failed", self.pid());
     }
