@@ -125,20 +125,12 @@ pub async fn set_queue(pool: &PgPool, queue: &str, change: &QueueChange) -> Resu
 
 /// Pauses a queue cluster-wide: no new claims; running tasks finish.
 pub async fn pause_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
-    let change = QueueChange {
-        paused: Some(true),
-        ..QueueChange::default()
-    };
-    set_queue(pool, queue, &change).await
+    set_queue(pool, queue, &QueueChange::new().pause()).await
 }
 
 /// Resumes a paused queue; its workers are woken at once.
 pub async fn resume_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
-    let change = QueueChange {
-        paused: Some(false),
-        ..QueueChange::default()
-    };
-    set_queue(pool, queue, &change).await
+    set_queue(pool, queue, &QueueChange::new().resume()).await
 }
 
 /// Every worker that reported itself, live ones first.

@@ -264,3 +264,95 @@ pub struct QueueChange {
     /// Tasks of one ordering key that run at once.
     pub per_key_concurrency: Option<i32>,
 }
+
+/// Chained setters, so a change reads as what it does:
+/// `QueueChange::new().global_concurrency(5).rate_per_second(50.0)`.
+/// Whatever is not set keeps its current value.
+impl QueueChange {
+    /// No change yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Pause the queue: no new claims anywhere; running tasks finish.
+    pub fn pause(mut self) -> Self {
+        self.paused = Some(true);
+        self
+    }
+
+    /// Resume a paused queue.
+    pub fn resume(mut self) -> Self {
+        self.paused = Some(false);
+        self
+    }
+
+    /// At most `limit` tasks of the queue running at once, cluster-wide
+    /// (1 to [`crate::admin::MAX_QUEUE_LIMIT`]).
+    pub fn global_concurrency(mut self, limit: i32) -> Self {
+        self.global_concurrency = Some(Some(limit));
+        self
+    }
+
+    /// Remove the global concurrency limit.
+    pub fn no_global_concurrency(mut self) -> Self {
+        self.global_concurrency = Some(None);
+        self
+    }
+
+    /// At most `rate` attempts started per second, cluster-wide (more than
+    /// 0, at most [`crate::admin::MAX_RATE_PER_SECOND`]).
+    pub fn rate_per_second(mut self, rate: f64) -> Self {
+        self.rate_per_second = Some(Some(rate));
+        self
+    }
+
+    /// Remove the rate limit.
+    pub fn no_rate_limit(mut self) -> Self {
+        self.rate_per_second = Some(None);
+        self
+    }
+
+    /// Up to `n` tasks of one ordering key running at once (1 to
+    /// [`crate::admin::MAX_QUEUE_LIMIT`]).
+    pub fn per_key_concurrency(mut self, n: i32) -> Self {
+        self.per_key_concurrency = Some(n);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueChange;
+
+    #[test]
+    fn queue_change_setters_fill_the_fields_they_name_and_keep_the_rest() {
+        let change = QueueChange::new()
+            .pause()
+            .global_concurrency(5)
+            .no_rate_limit()
+            .per_key_concurrency(2);
+        assert_eq!(
+            change,
+            QueueChange {
+                paused: Some(true),
+                global_concurrency: Some(Some(5)),
+                rate_per_second: Some(None),
+                per_key_concurrency: Some(2),
+            }
+        );
+        let change = QueueChange::new()
+            .resume()
+            .no_global_concurrency()
+            .rate_per_second(50.0);
+        assert_eq!(
+            change,
+            QueueChange {
+                paused: Some(false),
+                global_concurrency: Some(None),
+                rate_per_second: Some(Some(50.0)),
+                per_key_concurrency: None,
+            }
+        );
+        assert_eq!(QueueChange::new(), QueueChange::default());
+    }
+}

@@ -100,11 +100,9 @@ async fn explain_gives_each_reason() {
     ));
     admin::resume_queue(&db.pool, "limited").await.unwrap();
 
-    let change = QueueChange {
-        global_concurrency: Some(Some(1)),
-        rate_per_second: Some(Some(5.0)),
-        ..QueueChange::default()
-    };
+    let change = QueueChange::new()
+        .global_concurrency(1)
+        .rate_per_second(5.0);
     admin::set_queue(&db.pool, "limited", &change)
         .await
         .unwrap();

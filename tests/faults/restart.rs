@@ -264,10 +264,7 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
     let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
     outbox::migrate(&pool).await.unwrap();
     outbox_tests::tasks::create_intervals_table(&pool).await;
-    let limit = outbox::admin::QueueChange {
-        global_concurrency: Some(Some(2)),
-        ..Default::default()
-    };
+    let limit = outbox::admin::QueueChange::new().global_concurrency(2);
     outbox::admin::set_queue(&pool, "limited", &limit)
         .await
         .unwrap();

@@ -10,7 +10,8 @@
 //! concurrency or a rate is claimed under its row's lock by
 //! `claim_limited.sql` (see `db::queues`). The plain claim checks the
 //! settings itself, so a pause takes effect at once even where the copy
-//! here is up to a second old.
+//! here is up to a second old; while the copy says paused, every wake reads
+//! the settings again, so a resume's NOTIFY starts claims at once.
 //!
 //! A claim whose answer never arrived (connection lost, deadline missed)
 //! may still have committed: before claiming again, the producer releases
@@ -145,6 +146,10 @@ async fn claim_loop(
         };
         if current.paused_at.is_some() {
             drop(permits);
+            // Read the settings afresh at the next wake: the NOTIFY a
+            // resume sends must find the queue resumed, not this copy
+            // (which would hold the queue back for up to a second).
+            settings = None;
             tokio::select! {
                 () = waker.wait(shared.config.poll_interval.min(SETTINGS_MAX_AGE)) => continue,
                 () = stop.cancelled() => return,
