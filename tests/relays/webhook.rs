@@ -130,3 +130,60 @@ async fn webhook_relay_survives_kills_restarts_and_poison() {
     let mut receiver = Receiver::start().await;
     scenario::run("webhook", &mut receiver).await;
 }
+
+/// `Relay::from_url_with_secret`: the signing key from the application's
+/// own settings, with nothing in the environment (the receiver refuses a
+/// POST whose signature does not check out, so every event it recorded was
+/// signed with the key given in code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_given_in_code_signs_the_posts() {
+    use outbox::relay::Relay;
+    use tokio_util::sync::CancellationToken;
+
+    let receiver = Receiver::start().await;
+    let db = outbox_tests::TestDb::migrated().await;
+    let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+    assert!(
+        std::env::var("OUTBOX_RELAY_FROM_CODE_SECRET").is_err(),
+        "the environment must not hold this relay's secret"
+    );
+    let relay = Relay::from_url_with_secret("from-code", &url, SECRET)
+        .await
+        .expect("a relay from the URL and the secret");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let event = outbox::Event::new("order", format!("o-{i}"), "order.placed", i)
+            .traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        ids.push(outbox::emit(&mut *db.conn().await, event).await.unwrap().id);
+    }
+    let worker = outbox::Worker::builder(db.pool.clone())
+        .relay(relay.poll_interval(std::time::Duration::from_millis(10)))
+        .build()
+        .expect("a relay worker");
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut got: Vec<String> = receiver
+            .got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| p.event_id.clone())
+            .collect();
+        got.sort();
+        got.dedup();
+        if got.len() == ids.len() {
+            ids.sort();
+            assert_eq!(got, ids);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the receiver took {got:?} of {ids:?} within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    running.await.expect("worker task").expect("worker run");
+}

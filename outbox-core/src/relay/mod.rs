@@ -161,7 +161,16 @@ impl Relay {
     /// lazily: a broker that is down at start is a transient failure later,
     /// not an error now.
     pub async fn from_url(name: &str, url: &str) -> Result<Self, String> {
-        url::relay_from_url(name, url).await
+        url::relay_from_url(name, url, None).await
+    }
+
+    /// [`Relay::from_url`] with the relay's secret given in code (from the
+    /// application's secrets store) instead of `OUTBOX_RELAY_<NAME>_SECRET`:
+    /// the broker's password (NATS: its token without a user name in the
+    /// URL) or the webhook signing key (`whsec_...`). An empty secret is
+    /// none.
+    pub async fn from_url_with_secret(name: &str, url: &str, secret: &str) -> Result<Self, String> {
+        url::relay_from_url(name, url, Some(secret.to_owned())).await
     }
 
     /// Reads this stream instead of `events` (the events emitted with

@@ -202,7 +202,7 @@ pub(crate) async fn from_url(
         ));
     }
     let mut options = async_nats::ConnectOptions::new();
-    if let Some(secret) = super::url::secret_from_env(name) {
+    if let Some(secret) = params.secret(name) {
         options = if server.username().is_empty() {
             options.token(secret)
         } else {

@@ -251,7 +251,7 @@ pub(crate) fn from_url(
         .unwrap_or_else(|| "outbox".to_owned());
     let exchange_type = params.take("exchange_type");
     let bind_queue = params.take("bind_queue");
-    let server = super::url::with_secret_password(url, name, "RabbitMQ")?;
+    let server = super::url::with_secret_password(url, params, name, "RabbitMQ")?;
     let mut sink = RabbitSink::new(server.as_str(), &exchange);
     if let Some(kind) = exchange_type {
         sink = sink

@@ -153,7 +153,7 @@ pub(crate) fn from_url(
 ) -> Result<Arc<dyn Sink>, String> {
     let ttl = params.parse_range("dedup_ttl_s", 86_400, 1, 86_400 * 30)?;
     let maxlen = params.parse_range("maxlen", 0, 0, u64::from(u32::MAX))?;
-    let server = super::url::with_secret_password(url, name, "Redis")?;
+    let server = super::url::with_secret_password(url, params, name, "Redis")?;
     Ok(Arc::new(RedisSink::new(
         server.as_str(),
         Duration::from_secs(ttl),

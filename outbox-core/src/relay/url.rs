@@ -19,10 +19,17 @@ pub fn sink_kinds() -> Vec<(&'static str, &'static str, bool)> {
     ]
 }
 
-/// Query parameters not yet taken.
-pub(crate) struct Params(BTreeMap<String, String>);
+/// Query parameters not yet taken, and the secret given in code (which
+/// wins over `OUTBOX_RELAY_<NAME>_SECRET`).
+pub(crate) struct Params(BTreeMap<String, String>, Option<String>);
 
 impl Params {
+    /// Relay `name`'s secret: the one given in code, else the environment's.
+    #[allow(dead_code, reason = "used by the sinks with secrets")]
+    pub(crate) fn secret(&self, name: &str) -> Option<String> {
+        self.1.clone().or_else(|| secret_from_env(name))
+    }
+
     /// Takes parameter `name`.
     pub(crate) fn take(&mut self, name: &str) -> Option<String> {
         self.0.remove(name)
@@ -55,7 +62,11 @@ impl Params {
 }
 
 /// Builds the relay `name` from `url`.
-pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, String> {
+pub(crate) async fn relay_from_url(
+    name: &str,
+    url: &str,
+    secret: Option<String>,
+) -> Result<Relay, String> {
     let (url, hosts) = split_host_list(url);
     let parsed = ::url::Url::parse(&url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
     if hosts.is_some() && parsed.scheme() != "kafka" {
@@ -64,7 +75,7 @@ pub(crate) async fn relay_from_url(name: &str, url: &str) -> Result<Relay, Strin
             parsed.scheme()
         ));
     }
-    let mut params = Params(BTreeMap::new());
+    let mut params = Params(BTreeMap::new(), secret.filter(|s| !s.is_empty()));
     for (k, v) in parsed.query_pairs() {
         if params.0.insert(k.to_string(), v.to_string()).is_some() {
             return Err(format!("relay {name:?}: option {k:?} is given twice"));
@@ -204,12 +215,13 @@ fn unknown_scheme(name: &str, scheme: &str) -> String {
     )
 }
 
-/// `url` without its query, with the password from
-/// `OUTBOX_RELAY_<NAME>_SECRET` when set; a password in the URL itself is
-/// refused (`what` names the broker in the message).
+/// `url` without its query, with the relay's secret (see
+/// [`Params::secret`]) as its password when there is one; a password in the
+/// URL itself is refused (`what` names the broker in the message).
 #[allow(dead_code, reason = "used by the sinks with passwords")]
 pub(crate) fn with_secret_password(
     url: &::url::Url,
+    params: &Params,
     name: &str,
     what: &str,
 ) -> Result<::url::Url, String> {
@@ -221,7 +233,7 @@ pub(crate) fn with_secret_password(
             secret_var(name)
         ));
     }
-    if let Some(secret) = secret_from_env(name) {
+    if let Some(secret) = params.secret(name) {
         server
             .set_password(Some(&secret))
             .map_err(|()| format!("relay {name:?}: this URL cannot carry a password"))?;
@@ -239,8 +251,7 @@ pub(crate) fn secret_var(name: &str) -> String {
 
 /// The secret of relay `name`, from `OUTBOX_RELAY_<NAME>_SECRET` (never
 /// from a URL or a flag, which show up in process lists and shell history).
-#[allow(dead_code, reason = "used by the sinks that sign")]
-pub(crate) fn secret_from_env(name: &str) -> Option<String> {
+fn secret_from_env(name: &str) -> Option<String> {
     std::env::var(secret_var(name))
         .ok()
         .filter(|s| !s.is_empty())
@@ -269,16 +280,18 @@ mod tests {
     #[cfg(feature = "kafka")]
     #[tokio::test]
     async fn concurrency_is_the_sinks_unless_the_url_sets_it() {
-        let relay = relay_from_url("k", "kafka://127.0.0.1:9").await.unwrap();
+        let relay = relay_from_url("k", "kafka://127.0.0.1:9", None)
+            .await
+            .unwrap();
         assert_eq!(
             relay.concurrency_limit(),
             crate::relay::kafka::KAFKA_CONCURRENCY
         );
-        let relay = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=5")
+        let relay = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=5", None)
             .await
             .unwrap();
         assert_eq!(relay.concurrency_limit(), 5);
-        let refused = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=0").await;
+        let refused = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=0", None).await;
         assert!(refused.unwrap_err().contains("concurrency"));
     }
 }

@@ -210,7 +210,7 @@ pub(crate) fn from_url(
             super::url::secret_var(name)
         ));
     }
-    let secret = super::url::secret_from_env(name);
+    let secret = params.secret(name);
     Ok(Arc::new(WebhookSink::new(
         endpoint.as_str(),
         secret.as_deref(),

@@ -72,7 +72,7 @@ pub enum ConfigError {
     Both,
     /// Basic auth cannot carry a user name with a colon.
     #[error(
-        "{USER_ENV} cannot contain ':' (basic auth separates the user from the password with it)"
+        "the dashboard's user name ({USER_ENV}) cannot contain ':' (basic auth separates the user from the password with it)"
     )]
     ColonInUser,
     /// A credential too short to resist guessing.
@@ -82,7 +82,8 @@ pub enum ConfigError {
 
 impl DashboardConfig {
     /// Credentials from the environment: [`TOKEN_ENV`], or [`USER_ENV`] and
-    /// [`PASSWORD_ENV`]. Secrets come from the environment only, never from
+    /// [`PASSWORD_ENV`]. Secrets come from the environment or from code
+    /// ([`DashboardConfig::token`], [`DashboardConfig::basic`]), never from
     /// flags (which other users of the machine can read).
     pub fn from_env() -> Result<Self, ConfigError> {
         // Surrounding whitespace (a secret file's trailing newline) is not
@@ -93,27 +94,55 @@ impl DashboardConfig {
                 .map(|v| v.trim().to_owned())
                 .filter(|v: &String| !v.is_empty())
         };
-        let auth = match (var(TOKEN_ENV), var(USER_ENV), var(PASSWORD_ENV)) {
-            (Some(token), None, None) => {
-                if token.chars().count() < 16 {
-                    return Err(ConfigError::TooShort(TOKEN_ENV));
-                }
-                Auth::Token(token)
-            }
-            (None, Some(user), Some(password)) => {
-                if password.chars().count() < 16 {
-                    return Err(ConfigError::TooShort(PASSWORD_ENV));
-                }
-                if user.contains(':') {
-                    return Err(ConfigError::ColonInUser);
-                }
-                Auth::Basic { user, password }
-            }
-            (None, None, None) => return Err(ConfigError::NoCredentials),
-            (None, _, _) => return Err(ConfigError::HalfBasicAuth),
-            (Some(_), _, _) => return Err(ConfigError::Both),
-        };
-        Ok(Self::new(auth))
+        match (var(TOKEN_ENV), var(USER_ENV), var(PASSWORD_ENV)) {
+            (Some(token), None, None) => Self::checked_token(token, TOKEN_ENV),
+            (None, Some(user), Some(password)) => Self::checked_basic(user, password, PASSWORD_ENV),
+            (None, None, None) => Err(ConfigError::NoCredentials),
+            (None, _, _) => Err(ConfigError::HalfBasicAuth),
+            (Some(_), _, _) => Err(ConfigError::Both),
+        }
+    }
+
+    /// Bearer-token authentication with a token from the application's own
+    /// settings (at least 16 characters; surrounding whitespace is not
+    /// part of it), the same check [`DashboardConfig::from_env`] makes.
+    pub fn token(token: impl Into<String>) -> Result<Self, ConfigError> {
+        Self::checked_token(token.into().trim().to_owned(), "the dashboard token")
+    }
+
+    /// Basic authentication with credentials from the application's own
+    /// settings (a password of at least 16 characters, a user name without
+    /// ':'), checked as [`DashboardConfig::from_env`] checks them.
+    pub fn basic(
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::checked_basic(
+            user.into().trim().to_owned(),
+            password.into().trim().to_owned(),
+            "the dashboard password",
+        )
+    }
+
+    fn checked_token(token: String, what: &'static str) -> Result<Self, ConfigError> {
+        if token.chars().count() < 16 {
+            return Err(ConfigError::TooShort(what));
+        }
+        Ok(Self::new(Auth::Token(token)))
+    }
+
+    fn checked_basic(
+        user: String,
+        password: String,
+        what: &'static str,
+    ) -> Result<Self, ConfigError> {
+        if password.chars().count() < 16 {
+            return Err(ConfigError::TooShort(what));
+        }
+        if user.contains(':') {
+            return Err(ConfigError::ColonInUser);
+        }
+        Ok(Self::new(Auth::Basic { user, password }))
     }
 
     /// A configuration with `auth`, read-write, mounted at the root.
@@ -217,4 +246,32 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Auth, ConfigError, DashboardConfig};
+
+    #[test]
+    fn credentials_from_code_are_checked_as_the_environments_are() {
+        let config = DashboardConfig::token(" a-token-of-twenty-chars\n").unwrap();
+        assert!(matches!(&config.auth, Auth::Token(t) if t == "a-token-of-twenty-chars"));
+        assert!(matches!(
+            DashboardConfig::token("short"),
+            Err(ConfigError::TooShort(_))
+        ));
+        let config = DashboardConfig::basic("ops", "a-password-of-twenty").unwrap();
+        assert!(matches!(
+            &config.auth,
+            Auth::Basic { user, password } if user == "ops" && password == "a-password-of-twenty"
+        ));
+        assert!(matches!(
+            DashboardConfig::basic("o:ps", "a-password-of-twenty"),
+            Err(ConfigError::ColonInUser)
+        ));
+        assert!(matches!(
+            DashboardConfig::basic("ops", "short"),
+            Err(ConfigError::TooShort(_))
+        ));
+    }
 }
