@@ -1,5 +1,7 @@
 //! Test helpers for applications (feature `testing`): run a submitted task
-//! inline, assert what a transaction submitted, drain the queues once.
+//! inline and read the result it returns, assert what a transaction
+//! submitted or emitted, run a periodic task's tick now, drain the queues
+//! once.
 //!
 //! ```no_run
 //! # use serde::{Deserialize, Serialize};
@@ -21,9 +23,15 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::{HandlerResult, TaskContext, TaskHandler};
+use crate::handler::{HandlerResult, Outcome, TaskContext, TaskHandler};
 use crate::task::{Task, TaskId};
 use crate::worker::{TaskEvent, TaskEventKind, Worker};
+
+mod events;
+mod periodic;
+
+pub use events::{EmittedEvent, assert_emitted, assert_none_emitted, emitted};
+pub use periodic::tick;
 
 /// Every task of type `T` visible on `conn` (including those submitted in
 /// its open transaction), decoded, oldest first.
@@ -110,6 +118,27 @@ pub async fn run_inline<T: Task>(
         .map(|(_, task)| task)
         .unwrap_or_else(|| panic!("no {:?} task with id {id}", T::TASK_TYPE));
     handler.handle(context::<T>(pool, id, 1), task).await
+}
+
+/// The result a handler's outcome stores ([`Outcome::SuccessWith`]),
+/// decoded as `R`; `None` for an outcome that stores none. Panics when the
+/// handler failed or the result does not decode as `R`, with the reason.
+///
+/// With [`run_inline`]: `result_of::<ReportReady>(&run_inline(..).await)`.
+/// After [`drain`], read what the worker stored with [`crate::result`].
+pub fn result_of<R: serde::de::DeserializeOwned>(outcome: &HandlerResult) -> Option<R> {
+    match outcome {
+        Ok(Outcome::SuccessWith(value)) => {
+            Some(serde_json::from_value(value.clone()).unwrap_or_else(|e| {
+                panic!(
+                    "the result does not decode as {}: {e}\nresult: {value}",
+                    std::any::type_name::<R>()
+                )
+            }))
+        }
+        Ok(_) => None,
+        Err(e) => panic!("the handler failed: {e}"),
+    }
 }
 
 /// What [`drain`] saw.

@@ -194,3 +194,171 @@ async fn drain_runs_retries_without_their_backoff_and_leaves_delayed_tasks() {
         "a task submitted with a delay is left for later"
     );
 }
+
+#[tokio::test]
+async fn emitted_lists_this_transactions_events_only_and_assert_emitted_finds_one() {
+    let db = TestDb::migrated().await;
+    // Another transaction's event is not this one's.
+    outbox::emit(
+        &mut *db.conn().await,
+        outbox::Event::new("order", "o-1", "order.placed", serde_json::json!({"n": 0})),
+    )
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let placed = outbox::emit(
+        &mut tx,
+        outbox::Event::new("order", "o-2", "order.placed", serde_json::json!({"n": 2}))
+            .header("tenant", "acme"),
+    )
+    .await
+    .unwrap();
+    outbox::emit(
+        &mut tx,
+        outbox::Event::new("order", "o-2", "order.paid", serde_json::json!({"n": 3})),
+    )
+    .await
+    .unwrap();
+    let all = testing::emitted(&mut tx).await;
+    assert_eq!(
+        all.iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+        ["order.placed", "order.paid"],
+        "{all:?}"
+    );
+    let found = testing::assert_emitted(&mut tx, "order", "o-2", "order.placed").await;
+    assert_eq!(found.id, placed.id);
+    assert_eq!(found.position, placed.position);
+    assert_eq!(found.payload, serde_json::json!({"n": 2}));
+    assert_eq!(
+        found.headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+    assert_eq!(found.stream, "events");
+    testing::assert_none_emitted(&mut tx, "order.cancelled").await;
+}
+
+#[tokio::test]
+#[should_panic(
+    expected = "no \"order.paid\" event of order/o-9 was emitted; emitted: [\"order.placed of order/o-9\"]"
+)]
+async fn assert_emitted_says_what_was_emitted_instead() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::emit(
+        &mut tx,
+        outbox::Event::new("order", "o-9", "order.placed", serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+    testing::assert_emitted(&mut tx, "order", "o-9", "order.paid").await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "expected no \"order.placed\" event")]
+async fn assert_none_emitted_fails_when_one_was() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::emit(
+        &mut tx,
+        outbox::Event::new("order", "o-9", "order.placed", serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+    testing::assert_none_emitted(&mut tx, "order.placed").await;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.helpers.total", queue = "helpers-results")]
+struct Total {
+    items: Vec<i64>,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Sum {
+    sum: i64,
+}
+
+struct Adder;
+
+impl TaskHandler<Total> for Adder {
+    async fn handle(&self, _ctx: TaskContext, task: Total) -> HandlerResult {
+        if task.items.is_empty() {
+            return Ok(Outcome::Success);
+        }
+        Outcome::success_with(&Sum {
+            sum: task.items.iter().sum(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn result_of_decodes_what_the_handler_returns_and_drain_stores_it() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&mut *db.conn().await, Total { items: vec![2, 3] })
+        .await
+        .unwrap();
+    let outcome = testing::run_inline(&db.pool, id, &Adder).await;
+    assert_eq!(testing::result_of::<Sum>(&outcome), Some(Sum { sum: 5 }));
+    let none = outbox::submit(&mut *db.conn().await, Total { items: vec![] })
+        .await
+        .unwrap();
+    let outcome = testing::run_inline(&db.pool, none, &Adder).await;
+    assert_eq!(testing::result_of::<Sum>(&outcome), None);
+
+    let worker = Worker::builder(db.pool.clone())
+        .handler::<Total>(Adder)
+        .build()
+        .unwrap();
+    testing::drain(worker, Duration::from_secs(20)).await;
+    let stored: Option<Sum> = outbox::result(&mut *db.conn().await, id).await.unwrap();
+    assert_eq!(stored, Some(Sum { sum: 5 }));
+}
+
+#[tokio::test]
+#[should_panic(expected = "the result does not decode as")]
+async fn result_of_says_when_the_result_is_not_the_type_asked_for() {
+    let outcome: HandlerResult = Ok(Outcome::SuccessWith(serde_json::json!({"sum": "five"})));
+    testing::result_of::<Sum>(&outcome);
+}
+
+#[tokio::test]
+async fn tick_submits_what_a_periodic_tick_would_and_drain_runs_it() {
+    let db = TestDb::migrated().await;
+    let nightly = outbox::periodic::PeriodicTask::new(
+        "nightly-invoice",
+        "0 3 * * *",
+        &SendInvoice {
+            invoice: 42,
+            fail: false,
+        },
+    )
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = testing::tick(&mut tx, &nightly).await;
+    let submitted = testing::assert_submitted(
+        &mut tx,
+        &SendInvoice {
+            invoice: 42,
+            fail: false,
+        },
+    )
+    .await;
+    assert_eq!(submitted, id);
+    tx.commit().await.unwrap();
+
+    let mailer = Mailer::default();
+    let worker = Worker::builder(db.pool.clone())
+        .handler::<SendInvoice>(mailer.clone())
+        .build()
+        .unwrap();
+    let report = testing::drain(worker, Duration::from_secs(20)).await;
+    assert_eq!(report.count(TaskEventKind::Completed), 1, "{report:?}");
+    assert_eq!(mailer.0.load(Ordering::SeqCst), 1);
+    let task = outbox::admin::get_task(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(task.queue, "helpers");
+}

@@ -29,12 +29,19 @@ tx.commit().await?;
 Ok(())
 }
 
-async fn relay_from_code(pool: PgPool, shutdown: CancellationToken) -> Result<(), Box<dyn Error + Send + Sync>> {
+/// Stands for the application's own settings.
+struct Settings {
+    webhook_secret: String,
+}
+
+async fn relay_from_code(pool: PgPool, shutdown: CancellationToken, settings: Settings) -> Result<(), Box<dyn Error + Send + Sync>> {
 use outbox::relay::Relay;
 
 let relay = Relay::from_url("nats", "nats://127.0.0.1:4222?stream=EVENTS").await?
     .concurrency(200);
-outbox::Worker::builder(pool).relay(relay).build()?.run(shutdown).await?;
+let hooks = Relay::from_url_with_secret("hooks", "https://example.com/hooks",
+                                        &settings.webhook_secret).await?;   // whsec_...
+outbox::Worker::builder(pool).relay(relay).relay(hooks).build()?.run(shutdown).await?;
 Ok(())
 }
 

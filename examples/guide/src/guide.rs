@@ -242,6 +242,37 @@ let builder = outbox::Worker::builder(pool).periodic(nightly).periodic(sweep);
     Ok(builder)
 }
 
+/// Section 5: cancel, inspect and retry from code.
+pub async fn cancel_from_code(pool: PgPool, id: outbox::TaskId) -> Result<(), Box<dyn Error>> {
+    use outbox::TaskId;
+use outbox::admin;
+
+let cancelled: Vec<TaskId> = admin::cancel_tasks(&pool, &[id]).await?;   // those cancelled or told to stop
+let task = admin::get_task(&pool, id).await?;                             // Option<TaskRecord>: .state, .retry_count, .last_error
+let retried: Vec<TaskId> = admin::retry_tasks(&pool, &[id]).await?;       // due now, fresh attempt budget
+    let _ = (cancelled, task, retried);
+    Ok(())
+}
+
+/// Section 6: a worker embedded in a service.
+pub async fn embedded_worker(pool: PgPool) -> Result<(), Box<dyn Error>> {
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+use outbox::{Worker, WorkerConfig};
+
+let token = CancellationToken::new();
+tokio::spawn(outbox_worker::stop_on_signal(token.clone()));   // SIGTERM/SIGINT: graceful; a second one exits
+let worker = Worker::builder(pool.clone())
+    .config(WorkerConfig { maintenance_interval: Duration::from_secs(1), ..WorkerConfig::default() })
+    .queue("orders", 16)                                       // at most 16 orders tasks at once
+    .queue("reports", 2)
+    .handler::<OrderCreated>(DeliverOrderCreated::new(webhook_url()))
+    .handler::<GenerateReport>(Reports::new(pool))
+    .build()?;
+worker.run(token).await?;
+    Ok(())
+}
+
 // Section 6's handlers.
 
 /// Delivers `order.created` to a webhook.
@@ -301,5 +332,19 @@ pub async fn submit_ordered(pool: PgPool, account_id: i64) -> Result<(), Box<dyn
 let options = TaskOptions::new().ordering_key(format!("account-{account_id}"));
 outbox::submit_with(&mut tx, entry, options).await?;
     tx.commit().await?;
+    Ok(())
+}
+
+/// Section 7: queue settings from code.
+pub async fn queue_settings(pool: PgPool) -> Result<(), Box<dyn Error>> {
+use outbox::admin::{self, QueueChange};
+
+admin::set_queue(&pool, "mail", &QueueChange::new().global_concurrency(5).rate_per_second(50.0)).await?;
+admin::set_queue(&pool, "ledger", &QueueChange::new().per_key_concurrency(2)).await?;
+admin::set_queue(&pool, "mail", &QueueChange::new().no_global_concurrency().no_rate_limit()).await?;
+admin::pause_queue(&pool, "mail").await?;
+admin::resume_queue(&pool, "mail").await?;
+let queues: Vec<admin::QueueSettings> = admin::list_queues(&pool).await?;
+    let _ = queues;
     Ok(())
 }

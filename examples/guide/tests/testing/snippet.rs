@@ -4,11 +4,27 @@ use std::error::Error;
 use std::time::Duration;
 
 use guide_snippets::guide::{DeliverOrderCreated, OrderCreated, RefundIssued};
-use outbox::Worker;
+use outbox::{HandlerResult, Outcome, TaskContext, TaskHandler, Worker};
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+
+/// What the snippet's handler returns.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Receipt { url: String }
+
+/// A handler with a result.
+struct Receipts;
+
+impl TaskHandler<OrderCreated> for Receipts {
+    async fn handle(&self, _ctx: TaskContext, task: OrderCreated) -> HandlerResult {
+        Outcome::success_with(&Receipt { url: format!("https://example.com/r/{}", task.order_id) })
+    }
+}
 
 async fn helpers(pool: PgPool, id: outbox::TaskId) -> Result<(), Box<dyn Error>> {
     let mut tx = pool.begin().await?;
+    let receipts = Receipts;
+    let nightly = outbox::periodic::PeriodicTask::new("nightly", "0 3 * * *", &OrderCreated { order_id: 0 })?;
     let my_handler = DeliverOrderCreated::new("http://127.0.0.1:9/hook".to_owned());
     let worker = Worker::builder(pool.clone())
         .handler::<OrderCreated>(DeliverOrderCreated::new("http://127.0.0.1:9/hook".to_owned()))
@@ -28,6 +44,18 @@ testing::run_inline(&pool, id, &my_handler).await?;
 // retry (retries skip their backoff), then stop:
 let report = testing::drain(worker, Duration::from_secs(10)).await;
 assert_eq!(report.count(TaskEventKind::Completed), 3);
-    let _ = all;
+
+// The events this transaction emitted (read them before it ends):
+let placed = testing::assert_emitted(&mut tx, "order", "7", "order.placed").await;
+assert_eq!(placed.payload["total_cents"], 990);
+testing::assert_none_emitted(&mut tx, "order.cancelled").await;
+
+// The result a handler returns with Outcome::success_with:
+let receipt: Option<Receipt> = testing::result_of(&testing::run_inline(&pool, id, &receipts).await);
+
+// A periodic task's tick, submitted now (drain then runs it), and its schedule:
+let tick: TaskId = testing::tick(&mut tx, &nightly).await;
+let next_run = nightly.schedule().next_after(chrono::Utc::now());
+    let _ = (all, receipt, tick, next_run);
     Ok(())
 }
