@@ -239,12 +239,10 @@ async fn emitted_lists_this_transactions_events_only_and_assert_emitted_finds_on
     testing::assert_none_emitted(&mut tx, "order.cancelled").await;
 }
 
-#[tokio::test]
-#[should_panic(
-    expected = "no \"order.paid\" event of order/o-9 was emitted; emitted: [\"order.placed of order/o-9\"]"
-)]
-async fn assert_emitted_says_what_was_emitted_instead() {
-    let db = TestDb::migrated().await;
+/// A transaction, left open, that emitted `order.placed` of order o-9.
+async fn order_placed_in_open_transaction(
+    db: &TestDb,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut tx = db.pool.begin().await.unwrap();
     outbox::emit(
         &mut tx,
@@ -252,6 +250,16 @@ async fn assert_emitted_says_what_was_emitted_instead() {
     )
     .await
     .unwrap();
+    tx
+}
+
+#[tokio::test]
+#[should_panic(
+    expected = "no \"order.paid\" event of order/o-9 was emitted; emitted: [\"order.placed of order/o-9\"]"
+)]
+async fn assert_emitted_says_what_was_emitted_instead() {
+    let db = TestDb::migrated().await;
+    let mut tx = order_placed_in_open_transaction(&db).await;
     testing::assert_emitted(&mut tx, "order", "o-9", "order.paid").await;
 }
 
@@ -259,13 +267,7 @@ async fn assert_emitted_says_what_was_emitted_instead() {
 #[should_panic(expected = "expected no \"order.placed\" event")]
 async fn assert_none_emitted_fails_when_one_was() {
     let db = TestDb::migrated().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    outbox::emit(
-        &mut tx,
-        outbox::Event::new("order", "o-9", "order.placed", serde_json::json!({})),
-    )
-    .await
-    .unwrap();
+    let mut tx = order_placed_in_open_transaction(&db).await;
     testing::assert_none_emitted(&mut tx, "order.placed").await;
 }
 
