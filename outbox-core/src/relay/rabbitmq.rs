@@ -26,7 +26,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::sink::{Message, PublishError, PublishFuture, Sink};
 
@@ -148,14 +148,13 @@ impl RabbitSink {
         let slot = &self.channels[self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS];
         // Held until the confirm: one publish per channel at a time.
         let mut held = slot.lock().await;
-        let channel = match held.as_ref() {
-            Some(c) if c.status().connected() => c.clone(),
-            _ => {
-                *held = None;
-                let c = self.open_channel().await?;
-                *held = Some(c.clone());
-                c
-            }
+        let channel = match held.take() {
+            Some(c) if c.status().connected() => c,
+            _ => self.open_channel().await?,
+        };
+        let lease = Lease {
+            slot: held,
+            channel: Some(channel.clone()),
         };
         let broken = |e: lapin::Error| PublishError::transient("connection", e);
         let mut headers = FieldTable::default();
@@ -171,6 +170,8 @@ impl RabbitSink {
             .with_content_type("application/json".into())
             .with_timestamp(message.created_at.timestamp().max(0) as u64)
             .with_headers(headers);
+        // An error drops the lease: the channel is closed and made again by
+        // the next publish that takes this slot.
         let confirm = channel
             .basic_publish(
                 self.exchange.as_str().into(),
@@ -183,16 +184,10 @@ impl RabbitSink {
                 properties,
             )
             .await
-            .map_err(|e| {
-                *held = None;
-                broken(e)
-            })?;
-        let confirmed = confirm.await;
-        if confirmed.is_err() {
-            // Made again on the next publish that takes this slot.
-            *held = None;
-        }
-        match confirmed.map_err(broken)? {
+            .map_err(broken)?;
+        let confirmed = confirm.await.map_err(broken)?;
+        lease.give_back();
+        match confirmed {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(PublishError::permanent(
                 "returned",
@@ -209,6 +204,35 @@ impl RabbitSink {
                 "no_confirm",
                 "the channel has no publisher confirms",
             )),
+        }
+    }
+}
+
+/// A channel out of its slot for one publish. It goes back only when the
+/// publish got its confirmation: a publish abandoned half-way (the relay's
+/// timeout drops its future) or failed leaves a confirm pending on the
+/// channel, which lapin would hand to the slot's next publish (a returned
+/// message could then count as published), so such a channel is closed
+/// and the slot makes a new one.
+struct Lease<'a> {
+    slot: MutexGuard<'a, Option<Channel>>,
+    channel: Option<Channel>,
+}
+
+impl Lease<'_> {
+    fn give_back(mut self) {
+        *self.slot = self.channel.take();
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(channel) = self.channel.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let _ = channel.close(200, "abandoned publish".into()).await;
+            });
         }
     }
 }
