@@ -75,7 +75,13 @@ pub(crate) async fn relay_from_url(
             parsed.scheme()
         ));
     }
-    let mut params = Params(BTreeMap::new(), secret.filter(|s| !s.is_empty()));
+    let secret = secret.filter(|s| !s.is_empty());
+    if secret.is_some() && parsed.scheme() == "kafka" {
+        return Err(format!(
+            "relay {name:?}: kafka:// takes no secret (this build has no SASL)"
+        ));
+    }
+    let mut params = Params(BTreeMap::new(), secret);
     for (k, v) in parsed.query_pairs() {
         if params.0.insert(k.to_string(), v.to_string()).is_some() {
             return Err(format!("relay {name:?}: option {k:?} is given twice"));
@@ -251,6 +257,7 @@ pub(crate) fn secret_var(name: &str) -> String {
 
 /// The secret of relay `name`, from `OUTBOX_RELAY_<NAME>_SECRET` (never
 /// from a URL or a flag, which show up in process lists and shell history).
+#[allow(dead_code, reason = "used by the sinks with secrets")]
 fn secret_from_env(name: &str) -> Option<String> {
     std::env::var(secret_var(name))
         .ok()
@@ -293,5 +300,21 @@ mod tests {
         assert_eq!(relay.concurrency_limit(), 5);
         let refused = relay_from_url("k", "kafka://127.0.0.1:9?concurrency=0", None).await;
         assert!(refused.unwrap_err().contains("concurrency"));
+    }
+
+    #[cfg(feature = "kafka")]
+    #[tokio::test]
+    async fn a_secret_for_a_sink_that_takes_none_is_refused_not_dropped() {
+        let refused = relay_from_url("k", "kafka://127.0.0.1:9", Some("pw".to_owned())).await;
+        let Err(message) = refused else {
+            panic!("a secret for kafka:// must be refused")
+        };
+        assert!(message.contains("kafka:// takes no secret"), "{message}");
+        // An empty one is none.
+        assert!(
+            relay_from_url("k", "kafka://127.0.0.1:9", Some(String::new()))
+                .await
+                .is_ok()
+        );
     }
 }
