@@ -290,7 +290,7 @@ async fn pause_and_resume_reach_every_worker() {
     .await;
     // What the guide says of resume, measured (printed, not asserted: a
     // timing on a shared machine).
-    let first_start: f64 = sqlx::query_scalar(
+    let first_start: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM min(attempted_at) - $1)::float8 * 1000 \
          FROM outbox_all_tasks WHERE attempted_at > $1",
     )
@@ -298,6 +298,7 @@ async fn pause_and_resume_reach_every_worker() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
+    let first_start = first_start.expect("tasks started after the resume");
     println!("resume: the first task started {first_start:.0} ms after the resume committed");
     for w in &mut workers {
         w.terminate_within(Duration::from_secs(10)).await;
