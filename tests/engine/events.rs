@@ -12,76 +12,13 @@ use std::time::{Duration, Instant};
 
 use outbox::Worker;
 use outbox::events::{Event, emit, emit_all, inbox};
-use outbox::relay::{Message, PublishError, PublishFuture, Relay, Sink};
+use outbox::relay::{Message, Relay};
 use outbox_tests::TestDb;
 use outbox_tests::proxy::FaultProxy;
+use outbox_tests::sinks::Capture;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-/// A sink that records what it was given and fails as told.
-#[derive(Clone, Default)]
-struct Capture {
-    got: Arc<Mutex<Vec<(Message, Instant)>>>,
-    /// Transient failures still to give.
-    transient: Arc<Mutex<u32>>,
-    /// Aggregate ids refused for good.
-    refuse: Arc<Mutex<Vec<String>>>,
-}
-
-impl Sink for Capture {
-    fn kind(&self) -> &'static str {
-        "capture"
-    }
-
-    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
-        Box::pin(async move {
-            {
-                let mut left = self.transient.lock().unwrap();
-                if *left > 0 {
-                    *left -= 1;
-                    return Err(PublishError::transient("down", "broker down"));
-                }
-            }
-            if self.refuse.lock().unwrap().contains(&message.aggregate_id) {
-                return Err(PublishError::permanent("too_large", "message too large"));
-            }
-            self.got
-                .lock()
-                .unwrap()
-                .push((message.clone(), Instant::now()));
-            Ok(())
-        })
-    }
-}
-
-impl Capture {
-    fn messages(&self) -> Vec<Message> {
-        self.got
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(m, _)| m.clone())
-            .collect()
-    }
-
-    /// Waits (at most a minute) until `done` holds of what arrived.
-    async fn wait_until(&self, what: &str, done: impl Fn(&[Message]) -> bool) -> Vec<Message> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let got = self.messages();
-            if done(&got) {
-                return got;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "never {what}: {} messages arrived",
-                got.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
 
 /// A relay worker running in the background.
 struct RelayWorker {

@@ -132,6 +132,18 @@ async fn a_handler_error_converts_with_question_mark_into_a_boxed_error()
     Ok(())
 }
 
+/// Drains the invoice queue with a fresh mailer: the mailer (its count of
+/// calls) and what the drain saw.
+async fn drain_mailer(db: &TestDb) -> (Mailer, testing::DrainReport) {
+    let mailer = Mailer::default();
+    let worker = Worker::builder(db.pool.clone())
+        .handler::<SendInvoice>(mailer.clone())
+        .build()
+        .unwrap();
+    let report = testing::drain(worker, Duration::from_secs(20)).await;
+    (mailer, report)
+}
+
 #[tokio::test]
 async fn drain_runs_retries_without_their_backoff_and_leaves_delayed_tasks() {
     let db = TestDb::migrated().await;
@@ -162,12 +174,7 @@ async fn drain_runs_retries_without_their_backoff_and_leaves_delayed_tasks() {
     )
     .await
     .unwrap();
-    let mailer = Mailer::default();
-    let worker = Worker::builder(db.pool.clone())
-        .handler::<SendInvoice>(mailer.clone())
-        .build()
-        .unwrap();
-    let report = testing::drain(worker, Duration::from_secs(20)).await;
+    let (mailer, report) = drain_mailer(&db).await;
 
     let failing = outbox::admin::get_task(&db.pool, failing)
         .await
@@ -350,12 +357,7 @@ async fn tick_submits_what_a_periodic_tick_would_and_drain_runs_it() {
     assert_eq!(submitted, id);
     tx.commit().await.unwrap();
 
-    let mailer = Mailer::default();
-    let worker = Worker::builder(db.pool.clone())
-        .handler::<SendInvoice>(mailer.clone())
-        .build()
-        .unwrap();
-    let report = testing::drain(worker, Duration::from_secs(20)).await;
+    let (mailer, report) = drain_mailer(&db).await;
     assert_eq!(report.count(TaskEventKind::Completed), 1, "{report:?}");
     assert_eq!(mailer.0.load(Ordering::SeqCst), 1);
     let task = outbox::admin::get_task(&db.pool, id)

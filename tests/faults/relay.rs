@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use outbox::Worker;
 use outbox::events::{Event, emit};
-use outbox::relay::{Message, PublishFuture, Relay, Sink};
+use outbox::relay::Relay;
+use outbox_tests::sinks::Capture;
 use outbox_worker::local_postgres::LocalPostgres;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -19,23 +20,6 @@ use crate::restart::{on, private_cluster};
 
 const EVENTS: usize = 3000;
 const AGGREGATES: u64 = 100;
-
-/// Records what it was given.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Message>>>);
-
-impl Sink for Capture {
-    fn kind(&self) -> &'static str {
-        "capture"
-    }
-
-    fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
-        Box::pin(async move {
-            self.0.lock().unwrap().push(message.clone());
-            Ok(())
-        })
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothing() {
@@ -101,7 +85,7 @@ async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothi
         }));
     }
 
-    let published = |sink: &Capture| sink.0.lock().unwrap().len();
+    let published = |sink: &Capture| sink.got.lock().unwrap().len();
     let wait_for = |at: usize| {
         let sink = sink.clone();
         async move {
@@ -150,13 +134,7 @@ async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothi
     let want: HashSet<&str> = committed.iter().map(|(id, _)| id.as_str()).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let seen: HashSet<String> = sink
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|m| m.event_id.clone())
-            .collect();
+        let seen: HashSet<String> = sink.messages().iter().map(|m| m.event_id.clone()).collect();
         if want.iter().all(|id| seen.contains(*id)) {
             break;
         }
@@ -170,7 +148,7 @@ async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothi
     }
     stop.cancel();
     running.await.unwrap().unwrap();
-    let got = sink.0.lock().unwrap().clone();
+    let got = sink.messages();
     let mut firsts: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     let mut seen = HashSet::new();
     for m in &got {

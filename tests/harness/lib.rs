@@ -9,6 +9,7 @@ pub mod brokers;
 pub mod browser;
 pub mod process;
 pub mod proxy;
+pub mod sinks;
 pub mod tasks;
 
 use std::sync::OnceLock;
