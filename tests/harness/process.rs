@@ -86,7 +86,8 @@ impl WorkerProcess {
 
     /// Waits until at least `completed` tasks are COMPLETED and `running`
     /// are PROCESSING, then kills the process with SIGKILL; returns how many
-    /// tasks were PROCESSING after the kill (the ones it died holding).
+    /// tasks were PROCESSING once its sessions had ended (the ones it died
+    /// holding).
     pub async fn kill_mid_flight(&mut self, pool: &PgPool, completed: i64, running: i64) -> i64 {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -110,6 +111,20 @@ impl WorkerProcess {
         self.signal("KILL");
         let status = self.wait(Duration::from_secs(10)).await;
         assert!(!status.success(), "killed, not exited: {status:?}");
+        // A statement the process sent just before it died still runs to its
+        // end on the server, and an outcome may commit after the kill: what
+        // it died holding is known once its sessions are gone.
+        wait_until(
+            pool,
+            &format!(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity \
+                 WHERE application_name LIKE '{} %:{}:%')",
+                outbox::ENGINE_APPLICATION_NAME,
+                self.pid()
+            ),
+            Duration::from_secs(60),
+        )
+        .await;
         sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
             .fetch_one(pool)
             .await
