@@ -89,7 +89,10 @@ pub use migrate::{
 pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique};
 pub use outbox_macros::outbox_task;
 pub use submit::{Batch, Submitted, submit, submit_batch, submit_detailed, submit_with};
-pub use task::{DEFAULT_QUEUE, RegisteredTask, Task, TaskId, find_registered, registered_tasks};
+pub use task::{
+    DEFAULT_QUEUE, RegisteredTask, RegisteredUnique, Task, TaskId, find_registered,
+    registered_tasks,
+};
 pub use task_result::result;
 pub use wakeup::NOTIFY_DEBOUNCE;
 pub use worker::{

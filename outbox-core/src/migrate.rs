@@ -103,6 +103,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0013_event_ids.up.sql"),
         down: include_str!("../../migrations/0013_event_ids.down.sql"),
     },
+    Migration {
+        version: 14,
+        name: "sql_api",
+        up: include_str!("../../migrations/0014_sql_api.up.sql"),
+        down: include_str!("../../migrations/0014_sql_api.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

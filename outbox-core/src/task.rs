@@ -125,6 +125,24 @@ pub struct RegisteredTask {
     pub ordering_of: fn(&str) -> Result<Option<String>, String>,
     /// The type's `on_dead = "skip"`.
     pub dead_skips_key: bool,
+    /// The type's `unique_by` declaration, for submits from SQL.
+    pub unique_decl: Option<RegisteredUnique>,
+    /// The JSON name of the type's `ordering_key` field, for submits from
+    /// SQL.
+    pub ordering_field: Option<&'static str>,
+}
+
+/// A task type's `unique_by`, `unique_period` and `unique_states`, as
+/// `outbox_submit` (SQL) applies them to a JSON payload.
+#[derive(Debug, Clone, Copy)]
+pub struct RegisteredUnique {
+    /// The JSON names of the fields whose values make the key (empty: one
+    /// per type).
+    pub fields: &'static [&'static str],
+    /// `unique_period` in milliseconds.
+    pub period_ms: Option<u64>,
+    /// State bits beyond the always-covered ones (8 completed, 16 dead).
+    pub extra_states: i16,
 }
 
 /// The `check_payload` of task type `T`.

@@ -61,6 +61,35 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
     } else {
         quote!(::outbox::__private::no_unique)
     };
+    // What outbox_submit (SQL) needs to derive the same keys from a JSON
+    // payload: the fields by their JSON names.
+    let json_name = |f: &syn::Ident| {
+        let name = f.to_string();
+        name.strip_prefix("r#").unwrap_or(&name).to_owned()
+    };
+    let unique_decl = match &task.unique {
+        Some(u) => {
+            let names = u.fields.iter().map(json_name);
+            let period = match u.period_ms {
+                Some(ms) => quote!(::core::option::Option::Some(#ms)),
+                None => quote!(::core::option::Option::None),
+            };
+            let states = u.extra_states;
+            quote!(::core::option::Option::Some(::outbox::RegisteredUnique {
+                fields: &[#(#names),*],
+                period_ms: #period,
+                extra_states: #states,
+            }))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let ordering_field = match &task.ordering_key {
+        Some(f) => {
+            let name = json_name(f);
+            quote!(::core::option::Option::Some(#name))
+        }
+        None => quote!(::core::option::Option::None),
+    };
     quote! {
         #item
 
@@ -86,6 +115,8 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 unique_of: #unique_of,
                 ordering_of: #ordering_of,
                 dead_skips_key: <#ident as ::outbox::Task>::DEAD_SKIPS_KEY,
+                unique_decl: #unique_decl,
+                ordering_field: #ordering_field,
             }
         }
     }

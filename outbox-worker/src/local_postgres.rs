@@ -79,7 +79,7 @@ pub struct LocalPostgres {
 impl LocalPostgres {
     /// Creates a cluster in a new temporary directory and starts it.
     pub fn start(options: &LocalPostgresOptions) -> Result<Self, LocalPostgresError> {
-        let bin = find_bin_dir().ok_or(LocalPostgresError::BinariesNotFound)?;
+        let bin = server_bin_dir().ok_or(LocalPostgresError::BinariesNotFound)?;
         let run_as = if is_root() {
             if !user_exists("postgres") {
                 return Err(LocalPostgresError::NoUnprivilegedUser);
@@ -382,8 +382,10 @@ fn user_exists(user: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The directory holding `initdb`, `pg_ctl` and `postgres`.
-fn find_bin_dir() -> Option<PathBuf> {
+/// The directory holding `initdb`, `pg_ctl` and `postgres` (and, from
+/// Debian's packages, `psql`): `$OUTBOX_PG_BIN`, `$PATH`, `pg_config
+/// --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+pub fn server_bin_dir() -> Option<PathBuf> {
     let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     if let Some(dir) = std::env::var_os("OUTBOX_PG_BIN").map(PathBuf::from) {
         return has_initdb(&dir).then_some(dir);

@@ -12,6 +12,7 @@ mod ordering;
 mod periodic;
 mod poison;
 mod results;
+mod sql_api;
 mod startup;
 mod submit;
 mod testing_helpers;

@@ -35,6 +35,41 @@ pub(crate) async fn register(
     Ok(())
 }
 
+/// Declares task types for `outbox_submit` (SQL): their queue, priority,
+/// attempts and how their unique and ordering keys come from a payload.
+pub(crate) async fn declare_task_types(
+    conn: &mut PgConnection,
+    types: &[&crate::RegisteredTask],
+) -> sqlx::Result<()> {
+    if types.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<serde_json::Value> = types
+        .iter()
+        .map(|t| {
+            let unique = t.unique_decl.as_ref();
+            serde_json::json!({
+                "task_type": t.task_type,
+                "queue": t.queue,
+                "priority": t.priority,
+                "max_attempts": crate::retry::max_attempts(t.retry_delays),
+                "skip_dead": t.dead_skips_key,
+                "unique_fields": unique.map(|u| u.fields),
+                "unique_period_us": unique
+                    .and_then(|u| u.period_ms)
+                    .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX).saturating_mul(1000)),
+                "unique_states": unique.map(|u| u.extra_states | crate::options::UNIQUE_ALWAYS),
+                "ordering_field": t.ordering_field,
+            })
+        })
+        .collect();
+    sqlx::query(include_str!("sql/declare_task_types.sql"))
+        .bind(serde_json::Value::Array(rows))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Removes the worker's row (a clean shutdown).
 pub(crate) async fn forget(conn: &mut PgConnection, id: &str) -> sqlx::Result<()> {
     sqlx::query(include_str!("sql/forget_worker.sql"))

@@ -2,7 +2,8 @@
 //! queues with their concurrency, started, last seen) is written at start
 //! and renewed every heartbeat interval, and removed at a clean shutdown.
 //! A worker that dies stops renewing it; the row then shows it gone, and
-//! maintenance removes it after `forget_workers_after`.
+//! maintenance removes it after `forget_workers_after`. At start it also
+//! declares the task types registered in its binary, for `outbox_submit`.
 //!
 //! A failed write is tried again at the next interval (the row only has to
 //! be renewed before it expires, three intervals on).
@@ -51,7 +52,14 @@ pub(crate) async fn run(shared: Arc<Shared>, me: WorkerIdentity, stop: Cancellat
             &shared.engine,
             shared.deadline,
             "worker row",
-            async |conn| workers::register(conn, &me, first, ttl_us).await,
+            async |conn| {
+                if first {
+                    // Before the row: a worker shown as started has declared
+                    // its types.
+                    workers::declare_task_types(conn, &crate::task::registered_tasks()).await?;
+                }
+                workers::register(conn, &me, first, ttl_us).await
+            },
         );
         let wait = tokio::select! {
             r = write => match r {
