@@ -66,11 +66,7 @@ async fn signups_from_python_are_welcomed_by_the_rust_worker_and_a_failed_one_le
     )
     .await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = outbox_tests::brokers::free_port();
     let addr = format!("127.0.0.1:{port}");
     let log = std::env::temp_dir().join(format!("outbox-python-service-{port}.log"));
     let child = Command::new(python)
