@@ -106,7 +106,8 @@ $$;
 -- duplicate unique task, the id of the task that holds the key). Options
 -- (all optional): queue, priority (0-9), delay (seconds or interval text)
 -- or run_at (timestamptz text), ordering_key, unique_key, unique_period
--- (seconds or interval text), unique_including (["completed", "dead"]).
+-- (seconds or interval text), unique_including (["completed", "dead"]),
+-- notify (false: no NOTIFY at commit for a task due at once).
 -- Without them the type's declaration (outbox_task_types) applies; a type
 -- no worker has declared needs options.queue.
 CREATE FUNCTION outbox_submit(task_type text, payload jsonb, options jsonb DEFAULT '{}')
@@ -129,7 +130,11 @@ BEGIN
     -- An option given as JSON null counts as not given.
     options := jsonb_strip_nulls(coalesce(options, '{}'));
     PERFORM outbox_check_options(fn, options, ARRAY['queue', 'priority', 'delay', 'run_at',
-        'ordering_key', 'unique_key', 'unique_period', 'unique_including']);
+        'ordering_key', 'unique_key', 'unique_period', 'unique_including', 'notify']);
+    IF options ? 'notify' AND jsonb_typeof(options -> 'notify') <> 'boolean' THEN
+        PERFORM outbox_refuse(format('%s: option notify must be true or false, not %s',
+                                     fn, options -> 'notify'));
+    END IF;
     IF task_type IS NULL OR task_type = '' THEN
         PERFORM outbox_refuse(fn || ': the task type is empty');
     END IF;
@@ -246,7 +251,10 @@ BEGIN
             DO NOTHING
         RETURNING t.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            IF due <= now() THEN
+            -- PostgreSQL flushes notifying commits one at a time (see
+            -- wakeup.rs), which the Rust side debounces per process; here
+            -- the caller may opt out, and workers find the task by polling.
+            IF due <= now() AND (options -> 'notify') IS DISTINCT FROM 'false' THEN
                 PERFORM pg_notify('outbox_tasks', q);
             END IF;
             RETURN new_id;

@@ -200,6 +200,22 @@ async fn options_set_queue_delay_run_at_keys_and_a_due_task_notifies_at_commit()
         .expect("a NOTIFY at commit")
         .unwrap();
     assert_eq!(note.payload(), "mail");
+    // notify: false sends none: the next notification is a later commit's.
+    for (queue, notify) in [("quiet", false), ("loud", true)] {
+        submit_sql(
+            &db.pool,
+            "mail.send",
+            json!({}),
+            json!({"queue": queue, "notify": notify}),
+        )
+        .await
+        .unwrap();
+    }
+    let note = tokio::time::timeout(Duration::from_secs(60), listener.recv())
+        .await
+        .expect("a NOTIFY at commit")
+        .unwrap();
+    assert_eq!(note.payload(), "loud");
     let row: (String, i16, i32, bool) = sqlx::query_as(
         "SELECT queue, priority, max_attempts, execute_at <= now() FROM outbox_tasks WHERE id = $1",
     )
@@ -292,6 +308,10 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
             "need unique_key",
         ),
         (json!({"queue": "m", "ordering_key": ""}), "1 to 512 bytes"),
+        (
+            json!({"queue": "m", "notify": "no"}),
+            "notify must be true or false",
+        ),
         (json!([1]), "options must be a JSON object"),
     ];
     let mut refused = Vec::new();
