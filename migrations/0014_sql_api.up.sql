@@ -25,6 +25,10 @@ CREATE TABLE outbox_task_types (
     unique_states    smallint,
     -- `ordering_key`: the payload field whose value is the ordering key.
     ordering_field   text,
+    -- Whether those fields read the same from JSON as from Rust (integers,
+    -- text and booleans under their own names). If not, a submit from SQL
+    -- must give the keys itself.
+    keys_from_payload boolean NOT NULL DEFAULT true,
     registered_at    timestamptz NOT NULL DEFAULT now()
 );
 
@@ -49,7 +53,11 @@ BEGIN
         IF (value #>> '{}')::numeric > extract(epoch FROM most) THEN
             PERFORM outbox_refuse(format('%s %s is too long: the most is %s', what, value, most));
         END IF;
-        d := (value #>> '{}')::float8 * interval '1 second';
+        BEGIN
+            d := (value #>> '{}')::float8 * interval '1 second';
+        EXCEPTION WHEN numeric_value_out_of_range THEN
+            d := interval '0';
+        END;
     ELSIF jsonb_typeof(value) = 'string' THEN
         BEGIN
             d := (value #>> '{}')::interval;
@@ -59,7 +67,8 @@ BEGIN
     ELSE
         PERFORM outbox_refuse(format('%s must be a number of seconds or an interval''s text, not %s', what, value));
     END IF;
-    IF d < interval '0' OR d > most THEN
+    -- Compared as instants: '12 months' is not 360 days.
+    IF now() + d < now() OR now() + d > now() + most THEN
         PERFORM outbox_refuse(format('%s %s is out of range: use 0 to %s', what, value, most));
     END IF;
     RETURN d;
@@ -84,6 +93,18 @@ BEGIN
         PERFORM outbox_refuse(format('%s: unknown option %s (known: %s)',
                                      fn, unknown, array_to_string(known, ', ')));
     END IF;
+END
+$$;
+
+-- Option `name`'s text, refusing anything but a JSON string.
+CREATE FUNCTION outbox_option_text(fn text, options jsonb, name text) RETURNS text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF options ? name AND jsonb_typeof(options -> name) <> 'string' THEN
+        PERFORM outbox_refuse(format('%s: option %s must be text, not %s', fn, name, options -> name));
+    END IF;
+    RETURN options ->> name;
 END
 $$;
 
@@ -138,6 +159,11 @@ BEGIN
     IF task_type IS NULL OR task_type = '' THEN
         PERFORM outbox_refuse(fn || ': the task type is empty');
     END IF;
+    -- The rule #[outbox_task] applies to task_type.
+    IF task_type !~ '^[A-Za-z0-9_.:-]{1,128}$' THEN
+        PERFORM outbox_refuse(format('%s: task type %s is invalid: use 1 to 128 ASCII letters, digits or _-.:',
+                                     fn, quote_literal(task_type)));
+    END IF;
     IF payload IS NULL THEN
         PERFORM outbox_refuse(fn || ': the payload is null (give ''{}''::jsonb for none)');
     END IF;
@@ -148,7 +174,7 @@ BEGIN
             fn, quote_literal(task_type)));
     END IF;
 
-    q := coalesce(options ->> 'queue', decl.queue);
+    q := coalesce(outbox_option_text(fn, options, 'queue'), decl.queue);
     IF q IS NULL OR q !~ '^[A-Za-z0-9_.:-]{1,128}$' THEN
         PERFORM outbox_refuse(format('%s: queue name %s is invalid: use 1 to 128 ASCII letters, digits or _-.:',
                                      fn, quote_literal(q)));
@@ -168,21 +194,26 @@ BEGIN
     IF options ? 'delay' AND options ? 'run_at' THEN
         PERFORM outbox_refuse(fn || ': give delay or run_at, not both');
     ELSIF options ? 'delay' THEN
-        due := now() + outbox_json_delay(fn || ': delay', options -> 'delay', interval '100 years');
+        due := now() + outbox_json_delay(fn || ': delay', options -> 'delay', interval '36500 days');
     ELSIF options ? 'run_at' THEN
         BEGIN
-            due := (options ->> 'run_at')::timestamptz;
+            due := outbox_option_text(fn, options, 'run_at')::timestamptz;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow THEN
             PERFORM outbox_refuse(format('%s: run_at %s is not a timestamp', fn, options -> 'run_at'));
         END;
-        IF NOT isfinite(due) OR due > now() + interval '100 years' THEN
+        IF NOT isfinite(due) OR due > now() + interval '36500 days' THEN
             PERFORM outbox_refuse(format('%s: run_at %s is out of range', fn, options -> 'run_at'));
         END IF;
     END IF;
 
     IF options ? 'ordering_key' THEN
-        okey := options ->> 'ordering_key';
+        okey := outbox_option_text(fn, options, 'ordering_key');
     ELSIF decl.ordering_field IS NOT NULL THEN
+        IF NOT decl.keys_from_payload THEN
+            PERFORM outbox_refuse(format(
+                '%s: task type %s takes its ordering key from field %s, whose JSON form is not its Rust form (a float, an enum, a renamed field...): give options.ordering_key',
+                fn, quote_literal(task_type), quote_literal(decl.ordering_field)));
+        END IF;
         okey := outbox_field_text(fn, payload, decl.ordering_field, 'ordering key');
     END IF;
     IF okey IS NOT NULL AND (octet_length(okey) NOT BETWEEN 1 AND 512) THEN
@@ -191,7 +222,7 @@ BEGIN
     END IF;
 
     IF options ? 'unique_key' THEN
-        ukey := options ->> 'unique_key';
+        ukey := outbox_option_text(fn, options, 'unique_key');
         ustates := 7;
         FOR including IN SELECT jsonb_array_elements_text(
             CASE WHEN jsonb_typeof(options -> 'unique_including') = 'array'
@@ -201,14 +232,14 @@ BEGIN
                  ELSE '[]' END)
         LOOP
             ustates := ustates | CASE including WHEN 'completed' THEN 8 WHEN 'dead' THEN 16 ELSE 0 END;
-            IF including NOT IN ('completed', 'dead') THEN
+            IF including IS NULL OR including NOT IN ('completed', 'dead') THEN
                 PERFORM outbox_refuse(format('%s: unique_including takes "completed" and "dead", not %s',
                                              fn, quote_literal(including)));
             END IF;
         END LOOP;
         IF options ? 'unique_period' THEN
             uperiod_us := (extract(epoch FROM outbox_json_delay(fn || ': unique_period',
-                               options -> 'unique_period', interval '100 years')) * 1000000)::bigint;
+                               options -> 'unique_period', interval '36500 days')) * 1000000)::bigint;
             IF uperiod_us < 1000000 THEN
                 PERFORM outbox_refuse(format('%s: unique_period %s is out of range: use 1 second to 100 years',
                                              fn, options -> 'unique_period'));
@@ -217,11 +248,19 @@ BEGIN
     ELSIF options ? 'unique_period' OR options ? 'unique_including' THEN
         PERFORM outbox_refuse(fn || ': unique_period and unique_including need unique_key');
     ELSIF decl.unique_fields IS NOT NULL THEN
-        -- The Rust side's key: the fields' values as a compact JSON array.
-        -- (jsonb writes scalars as serde_json does.)
-        SELECT '[' || string_agg(CASE WHEN outbox_field_text(fn, payload, f, 'unique key') IS NOT NULL
-                                      THEN (payload -> f)::text END,
-                                 ',' ORDER BY n) || ']'
+        IF NOT decl.keys_from_payload THEN
+            PERFORM outbox_refuse(format(
+                '%s: task type %s takes its unique key from fields %s, whose JSON form is not their Rust form (a float, an enum, a renamed field...): give options.unique_key',
+                fn, quote_literal(task_type), array_to_string(decl.unique_fields, ', ')));
+        END IF;
+        -- The Rust side's key: serde_json of the tuple of the fields'
+        -- values, a compact JSON array, or null for no fields (one task per
+        -- type). jsonb writes integers, text and booleans as serde_json
+        -- does.
+        SELECT CASE WHEN cardinality(decl.unique_fields) = 0 THEN 'null'
+                    ELSE '[' || string_agg(CASE WHEN outbox_field_text(fn, payload, f, 'unique key') IS NOT NULL
+                                                THEN (payload -> f)::text END,
+                                           ',' ORDER BY n) || ']' END
         INTO ukey
         FROM unnest(decl.unique_fields) WITH ORDINALITY AS u(f, n);
         ustates := decl.unique_states;
@@ -355,7 +394,7 @@ BEGIN
 
     IF options ? 'id' THEN
         BEGIN
-            id := (options ->> 'id')::uuid;
+            id := outbox_option_text(fn, options, 'id')::uuid;
         EXCEPTION WHEN invalid_text_representation THEN
             PERFORM outbox_refuse(format('%s: its id %s is not a UUID', fn, options -> 'id'));
         END;
@@ -366,7 +405,7 @@ BEGIN
         id := outbox_new_event_id();
     END IF;
     IF options ? 'stream' THEN
-        stream_name := options ->> 'stream';
+        stream_name := outbox_option_text(fn, options, 'stream');
         IF stream_name IS NULL OR octet_length(stream_name) NOT BETWEEN 1 AND 255 OR stream_name ~ '[[:cntrl:]]' THEN
             PERFORM outbox_refuse(format('%s: its stream %s: use 1 to 255 bytes with no control characters',
                                          fn, options -> 'stream'));

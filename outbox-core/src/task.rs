@@ -130,6 +130,11 @@ pub struct RegisteredTask {
     /// The JSON name of the type's `ordering_key` field, for submits from
     /// SQL.
     pub ordering_field: Option<&'static str>,
+    /// Whether SQL can derive the unique and ordering keys from a JSON
+    /// payload exactly as Rust does: every key field an integer, `String`
+    /// or `bool` under its own name. Otherwise a submit from SQL must give
+    /// the keys.
+    pub keys_from_payload: bool,
 }
 
 /// A task type's `unique_by`, `unique_period` and `unique_states`, as

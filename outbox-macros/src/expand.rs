@@ -90,6 +90,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let keys_from_payload = task.keys_from_payload;
     quote! {
         #item
 
@@ -117,6 +118,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 dead_skips_key: <#ident as ::outbox::Task>::DEAD_SKIPS_KEY,
                 unique_decl: #unique_decl,
                 ordering_field: #ordering_field,
+                keys_from_payload: #keys_from_payload,
             }
         }
     }

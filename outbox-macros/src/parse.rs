@@ -24,6 +24,9 @@ pub(crate) struct TaskDecl {
     pub(crate) unique: Option<UniqueDecl>,
     /// The payload field whose value is the ordering key.
     pub(crate) ordering_key: Option<Ident>,
+    /// Whether SQL can derive the unique and ordering keys from a JSON
+    /// payload exactly as Rust does (see `plain_key_field`).
+    pub(crate) keys_from_payload: bool,
     /// `on_dead = "skip"`: a dead task lets its key go on.
     pub(crate) dead_skips_key: bool,
 }
@@ -38,7 +41,11 @@ pub(crate) struct UniqueDecl {
 }
 
 pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDecl> {
-    let (ident, fields) = struct_ident(item)?;
+    let PayloadStruct {
+        ident,
+        fields,
+        plain,
+    } = struct_ident(item)?;
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(args)?;
     let mut task_type = None;
     let mut queue = None;
@@ -155,8 +162,14 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             "`on_dead` applies to tasks with an `ordering_key`; add one or remove `on_dead`",
         ));
     }
+    let keys_from_payload = unique
+        .iter()
+        .flat_map(|u| u.fields.iter())
+        .chain(ordering_key.iter())
+        .all(|f| plain.contains(f));
     Ok(TaskDecl {
         ident,
+        keys_from_payload,
         task_type,
         queue,
         priority,
@@ -169,7 +182,15 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
 }
 
 /// The struct's name and its named fields.
-fn struct_ident(item: TokenStream) -> syn::Result<(Ident, Vec<Ident>)> {
+/// A payload struct: its name, its named fields, and those whose JSON form
+/// is their Rust key form (see [`plain_key_field`]).
+struct PayloadStruct {
+    ident: Ident,
+    fields: Vec<Ident>,
+    plain: Vec<Ident>,
+}
+
+fn struct_ident(item: TokenStream) -> syn::Result<PayloadStruct> {
     match syn::parse2::<Item>(item)? {
         Item::Struct(s) => {
             if !s.generics.params.is_empty() {
@@ -179,13 +200,61 @@ fn struct_ident(item: TokenStream) -> syn::Result<(Ident, Vec<Ident>)> {
                 ));
             }
             let fields = s.fields.iter().filter_map(|f| f.ident.clone()).collect();
-            Ok((s.ident, fields))
+            // A struct-level rename changes every field's JSON name.
+            let renamed = s.attrs.iter().any(|a| serde_mentions(a, &["rename_all"]));
+            let plain = s
+                .fields
+                .iter()
+                .filter(|f| !renamed && plain_key_field(f))
+                .filter_map(|f| f.ident.clone())
+                .collect();
+            Ok(PayloadStruct {
+                ident: s.ident,
+                fields,
+                plain,
+            })
         }
         Item::Enum(e) => Err(not_a_struct(e.enum_token.span(), "an enum")),
         Item::Fn(f) => Err(not_a_struct(f.sig.fn_token.span(), "a function")),
         Item::Union(u) => Err(not_a_struct(u.union_token.span(), "a union")),
         other => Err(not_a_struct(other.span(), "this item")),
     }
+}
+
+/// Whether `attr` is a `#[serde(..)]` naming one of `words`.
+fn serde_mentions(attr: &syn::Attribute, words: &[&str]) -> bool {
+    if !attr.path().is_ident("serde") {
+        return false;
+    }
+    let text = attr.meta.to_token_stream().to_string();
+    words.iter().any(|w| text.contains(w))
+}
+
+/// Whether a field, as a key, reads the same from a JSON payload as from
+/// the Rust value: an integer, `String` or `bool` under its own name. Its
+/// JSON text is then what `serde_json` writes (the unique key) and its
+/// text what `to_string` gives (the ordering key), so `outbox_submit` can
+/// derive both in SQL. Floats, enums, timestamps, options and renamed
+/// fields cannot be matched there.
+fn plain_key_field(field: &syn::Field) -> bool {
+    const PLAIN: &[&str] = &[
+        "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+        "String", "bool",
+    ];
+    let renamed = field
+        .attrs
+        .iter()
+        .any(|a| serde_mentions(a, &["rename", "with", "flatten"]));
+    let syn::Type::Path(path) = &field.ty else {
+        return false;
+    };
+    let Some(last) = path.path.segments.last() else {
+        return false;
+    };
+    !renamed
+        && path.qself.is_none()
+        && last.arguments.is_empty()
+        && PLAIN.iter().any(|p| last.ident == p)
 }
 
 fn not_a_struct(span: Span, what: &str) -> syn::Error {

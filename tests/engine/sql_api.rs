@@ -36,6 +36,27 @@ struct SqlStep {
     n: i64,
 }
 
+/// One per hour, with no key fields: Rust's key is `null`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.sql.hourly",
+    queue = "sql-tests",
+    unique_period = "1h"
+)]
+struct SqlHourly {}
+
+/// Ordered by a field renamed in JSON: SQL cannot find it by its Rust name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.sql.renamed",
+    queue = "sql-tests",
+    ordering_key = "account_id"
+)]
+struct SqlRenamed {
+    #[serde(rename = "accountId")]
+    account_id: i64,
+}
+
 struct Done;
 
 impl outbox::TaskHandler<SqlInvoice> for Done {
@@ -50,11 +71,25 @@ impl outbox::TaskHandler<SqlStep> for Done {
     }
 }
 
+impl outbox::TaskHandler<SqlHourly> for Done {
+    async fn handle(&self, _: outbox::TaskContext, _: SqlHourly) -> outbox::HandlerResult {
+        Ok(outbox::Outcome::Success)
+    }
+}
+
+impl outbox::TaskHandler<SqlRenamed> for Done {
+    async fn handle(&self, _: outbox::TaskContext, _: SqlRenamed) -> outbox::HandlerResult {
+        Ok(outbox::Outcome::Success)
+    }
+}
+
 fn worker(pool: &PgPool) -> RunningWorker {
     RunningWorker::start(
         Worker::builder(pool.clone())
             .handler::<SqlInvoice>(Done)
             .handler::<SqlStep>(Done)
+            .handler::<SqlHourly>(Done)
+            .handler::<SqlRenamed>(Done)
             .poll_interval(Duration::from_millis(100))
             .build()
             .unwrap(),
@@ -65,7 +100,7 @@ fn worker(pool: &PgPool) -> RunningWorker {
 async fn declared(pool: &PgPool) {
     outbox_tests::process::wait_until(
         pool,
-        "SELECT count(*) = 2 FROM outbox_task_types WHERE task_type LIKE 'test.sql.%'",
+        "SELECT count(*) = 4 FROM outbox_task_types WHERE task_type LIKE 'test.sql.%'",
         Duration::from_secs(60),
     )
     .await;
@@ -148,6 +183,17 @@ async fn a_task_from_sql_takes_its_types_declaration_and_the_keys_rust_would_giv
             .unwrap();
     assert_eq!(row, ("sql-tests".into(), 3, 2));
 
+    // One per period with no key fields: the same key as Rust's (in one
+    // transaction, so the worker cannot finish the first in between).
+    let mut tx = db.pool.begin().await.unwrap();
+    let hourly = outbox::submit(&mut tx, SqlHourly {}).await.unwrap();
+    let hourly_sql: i64 = sqlx::query_scalar("SELECT outbox_submit('test.sql.hourly', '{}')")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(TaskId(hourly_sql), hourly);
+
     // The ordering key from its field, as Rust's to_string writes it.
     let step = submit_sql(
         &db.pool,
@@ -170,7 +216,7 @@ async fn a_task_from_sql_takes_its_types_declaration_and_the_keys_rust_would_giv
     assert_eq!(keys, [Some("42".to_owned()), Some("42".to_owned())]);
 
     running
-        .wait_for(TaskEventKind::Completed, 4, Duration::from_secs(60))
+        .wait_for(TaskEventKind::Completed, 5, Duration::from_secs(60))
         .await;
     // unique_states = ["completed"]: still a duplicate once done.
     let again = submit_sql(&db.pool, "test.sql.invoice", payload, json!({}))
@@ -312,6 +358,16 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
             json!({"queue": "m", "notify": "no"}),
             "notify must be true or false",
         ),
+        (json!({"queue": 5}), "option queue must be text"),
+        (
+            json!({"queue": "m", "unique_key": {"a": 1}}),
+            "option unique_key must be text",
+        ),
+        (
+            json!({"queue": "m", "unique_key": "k", "unique_including": [null]}),
+            "\"completed\" and \"dead\"",
+        ),
+        (json!({"queue": "m", "delay": "36501 days"}), "out of range"),
         (json!([1]), "options must be a JSON object"),
     ];
     let mut refused = Vec::new();
@@ -321,6 +377,11 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
     }
     let err = submit_sql(&db.pool, "", json!({}), json!({"queue": "m"})).await;
     refused.push((err.expect_err("an empty type"), "task type is empty"));
+    let err = submit_sql(&db.pool, "a type", json!({}), json!({"queue": "m"})).await;
+    refused.push((
+        err.expect_err("a bad type"),
+        "task type 'a type' is invalid",
+    ));
     for (err, expected) in refused {
         let db_err = err.as_database_error().expect("a database error");
         assert_eq!(db_err.code().as_deref(), Some("22023"), "{db_err}");
@@ -346,7 +407,25 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
     .await
     .unwrap_err();
     assert!(err.to_string().contains("which is array"), "{err}");
+    // A renamed key field: refused rather than guessed.
+    let err = submit_sql(
+        &db.pool,
+        "test.sql.renamed",
+        json!({"accountId": 1}),
+        json!({}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("give options.ordering_key"),
+        "{err}"
+    );
     assert_eq!(db.task_count().await, 0);
+    // Given, it is taken.
+    let given = json!({"ordering_key": "1", "delay": 3600});
+    submit_sql(&db.pool, "test.sql.renamed", json!({"accountId": 1}), given)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -501,6 +580,20 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
             "order",
             "1",
             json!(null),
+            json!({"delay": "12 months 5 days"}),
+            "out of range",
+        ),
+        (
+            "order",
+            "1",
+            json!(null),
+            json!({"stream": 5}),
+            "option stream must be text",
+        ),
+        (
+            "order",
+            "1",
+            json!(null),
             json!({"once": "yes"}),
             "must be true or false",
         ),
@@ -589,4 +682,34 @@ async fn psql_submits_and_emits_in_one_transaction_and_a_worker_runs_the_task() 
             .await
             .unwrap();
     assert_eq!(events, 1);
+}
+
+#[tokio::test]
+async fn a_worker_on_a_schema_without_the_sql_api_is_listed_and_declares_its_types_once_migrated() {
+    let db = TestDb::empty().await;
+    outbox::migrate_to(&db.pool, 13).await.unwrap();
+    let config = outbox::WorkerConfig {
+        heartbeat_interval: Duration::from_millis(200),
+        ..outbox::WorkerConfig::default()
+    };
+    let running = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<SqlInvoice>(Done)
+            .handler::<SqlStep>(Done)
+            .handler::<SqlHourly>(Done)
+            .handler::<SqlRenamed>(Done)
+            .config(config)
+            .build()
+            .unwrap(),
+    );
+    // The declaration fails (no table), the worker's row does not.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM outbox_workers",
+        Duration::from_secs(60),
+    )
+    .await;
+    outbox::migrate(&db.pool).await.unwrap();
+    declared(&db.pool).await;
+    running.stop().await;
 }

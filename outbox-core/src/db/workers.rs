@@ -60,6 +60,7 @@ pub(crate) async fn declare_task_types(
                     .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX).saturating_mul(1000)),
                 "unique_states": unique.map(|u| u.extra_states | crate::options::UNIQUE_ALWAYS),
                 "ordering_field": t.ordering_field,
+                "keys_from_payload": t.keys_from_payload,
             })
         })
         .collect();

@@ -41,31 +41,59 @@ pub(crate) fn identity(shared: &Shared, queues: &[(String, usize)]) -> WorkerIde
     }
 }
 
+/// Declares the task types registered in this binary, for
+/// `outbox_submit`; true once done. Apart from the worker's row: a
+/// database without migration 14, or a role that may not write
+/// `outbox_task_types`, costs submits from SQL their declarations, not the
+/// worker its place in the list. Tried again at each renewal, reported the
+/// first time and every hundredth.
+async fn declare(shared: &Shared, failures: &mut u32) -> bool {
+    let types = crate::task::registered_tasks();
+    let result = call(
+        &shared.engine,
+        shared.deadline,
+        "task types",
+        async |conn| workers::declare_task_types(conn, &types).await,
+    )
+    .await;
+    match result {
+        Ok(()) => true,
+        Err(error) => {
+            if failures.is_multiple_of(100) {
+                tracing::warn!(
+                    %error,
+                    "could not declare this binary's task types for outbox_submit (is migration 14 applied?); trying again"
+                );
+            }
+            *failures += 1;
+            false
+        }
+    }
+}
+
 pub(crate) async fn run(shared: Arc<Shared>, me: WorkerIdentity, stop: CancellationToken) {
     let interval = shared.config.heartbeat_interval;
     let ttl = (interval * ALIVE_INTERVALS).max(Duration::from_secs(3));
     let ttl_us = delay_micros(ttl).unwrap_or(i64::MAX);
     let mut outage = Outage::new("worker row");
     let mut first = true;
+    let mut declared = false;
+    let mut declare_failures = 0_u32;
     loop {
         let write = call(
             &shared.engine,
             shared.deadline,
             "worker row",
-            async |conn| {
-                if first {
-                    // Before the row: a worker shown as started has declared
-                    // its types.
-                    workers::declare_task_types(conn, &crate::task::registered_tasks()).await?;
-                }
-                workers::register(conn, &me, first, ttl_us).await
-            },
+            async |conn| workers::register(conn, &me, first, ttl_us).await,
         );
         let wait = tokio::select! {
             r = write => match r {
                 Ok(()) => {
                     outage.ok();
                     first = false;
+                    if !declared {
+                        declared = declare(&shared, &mut declare_failures).await;
+                    }
                     interval
                 }
                 Err(error) => outage.failed(&error).min(interval),
