@@ -48,11 +48,10 @@ impl Broker for Nats {
             .await
             .expect("connect to NATS");
         let js = async_nats::jetstream::new(client);
-        let mut stream = js
+        let stream = js
             .get_stream("EVENTS")
             .await
             .expect("the stream the relay made");
-        let total = stream.info().await.expect("stream info").state.messages as usize;
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
                 filter_subject: "outbox.event.order".to_owned(),
@@ -60,12 +59,21 @@ impl Broker for Nats {
             })
             .await
             .expect("an ordered consumer");
+        // The subject's messages, as the server counted them at creation.
+        let total = consumer.cached_info().num_pending as usize;
         let mut messages = consumer.messages().await.expect("messages");
         let mut out = Vec::new();
         while out.len() < total {
+            // The stream holds `total`: each is waited for generously (a
+            // short wait turned a loaded machine's pause into lost events).
             let next =
-                tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
-            let Ok(Some(Ok(m))) = next else { break };
+                tokio::time::timeout(std::time::Duration::from_secs(60), messages.next()).await;
+            let Ok(Some(Ok(m))) = next else {
+                panic!(
+                    "read {} of the stream's {total} messages, then: {next:?}",
+                    out.len()
+                )
+            };
             let headers = m.headers.as_ref().expect("headers");
             let get = |name: &str| {
                 headers

@@ -128,9 +128,15 @@ impl Broker for Rabbit {
             .unwrap();
         let mut out = Vec::new();
         while out.len() < total {
+            // The queue holds `total`: each is waited for generously.
             let next =
-                tokio::time::timeout(std::time::Duration::from_secs(5), consumer.next()).await;
-            let Ok(Some(Ok(delivery))) = next else { break };
+                tokio::time::timeout(std::time::Duration::from_secs(60), consumer.next()).await;
+            let Ok(Some(Ok(delivery))) = next else {
+                panic!(
+                    "read {} of the queue's {total} messages, then: {next:?}",
+                    out.len()
+                )
+            };
             let headers = delivery.properties.headers().clone().unwrap_or_default();
             let get = |name: &str| match headers.inner().get(name) {
                 Some(AMQPValue::LongString(s)) => {

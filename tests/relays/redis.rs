@@ -1,5 +1,7 @@
 //! The relay against a real redis-server (Streams).
 
+use std::time::Duration;
+
 use outbox_tests::brokers::{self, BrokerProcess, Kind};
 
 use crate::scenario::{self, Broker, CONCURRENCY, POISON_TYPE, Published};
@@ -18,10 +20,17 @@ impl Redis {
         Kind::Redis.url(&self.server)
     }
 
+    /// The test's own connection. redis-rs gives up on a reply after
+    /// 500 ms and on a connection after 1 s by default: on a loaded CI
+    /// machine, a page of 1,000 entries right after the broker's restart
+    /// took longer (`XRANGE: timed out`). A test waits generously instead.
     async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        let patient = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(60)))
+            .set_response_timeout(Some(Duration::from_secs(60)));
         redis::Client::open(self.url())
             .expect("Redis URL")
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&patient)
             .await
             .expect("connect to Redis")
     }
