@@ -180,6 +180,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         let name = format!("bench{}", subscriptions.fetch_add(1, Ordering::Relaxed));
         let relay = match &broker {
             // guest's password would have to come from the environment.
+            #[cfg(feature = "rabbitmq")]
             Running::Process(server) if kind == RelayKind::Rabbitmq => Relay::new(
                 name,
                 outbox::relay::rabbitmq::RabbitSink::new(
