@@ -131,3 +131,22 @@ fn this_crate_depends_on_exactly_what_the_readme_installation_lists() {
         "README's installation section and examples/guide/Cargo.toml differ"
     );
 }
+
+#[test]
+fn ci_runs_exactly_the_test_command_the_readme_gives() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let command = readme
+        .lines()
+        .find_map(|l| l.strip_suffix("# the tests"))
+        .expect("README's test command, marked `# the tests`")
+        .trim();
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    assert!(
+        ci.contains(&format!("{{ {command}; }}")),
+        ".ci/run must run README's test command word for word: {command}"
+    );
+    // Every install script it names exists.
+    for word in command.split_whitespace().filter(|w| w.starts_with(".ci/")) {
+        assert!(root().join(word).is_file(), "{word} is missing");
+    }
+}
