@@ -214,7 +214,25 @@ async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    println!("limit 3: at most {overlap} at once, on {pids} workers");
+    // The engine's own record says the same: each attempt from its claim
+    // (attempted_at) to its outcome (finished_at).
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT coalesce(max(running), 0)::bigint FROM ( \
+           SELECT sum(delta) OVER (ORDER BY at, delta) AS running FROM ( \
+             SELECT attempted_at AS at, 1 AS delta FROM outbox_all_tasks \
+             UNION ALL \
+             SELECT finished_at, -1 FROM outbox_all_tasks) AS edges) AS r",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    println!(
+        "limit 3: at most {overlap} at once, on {pids} workers; {recorded} by attempted_at and finished_at"
+    );
+    assert!(
+        recorded <= 3,
+        "the engine recorded {recorded} attempts at once under a limit of 3"
+    );
     assert!(
         overlap <= 3,
         "{overlap} tasks ran at once under a limit of 3"

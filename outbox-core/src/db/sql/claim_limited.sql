@@ -5,6 +5,10 @@
 -- a token bucket in the queue's row, refilled by the time since it was
 -- last used, holding at most a tenth of a second's worth (at least one).
 -- Parameters as in claim_tasks.sql. Nothing is claimed while paused.
+-- attempted_at is clock_timestamp(): after the lock wait and this
+-- statement's snapshot, so after the finished_at of every outcome that
+-- freed a slot (statement_timestamp() can precede a commit the snapshot
+-- sees).
 -- Returns the claimed tasks, each with `allowed` (what the limits let this
 -- claim take), and one row with a null id when it claimed nothing, so the
 -- caller can tell a queue held back by its limits from an empty one.
@@ -57,7 +61,7 @@ claimed AS (
         claims = t.claims + 1,
         claimed_by = $3,
         heartbeat_at = coalesce($4::timestamptz, now()),
-        attempted_at = coalesce($4::timestamptz, now()),
+        attempted_at = coalesce($4::timestamptz, clock_timestamp()),
         updated_at = coalesce($4::timestamptz, now())
     FROM next, async_commit
     WHERE t.id = next.id

@@ -3,7 +3,10 @@
 -- short autocommit statement. SKIP LOCKED lets concurrent workers pass over
 -- each other's rows instead of queueing behind them. The WHERE clause
 -- repeats the predicate of outbox_tasks_claimable_idx word for word.
--- $4 overrides the clock (tests); null means the database's now().
+-- $4 overrides the clock (tests); null means the database's now(), but for
+-- attempted_at: clock_timestamp(), the moment of the claim itself, so that
+-- recorded attempts never seem to start before the outcome that made room
+-- for them (finish_tasks.sql records finished_at the same way).
 --
 -- The claim commits without waiting for its WAL flush (synchronous_commit
 -- off for this statement's transaction only): if the server crashes and
@@ -45,7 +48,7 @@ SET state = 'processing',
     claims = t.claims + 1,
     claimed_by = $3,
     heartbeat_at = coalesce($4::timestamptz, now()),
-    attempted_at = coalesce($4::timestamptz, now()),
+    attempted_at = coalesce($4::timestamptz, clock_timestamp()),
     updated_at = coalesce($4::timestamptz, now())
 FROM next, async_commit
 WHERE t.id = next.id

@@ -26,14 +26,14 @@ archived AS (
                                      finished_at, last_error, result, unique_key, ordering_key,
                                      key_seq)
     SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
-           execute_at, created_at, attempted_at, now(), last_error, $4::jsonb, unique_key,
+           execute_at, created_at, attempted_at, clock_timestamp(), last_error, $4::jsonb, unique_key,
            ordering_key, key_seq
     FROM gone
 ),
 kept AS (
     UPDATE outbox_tasks AS t
     SET state = 'completed',
-        finished_at = now(),
+        finished_at = clock_timestamp(),
         claimed_by = NULL,
         heartbeat_at = NULL,
         result = $4::jsonb,

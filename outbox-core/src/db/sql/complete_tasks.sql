@@ -35,7 +35,7 @@ archived AS (
                                      finished_at, last_error, result, unique_key, ordering_key,
                                      key_seq)
     SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
-           execute_at, created_at, attempted_at, coalesce($4::timestamptz, now()), last_error,
+           execute_at, created_at, attempted_at, coalesce($4::timestamptz, clock_timestamp()), last_error,
            NULL, unique_key, ordering_key, key_seq
     FROM gone
 ),
@@ -43,9 +43,9 @@ kept AS (
     UPDATE outbox_tasks AS t
     SET state = CASE WHEN batch.cancelled THEN 'failed' ELSE 'completed' END::outbox_task_state,
         -- An operator asked to cancel it: it ends dead, whatever it returned.
-        dead_at = CASE WHEN batch.cancelled THEN coalesce($4::timestamptz, now()) END,
+        dead_at = CASE WHEN batch.cancelled THEN coalesce($4::timestamptz, clock_timestamp()) END,
         last_error = CASE WHEN batch.cancelled THEN 'cancelled by an operator' ELSE t.last_error END,
-        finished_at = coalesce($4::timestamptz, now()),
+        finished_at = coalesce($4::timestamptz, clock_timestamp()),
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($4::timestamptz, now())

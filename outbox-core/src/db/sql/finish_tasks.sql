@@ -43,7 +43,7 @@ archived AS (
                                      finished_at, last_error, result, unique_key, ordering_key,
                                      key_seq)
     SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
-           execute_at, created_at, attempted_at, coalesce($9::timestamptz, now()), last_error,
+           execute_at, created_at, attempted_at, coalesce($9::timestamptz, clock_timestamp()), last_error,
            new_result::jsonb, unique_key, ordering_key, key_seq
     FROM gone
 ),
@@ -53,12 +53,12 @@ kept AS (
         retry_count = t.retry_count + o.add_retry,
         execute_at = CASE WHEN o.state = 'completed' OR o.cancelled THEN t.execute_at
                           ELSE coalesce($9::timestamptz, now()) + o.delay_us * interval '1 microsecond' END,
-        dead_at = CASE WHEN o.dead OR o.cancelled THEN coalesce($9::timestamptz, now()) END,
+        dead_at = CASE WHEN o.dead OR o.cancelled THEN coalesce($9::timestamptz, clock_timestamp()) END,
         last_error = CASE WHEN o.cancelled THEN 'cancelled by an operator'
                           ELSE coalesce(o.error, t.last_error) END,
         result = CASE WHEN NOT o.cancelled THEN o.result::jsonb END,
         finished_at = CASE WHEN o.state = 'pending' AND NOT o.cancelled THEN NULL
-                           ELSE coalesce($9::timestamptz, now()) END,
+                           ELSE coalesce($9::timestamptz, clock_timestamp()) END,
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($9::timestamptz, now())
