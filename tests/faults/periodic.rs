@@ -87,3 +87,88 @@ async fn three_workers_enqueue_each_tick_once_and_a_killed_leader_is_replaced() 
         "last_tick is the latest tick enqueued"
     );
 }
+
+/// `every 1s` at the default maintenance interval (5 s, so most ticks fall
+/// between rounds), the leader killed a few ticks into the window: every
+/// tick of a 10 s window runs once, and how soon after its time each
+/// started is printed (a figure, not a bound: this machine is shared).
+#[tokio::test]
+async fn every_second_at_the_default_interval_runs_every_tick_once_through_a_killed_leader() {
+    const WINDOW: i64 = 10;
+    let args = [
+        "--queue",
+        "default=4",
+        "--periodic",
+        "tick=every 1s outbox.noop {}",
+    ];
+    let db = TestDb::migrated().await;
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, &args))
+        .collect();
+    let leader = wait_for_one_leader(&db, None).await;
+    let start: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 seconds'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let end = start + chrono::TimeDelta::seconds(WINDOW);
+    let done_in_window = |n: i64| {
+        format!(
+            "SELECT count(DISTINCT execute_at) >= {n} FROM outbox_all_tasks \
+             WHERE task_type = 'outbox.noop' AND state = 'completed' \
+               AND execute_at >= '{}' AND execute_at < '{}'",
+            start.to_rfc3339(),
+            end.to_rfc3339()
+        )
+    };
+    wait_until(&db.pool, &done_in_window(3), Duration::from_secs(60)).await;
+    let index = workers
+        .iter()
+        .position(|w| w.pid() == leader)
+        .expect("the leader is one of ours");
+    let mut dead = workers.remove(index);
+    dead.signal("KILL");
+    dead.wait(Duration::from_secs(10)).await;
+    wait_until(&db.pool, &done_in_window(WINDOW), Duration::from_secs(60)).await;
+    let successor = wait_for_one_leader(&db, Some(leader)).await;
+    for w in &mut workers {
+        w.terminate_within(Duration::from_secs(20)).await;
+    }
+    let duplicated: Vec<(i64, i64)> = ticks(&db)
+        .await
+        .into_iter()
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(
+        duplicated.is_empty(),
+        "ticks enqueued more than once: {duplicated:?}"
+    );
+    let late_ms: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM attempted_at - execute_at)::float8 * 1000 \
+         FROM outbox_all_tasks WHERE task_type = 'outbox.noop' \
+           AND execute_at >= $1 AND execute_at < $2 ORDER BY execute_at",
+    )
+    .bind(start)
+    .bind(end)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        late_ms.len() as i64,
+        WINDOW,
+        "one task per tick of the window"
+    );
+    let mut sorted = late_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    eprintln!(
+        "periodic every 1s, maintenance every 5s, leader pid {leader} killed, pid {successor} took over: \
+         {WINDOW} of {WINDOW} ticks ran once; started after their time by median {:.0} ms, max {:.0} ms \
+         (each: {:?})",
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+        late_ms
+            .iter()
+            .map(|ms| ms.round() as i64)
+            .collect::<Vec<_>>()
+    );
+}

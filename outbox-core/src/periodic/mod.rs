@@ -2,11 +2,13 @@
 //! the CLI), enqueued by the maintenance leader once per tick across the
 //! whole cluster.
 //!
-//! Each maintenance round the leader takes the latest tick at or before
-//! now and enqueues it if it has not been: after downtime, only the latest
+//! Each maintenance round the leader enqueues, once each, every tick from
+//! now to [`horizon`] ahead (due at its time, so a worker claims it then,
+//! woken by the leader's NOTIFY at the tick), and the latest tick at or
+//! before now if it was not enqueued: after downtime, only the latest
 //! missed tick runs (once), unless the task says [`MissedTicks::Skip`].
-//! Ticks are enqueued within one maintenance interval (5 s by default) of
-//! their time, and are due at their time.
+//! The horizon outlasts a leader's lease and its successor's first round,
+//! so a killed leader loses no tick either.
 
 mod schedule;
 
@@ -212,8 +214,43 @@ pub(crate) async fn declare(
     Ok(())
 }
 
-/// Enqueues the due tick of each task, if not yet enqueued; returns the
-/// (name, tick) pairs enqueued.
+/// The most ticks of one task enqueued ahead in one round.
+const MAX_AHEAD: usize = 1000;
+
+/// How far ahead the leader enqueues ticks: past its lease's expiry and the
+/// next leader's first round (maintenance rounds `round` apart), so the
+/// ticks go on through a change of leader.
+pub(crate) fn horizon(round: std::time::Duration) -> chrono::TimeDelta {
+    let ahead = crate::worker::lease_ttl(round) + round * 2;
+    chrono::TimeDelta::from_std(ahead).unwrap_or(chrono::TimeDelta::MAX)
+}
+
+/// Each task's ticks after `now` and within the horizon, in order, with the
+/// queue they run on: what the leader wakes workers for.
+pub(crate) fn upcoming(
+    tasks: &[PeriodicTask],
+    now: DateTime<Utc>,
+    round: std::time::Duration,
+) -> Vec<(String, DateTime<Utc>)> {
+    let end = now.checked_add_signed(horizon(round)).unwrap_or(now);
+    let mut out = Vec::new();
+    for t in tasks {
+        let mut at = now;
+        for _ in 0..MAX_AHEAD {
+            match t.schedule.next_after(at) {
+                Some(tick) if tick <= end && tick > at => {
+                    out.push((t.queue.clone(), tick));
+                    at = tick;
+                }
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// Enqueues the due tick of each task, if not yet enqueued, then every
+/// tick within the horizon; returns the (name, tick) pairs enqueued.
 pub(crate) async fn enqueue_due(
     conn: &mut PgConnection,
     tasks: &[PeriodicTask],
@@ -223,30 +260,48 @@ pub(crate) async fn enqueue_due(
 ) -> sqlx::Result<Vec<(String, DateTime<Utc>)>> {
     let mut enqueued = Vec::new();
     for t in tasks {
-        let Some(tick) = t.schedule.latest_at_or_before(now) else {
-            continue;
-        };
-        // Skip: a tick older than a couple of rounds was missed while no
-        // leader ran; move past it without running it.
-        let stale = chrono::TimeDelta::from_std(round * 2).unwrap_or(chrono::TimeDelta::MAX);
-        let run = t.missed == MissedTicks::RunLatest || now - tick <= stale;
-        let next = t.schedule.next_after(now);
-        let id: Option<i64> = sqlx::query_scalar(include_str!("../db/sql/enqueue_periodic.sql"))
-            .bind(&t.name)
-            .bind(tick)
-            .bind(next)
-            .bind(&t.task_type)
-            .bind(&t.queue)
-            .bind(&t.payload)
-            .bind(t.max_attempts)
-            .bind(t.priority)
-            .bind(holder)
-            .bind(run)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if id.is_some() {
-            enqueued.push((t.name.clone(), tick));
+        // The latest tick so far. A leader that enqueued ahead has it
+        // already (last_tick is past it, so this is a no-op); otherwise it
+        // was missed while no leader ran. Skip: one older than a couple of
+        // rounds moves last_tick past it without running it.
+        if let Some(tick) = t.schedule.latest_at_or_before(now) {
+            let stale = chrono::TimeDelta::from_std(round * 2).unwrap_or(chrono::TimeDelta::MAX);
+            let run = t.missed == MissedTicks::RunLatest || now - tick <= stale;
+            if enqueue_tick(conn, t, tick, holder, run).await? {
+                enqueued.push((t.name.clone(), tick));
+            }
+        }
+        // Then every tick to the horizon, in order, each due at its time.
+        for (_, tick) in upcoming(std::slice::from_ref(t), now, round) {
+            if enqueue_tick(conn, t, tick, holder, true).await? {
+                enqueued.push((t.name.clone(), tick));
+            }
         }
     }
     Ok(enqueued)
+}
+
+/// Enqueues `tick` of `t` unless a tick at or after it was (see
+/// enqueue_periodic.sql); true when a task was written.
+async fn enqueue_tick(
+    conn: &mut PgConnection,
+    t: &PeriodicTask,
+    tick: DateTime<Utc>,
+    holder: &str,
+    run: bool,
+) -> sqlx::Result<bool> {
+    let id: Option<i64> = sqlx::query_scalar(include_str!("../db/sql/enqueue_periodic.sql"))
+        .bind(&t.name)
+        .bind(tick)
+        .bind(t.schedule.next_after(tick))
+        .bind(&t.task_type)
+        .bind(&t.queue)
+        .bind(&t.payload)
+        .bind(t.max_attempts)
+        .bind(t.priority)
+        .bind(holder)
+        .bind(run)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(id.is_some())
 }

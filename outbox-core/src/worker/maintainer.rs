@@ -52,6 +52,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut last_cleanup: Option<Instant> = None;
     let mut watch = TableWatch::default();
     let mut vacuumer = Vacuumer::default();
+    let mut wakeups = super::tick_wake::TickWakeups::default();
     let settle = shared.config.heartbeat_interval * 2;
     // Since when this worker has reached the database without a failure.
     let mut reachable_since = Some(Instant::now());
@@ -83,6 +84,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                         declared = true;
                     }
                     enqueue_periodic(&shared, &holder).await?;
+                    wakeups.schedule(&shared);
                     watch.check(&shared).await;
                     vacuumer.check(&shared).await;
                     maintain(&shared, &holder, recover, &mut last_cleanup).await

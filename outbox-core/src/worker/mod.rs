@@ -32,6 +32,8 @@ mod heartbeat;
 mod holdings;
 mod listener;
 mod maintainer;
+mod tick_wake;
+pub(crate) use maintainer::lease_ttl;
 pub(crate) mod outage;
 mod presence;
 mod producer;

@@ -9,5 +9,7 @@ SET schedule = excluded.schedule,
     task_type = excluded.task_type,
     queue = excluded.queue,
     payload = excluded.payload,
-    next_tick = excluded.next_tick,
+    -- Ticks enqueued ahead (last_tick in the future) keep their next tick.
+    next_tick = CASE WHEN outbox_periodic.last_tick >= excluded.next_tick
+                     THEN outbox_periodic.next_tick ELSE excluded.next_tick END,
     updated_at = now()
