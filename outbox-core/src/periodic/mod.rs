@@ -305,3 +305,39 @@ async fn enqueue_tick(
         .await?;
     Ok(id.is_some())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn every(schedule: &str) -> PeriodicTask {
+        PeriodicTask::build(
+            "t".into(),
+            schedule,
+            "t.t",
+            "q",
+            0,
+            crate::retry::DEFAULT_RETRY_DELAYS,
+            "{}".into(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn upcoming_ticks_reach_past_a_lease_and_the_next_leaders_first_round() {
+        let now = DateTime::from_timestamp(1_000_000, 500_000_000).unwrap();
+        let ticks = upcoming(&[every("every 1s")], now, Duration::from_secs(5));
+        // Lease 10 s plus two rounds: 20 s ahead, strictly after now.
+        assert_eq!(ticks.len(), 20);
+        assert_eq!(ticks[0].1.timestamp(), 1_000_001);
+        assert_eq!(ticks[19].1.timestamp(), 1_000_020);
+        assert!(ticks.iter().all(|(q, _)| q == "q"));
+        // A fine schedule with a long round stops at the cap.
+        let capped = upcoming(&[every("every 1s")], now, Duration::from_secs(3600));
+        assert_eq!(capped.len(), MAX_AHEAD);
+        // A coarse one may have none within the horizon.
+        assert!(upcoming(&[every("every 1d")], now, Duration::from_secs(5)).len() <= 1);
+    }
+}
