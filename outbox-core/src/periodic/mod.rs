@@ -250,60 +250,83 @@ pub(crate) fn upcoming(
 }
 
 /// Enqueues the due tick of each task, if not yet enqueued, then every
-/// tick within the horizon; returns the (name, tick) pairs enqueued.
+/// tick within the horizon; returns how many ticks of each task were
+/// enqueued.
 pub(crate) async fn enqueue_due(
     conn: &mut PgConnection,
     tasks: &[PeriodicTask],
     now: DateTime<Utc>,
     holder: &str,
     round: std::time::Duration,
-) -> sqlx::Result<Vec<(String, DateTime<Utc>)>> {
+) -> sqlx::Result<Vec<(String, usize)>> {
     let mut enqueued = Vec::new();
     for t in tasks {
+        let mut n = 0;
         // The latest tick so far. A leader that enqueued ahead has it
-        // already (last_tick is past it, so this is a no-op); otherwise it
-        // was missed while no leader ran. Skip: one older than a couple of
-        // rounds moves last_tick past it without running it.
+        // already (last_tick is past it, so this is a no-op); otherwise no
+        // leader ran through it (downtime). Skip: one older than a couple
+        // of rounds moves last_tick past it without running it.
         if let Some(tick) = t.schedule.latest_at_or_before(now) {
             let stale = chrono::TimeDelta::from_std(round * 2).unwrap_or(chrono::TimeDelta::MAX);
             let run = t.missed == MissedTicks::RunLatest || now - tick <= stale;
-            if enqueue_tick(conn, t, tick, holder, run).await? {
-                enqueued.push((t.name.clone(), tick));
+            let (moved, id): (bool, Option<i64>) =
+                sqlx::query_as(include_str!("../db/sql/enqueue_periodic.sql"))
+                    .bind(&t.name)
+                    .bind(tick)
+                    .bind(t.schedule.next_after(tick))
+                    .bind(&t.task_type)
+                    .bind(&t.queue)
+                    .bind(&t.payload)
+                    .bind(t.max_attempts)
+                    .bind(t.priority)
+                    .bind(holder)
+                    .bind(run)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            if moved {
+                // Ticks enqueued ahead before the downtime and never
+                // started were missed: MissedTicks alone decides.
+                let dropped: i64 =
+                    sqlx::query_scalar(include_str!("../db/sql/drop_missed_periodic.sql"))
+                        .bind(&t.name)
+                        .bind(tick)
+                        .bind(&t.task_type)
+                        .bind(&t.queue)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                if dropped > 0 {
+                    tracing::info!(periodic = %t.name, dropped, "dropped ticks missed while no leader ran");
+                }
             }
+            n += usize::from(id.is_some());
         }
-        // Then every tick to the horizon, in order, each due at its time.
-        for (_, tick) in upcoming(std::slice::from_ref(t), now, round) {
-            if enqueue_tick(conn, t, tick, holder, true).await? {
-                enqueued.push((t.name.clone(), tick));
-            }
+        // Then every tick to the horizon, in one statement, each due at its
+        // time.
+        let ahead: Vec<DateTime<Utc>> = upcoming(std::slice::from_ref(t), now, round)
+            .into_iter()
+            .map(|(_, tick)| tick)
+            .collect();
+        if let Some(last) = ahead.last() {
+            let ids: Vec<i64> =
+                sqlx::query_scalar(include_str!("../db/sql/enqueue_periodic_ahead.sql"))
+                    .bind(&t.name)
+                    .bind(&ahead)
+                    .bind(t.schedule.next_after(*last))
+                    .bind(&t.task_type)
+                    .bind(&t.queue)
+                    .bind(&t.payload)
+                    .bind(t.max_attempts)
+                    .bind(t.priority)
+                    .bind(holder)
+                    .fetch_all(&mut *conn)
+                    .await?;
+            n += ids.len();
+        }
+        if n > 0 {
+            enqueued.push((t.name.clone(), n));
         }
     }
     Ok(enqueued)
-}
-
-/// Enqueues `tick` of `t` unless a tick at or after it was (see
-/// enqueue_periodic.sql); true when a task was written.
-async fn enqueue_tick(
-    conn: &mut PgConnection,
-    t: &PeriodicTask,
-    tick: DateTime<Utc>,
-    holder: &str,
-    run: bool,
-) -> sqlx::Result<bool> {
-    let id: Option<i64> = sqlx::query_scalar(include_str!("../db/sql/enqueue_periodic.sql"))
-        .bind(&t.name)
-        .bind(tick)
-        .bind(t.schedule.next_after(tick))
-        .bind(&t.task_type)
-        .bind(&t.queue)
-        .bind(&t.payload)
-        .bind(t.max_attempts)
-        .bind(t.priority)
-        .bind(holder)
-        .bind(run)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(id.is_some())
 }
 
 #[cfg(test)]

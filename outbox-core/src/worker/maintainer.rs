@@ -83,8 +83,14 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                         declare_periodic(&shared).await?;
                         declared = true;
                     }
-                    enqueue_periodic(&shared, &holder).await?;
-                    wakeups.schedule(&shared);
+                    // A failed enqueue must not hold back recovery and
+                    // cleanup; the next round tries again.
+                    match enqueue_periodic(&shared, &holder).await {
+                        Ok(()) => wakeups.schedule(&shared).await,
+                        Err(error) => {
+                            tracing::warn!(%error, "could not enqueue periodic ticks; trying again next round");
+                        }
+                    }
                     watch.check(&shared).await;
                     vacuumer.check(&shared).await;
                     maintain(&shared, &holder, recover, &mut last_cleanup).await
@@ -152,8 +158,8 @@ async fn enqueue_periodic(shared: &Shared, holder: &str) -> sqlx::Result<()> {
         crate::periodic::enqueue_due(conn, &shared.periodic, now, holder, round).await
     })
     .await?;
-    for (name, tick) in enqueued {
-        tracing::info!(periodic = %name, %tick, "enqueued a periodic task");
+    for (name, ticks) in enqueued {
+        tracing::info!(periodic = %name, ticks, "enqueued periodic ticks");
     }
     Ok(())
 }

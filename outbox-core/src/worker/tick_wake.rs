@@ -11,14 +11,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::task::JoinSet;
 
 use super::Shared;
 use crate::db::session::call;
 
-/// How long after the tick the NOTIFY goes: the claim that follows must see
-/// the database's clock at or past the tick.
+/// How long after the tick (on the database's clock) the NOTIFY goes: the
+/// claim that follows must see that clock at or past the tick.
 const MARGIN: Duration = Duration::from_millis(5);
 
 /// The leader's pending tick wake-ups.
@@ -31,12 +31,21 @@ pub(crate) struct TickWakeups {
 
 impl TickWakeups {
     /// Starts a timer for each upcoming tick that has none yet.
-    pub(crate) fn schedule(&mut self, shared: &Arc<Shared>) {
+    pub(crate) async fn schedule(&mut self, shared: &Arc<Shared>) {
         // A fixed test clock has no real instants to wait for.
         if shared.periodic.is_empty() || shared.config.clock.now().is_some() {
             return;
         }
         while self.timers.try_join_next().is_some() {}
+        // The claim compares a tick with the database's clock: the timers
+        // go by it, not by this machine's.
+        let offset = match database_clock_offset(shared).await {
+            Ok(offset) => offset,
+            Err(error) => {
+                tracing::debug!(%error, "could not read the database's clock; no periodic wake-ups this round");
+                return;
+            }
+        };
         let now = Utc::now();
         self.scheduled.retain(|(_, tick)| *tick > now);
         let round = shared.config.maintenance_interval;
@@ -44,7 +53,7 @@ impl TickWakeups {
             if !self.scheduled.insert((queue.clone(), tick)) {
                 continue;
             }
-            let wait = (tick - now).to_std().unwrap_or_default() + MARGIN;
+            let wait = (tick - offset - now).to_std().unwrap_or_default() + MARGIN;
             let shared = Arc::clone(shared);
             self.timers.spawn(async move {
                 tokio::time::sleep(wait).await;
@@ -62,4 +71,18 @@ impl TickWakeups {
             });
         }
     }
+}
+
+/// How far the database's clock is ahead of this machine's (negative when
+/// behind), from one round trip, halved.
+async fn database_clock_offset(shared: &Shared) -> sqlx::Result<TimeDelta> {
+    let sent = Utc::now();
+    let database: DateTime<Utc> = call(&shared.engine, shared.deadline, "periodic", async |conn| {
+        sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
+    let back = Utc::now();
+    Ok(database - (sent + (back - sent) / 2))
 }

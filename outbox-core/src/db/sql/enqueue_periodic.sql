@@ -5,8 +5,8 @@
 -- lease ($9 holder): a leader that lost its lease enqueues nothing.
 -- $3 next tick, $4 task type, $5 queue, $6 payload (JSON text), $7 max
 -- attempts, $8 priority, $10 whether to run the tick (false: a missed tick
--- of a task that skips them; only last_tick moves). Returns the new task's
--- id, if one was enqueued.
+-- of a task that skips them; only last_tick moves). Returns whether
+-- last_tick moved, and the new task's id if one was enqueued.
 WITH moved AS (
     UPDATE outbox_periodic
     SET last_tick = $2, next_tick = $3, updated_at = now()
@@ -15,15 +15,18 @@ WITH moved AS (
       AND EXISTS (SELECT 1 FROM outbox_leases
                   WHERE name = 'maintenance' AND holder = $9 AND expires_at > now())
     RETURNING name
+),
+ins AS (
+    INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
+                              unique_key, unique_states)
+    SELECT $4, $5, $6::jsonb, $8, $7, $2,
+           'periodic:' || $1 || ':' || extract(epoch FROM $2::timestamptz)::bigint, 31
+    FROM moved
+    WHERE $10::bool
+    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL
+          AND outbox_unique_covers(unique_states, state, dead_at IS NOT NULL)
+        DO NOTHING
+    RETURNING id
 )
-INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
-                          unique_key, unique_states)
-SELECT $4, $5, $6::jsonb, $8, $7, $2,
-       'periodic:' || $1 || ':' || extract(epoch FROM $2::timestamptz)::bigint, 31
-FROM moved
-WHERE $10::bool
-ON CONFLICT (unique_key)
-    WHERE unique_key IS NOT NULL
-      AND outbox_unique_covers(unique_states, state, dead_at IS NOT NULL)
-    DO NOTHING
-RETURNING id
+SELECT EXISTS (SELECT 1 FROM moved) AS moved, (SELECT id FROM ins) AS id

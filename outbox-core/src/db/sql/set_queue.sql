@@ -9,13 +9,16 @@ WITH changed AS (
     INSERT INTO outbox_queues AS q (name, paused_at, global_concurrency, rate_per_second,
                                     per_key_concurrency)
     VALUES ($1,
-            CASE WHEN $2::boolean THEN now() END,
+            CASE WHEN $2::boolean THEN clock_timestamp() END,
             CASE WHEN $3::boolean THEN $4::integer END,
             CASE WHEN $5::boolean THEN $6::float8 END,
             coalesce($7::integer, 1))
     ON CONFLICT (name) DO UPDATE SET
         paused_at = CASE WHEN $2::boolean IS NULL THEN q.paused_at
-                         WHEN $2::boolean THEN coalesce(q.paused_at, now()) END,
+                         -- The moment the row was taken (after the claims in
+                         -- flight): every claim before it recorded an
+                         -- earlier attempted_at.
+                         WHEN $2::boolean THEN coalesce(q.paused_at, clock_timestamp()) END,
         global_concurrency = CASE WHEN $3::boolean THEN $4::integer ELSE q.global_concurrency END,
         rate_per_second = CASE WHEN $5::boolean THEN $6::float8 ELSE q.rate_per_second END,
         -- A new rate starts from a bucket of its own.

@@ -1,0 +1,16 @@
+-- After downtime (the leader found the latest tick $2 of periodic task $1
+-- not enqueued: no leader ran through the ticks enqueued ahead), the ticks
+-- enqueued ahead before it and never started are missed ticks: they are
+-- removed, so that MissedTicks alone decides what runs (the latest, once,
+-- or none). Matched by their exact unique key (a name may contain ':').
+-- $3 task type, $4 queue. Returns how many.
+WITH dropped AS (
+    DELETE FROM outbox_tasks
+    WHERE queue = $4 AND task_type = $3
+      AND state = 'pending' AND claims = 0 AND dead_at IS NULL
+      AND execute_at < $2
+      AND left(unique_key, length('periodic:' || $1 || ':')) = 'periodic:' || $1 || ':'
+      AND substr(unique_key, length('periodic:' || $1 || ':') + 1) ~ '^[0-9]+$'
+    RETURNING 1
+)
+SELECT count(*) FROM dropped
