@@ -67,13 +67,7 @@ async fn exactly_one_leader_among_three_and_the_role_moves_when_it_dies() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(leaders(&db).await, vec![leader], "one leader at a time");
     }
-    let index = workers
-        .iter()
-        .position(|w| w.pid() == leader)
-        .expect("the leader is one of ours");
-    let mut dead = workers.remove(index);
-    dead.signal("KILL");
-    dead.wait(Duration::from_secs(10)).await;
+    kill_the_leader(&mut workers, leader).await;
 
     let successor = wait_for_one_leader(&db, Some(leader)).await;
     assert!(
@@ -90,4 +84,16 @@ async fn exactly_one_leader_among_three_and_the_role_moves_when_it_dies() {
     eprintln!(
         "leader: 3 workers, 1 leader (pid {leader}); killed it; pid {successor} took over; still 1 leader"
     );
+}
+
+/// Kills the worker process `leader` (a pid) with SIGKILL, takes it out of
+/// `workers` and waits for it to be gone.
+pub(crate) async fn kill_the_leader(workers: &mut Vec<WorkerProcess>, leader: u32) {
+    let index = workers
+        .iter()
+        .position(|w| w.pid() == leader)
+        .expect("the leader is one of ours");
+    let mut dead = workers.remove(index);
+    dead.signal("KILL");
+    dead.wait(Duration::from_secs(10)).await;
 }

@@ -8,7 +8,7 @@ use outbox_tests::TestDb;
 use outbox_tests::process::{WorkerProcess, wait_until};
 
 use crate::WORKER;
-use crate::leader::wait_for_one_leader;
+use crate::leader::{kill_the_leader, wait_for_one_leader};
 
 const ARGS: &[&str] = &[
     "--queue",
@@ -50,13 +50,7 @@ async fn three_workers_enqueue_each_tick_once_and_a_killed_leader_is_replaced() 
     let leader = wait_for_one_leader(&db, None).await;
     wait_for_ticks(&db, 3).await;
     let before = ticks(&db).await.len();
-    let index = workers
-        .iter()
-        .position(|w| w.pid() == leader)
-        .expect("the leader is one of ours");
-    let mut dead = workers.remove(index);
-    dead.signal("KILL");
-    dead.wait(Duration::from_secs(10)).await;
+    kill_the_leader(&mut workers, leader).await;
     let successor = wait_for_one_leader(&db, Some(leader)).await;
     wait_for_ticks(&db, before + 3).await;
     for w in &mut workers {
@@ -122,13 +116,7 @@ async fn every_second_at_the_default_interval_runs_every_tick_once_through_a_kil
         )
     };
     wait_until(&db.pool, &done_in_window(3), Duration::from_secs(60)).await;
-    let index = workers
-        .iter()
-        .position(|w| w.pid() == leader)
-        .expect("the leader is one of ours");
-    let mut dead = workers.remove(index);
-    dead.signal("KILL");
-    dead.wait(Duration::from_secs(10)).await;
+    kill_the_leader(&mut workers, leader).await;
     wait_until(&db.pool, &done_in_window(WINDOW), Duration::from_secs(60)).await;
     let successor = wait_for_one_leader(&db, Some(leader)).await;
     for w in &mut workers {
