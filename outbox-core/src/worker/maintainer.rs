@@ -87,6 +87,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     // cleanup; the next round tries again.
                     match enqueue_periodic(&shared, &holder).await {
                         Ok(()) => wakeups.schedule(&shared).await,
+                        // An outage is reported once, by the rest of the
+                        // round; anything else is worth a warning.
+                        Err(error) if crate::db::classify::is_transient(&error) => {
+                            tracing::debug!(%error, "could not enqueue periodic ticks; trying again next round");
+                        }
                         Err(error) => {
                             tracing::warn!(%error, "could not enqueue periodic ticks; trying again next round");
                         }
