@@ -398,9 +398,6 @@ BEGIN
         EXCEPTION WHEN invalid_text_representation THEN
             PERFORM outbox_refuse(format('%s: its id %s is not a UUID', fn, options -> 'id'));
         END;
-        IF id IS NULL THEN
-            PERFORM outbox_refuse(fn || ': its id is null');
-        END IF;
     ELSE
         id := outbox_new_event_id();
     END IF;

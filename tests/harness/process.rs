@@ -168,6 +168,52 @@ impl Drop for WorkerProcess {
     }
 }
 
+/// A server process of an example's end-to-end test (an API, a receiver, a
+/// service in another language): started, waited for until it listens, and
+/// killed on drop. Its standard error goes to a log, shown if it never
+/// listens.
+pub struct ServerProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `command` and waits (at most a minute) until something
+    /// accepts connections on `addr`.
+    pub async fn start(mut command: Command, addr: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("outbox-test-server-{}-{n}.log", std::process::id()));
+        let program = command.get_program().to_string_lossy().into_owned();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("the server's log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program}: {e}"));
+        let server = Self { child, log };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{program} did not listen on {addr}:\n{}",
+                std::fs::read_to_string(&server.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// Polls `sql` (a query returning one boolean) until it is true, at most
 /// `within`. For waiting on another process's effect on the database, where
 /// no in-process signal exists.

@@ -3,56 +3,27 @@
 //! mid-flight. Every order's event must reach the receiver exactly once
 //! after deduplication.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use outbox_tests::TestDb;
-use outbox_tests::process::{WorkerProcess, wait_until};
+use outbox_tests::process::{ServerProcess, WorkerProcess, wait_until};
 
 const API: &str = env!("CARGO_BIN_EXE_orders-api");
 const WORKER: &str = env!("CARGO_BIN_EXE_orders-worker");
 const RECEIVER: &str = env!("CARGO_BIN_EXE_webhook-receiver");
 
-/// A server process, killed on drop.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+    format!("127.0.0.1:{}", outbox_tests::brokers::free_port())
 }
 
-async fn start(binary: &str, envs: &[(&str, &str)], addr: &str) -> Server {
-    let child = Command::new(binary)
-        .envs(envs.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a server");
-    let server = Server(child);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{binary} did not listen on {addr}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    server
+async fn start(binary: &str, envs: &[(&str, &str)], addr: &str) -> ServerProcess {
+    let mut command = Command::new(binary);
+    command.envs(envs.iter().copied());
+    ServerProcess::start(command, addr).await
 }
 
-async fn start_api(db: &TestDb, api: &str) -> Server {
+async fn start_api(db: &TestDb, api: &str) -> ServerProcess {
     start(API, &[("DATABASE_URL", &db.url), ("ORDERS_ADDR", api)], api).await
 }
 

@@ -3,24 +3,14 @@
 //! transactions, and the Rust worker process running what it submitted. A
 //! signup whose insert fails leaves no task behind.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_tests::TestDb;
-use outbox_tests::process::{WorkerProcess, wait_until};
+use outbox_tests::process::{ServerProcess, WorkerProcess, wait_until};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_welcome-worker");
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/service.py");
-
-/// The service process, killed on drop.
-struct Service(Child);
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A python3 that can import psycopg: on PATH, or Debian's (which a pyenv
 /// or venv python3 on PATH hides). None skips on a developer's machine
@@ -68,27 +58,13 @@ async fn signups_from_python_are_welcomed_by_the_rust_worker_and_a_failed_one_le
 
     let port = outbox_tests::brokers::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let log = std::env::temp_dir().join(format!("outbox-python-service-{port}.log"));
-    let child = Command::new(python)
+    let mut service = Command::new(python);
+    service
         .arg(SERVICE)
         // libpq's URL, without sqlx's own parameters.
         .env("DATABASE_URL", db.url.split('?').next().unwrap())
-        .env("SERVICE_ADDR", &addr)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start service.py");
-    let _service = Service(child);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(&addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "service.py did not listen on {addr}: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .env("SERVICE_ADDR", &addr);
+    let _service = ServerProcess::start(service, &addr).await;
 
     let client = reqwest::Client::new();
     let signup = async |email: &str| {
