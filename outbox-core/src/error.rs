@@ -40,6 +40,12 @@ pub enum Error {
     #[error("invalid task option: {0}")]
     InvalidOption(String),
 
+    /// A workflow that cannot be submitted (a cycle, an unknown or
+    /// repeated step, a bad name), or a step's question about a workflow it
+    /// is not part of; nothing was written.
+    #[error("workflow refused: {0}")]
+    InvalidWorkflow(String),
+
     /// A worker refused to start. Every problem found is listed.
     #[error("the worker cannot start:\n{0}")]
     Startup(StartupProblems),

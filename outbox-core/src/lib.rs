@@ -67,6 +67,7 @@ mod task_result;
 pub mod testing;
 mod wakeup;
 mod worker;
+pub mod workflow;
 
 /// The sqlx this crate is built on (0.9): use it for the connections and
 /// transactions you hand to `submit`, so that the types match. Two sqlx
@@ -99,6 +100,7 @@ pub use worker::{
     CountersSnapshot, DEFAULT_CONCURRENCY, MAINTENANCE_LEASE, MAX_CONCURRENCY, TaskEvent,
     TaskEventKind, Worker, WorkerBuilder, WorkerConfig, WorkerCounters,
 };
+pub use workflow::{OnParentDead, Step, Workflow, WorkflowId};
 
 /// What `#[outbox_task]` expands to refers to; not a public API.
 #[doc(hidden)]

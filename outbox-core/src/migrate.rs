@@ -109,6 +109,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0014_sql_api.up.sql"),
         down: include_str!("../../migrations/0014_sql_api.down.sql"),
     },
+    Migration {
+        version: 15,
+        name: "workflows",
+        up: include_str!("../../migrations/0015_workflows.up.sql"),
+        down: include_str!("../../migrations/0015_workflows.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

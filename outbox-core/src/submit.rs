@@ -143,6 +143,12 @@ impl Batch {
         self.rows.is_empty()
     }
 
+    /// The rows pushed so far (a workflow's steps are checked as a batch's
+    /// tasks are, then written their own way).
+    pub(crate) fn into_rows(self) -> Vec<NewTask> {
+        self.rows
+    }
+
     /// Adds a task with its type's defaults.
     pub fn push<T: Task>(&mut self, task: &T) -> Result<&mut Self> {
         self.push_with(task, TaskOptions::new())

@@ -51,6 +51,7 @@ impl From<outbox::Error> for Failure {
             | outbox::Error::InvalidOption(_)
             | outbox::Error::InvalidPayload { .. }
             | outbox::Error::InvalidEvent(_)
+            | outbox::Error::InvalidWorkflow(_)
             | outbox::Error::Serialize { .. } => Self::config(e),
             outbox::Error::Database(ref db) if crate::connect::is_unreachable(db) => {
                 Self::unreachable(format!("cannot reach the database: {db}"))

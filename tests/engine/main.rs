@@ -20,3 +20,4 @@ mod timeouts;
 mod txcomplete;
 mod unique;
 mod vacuum;
+mod workflows;

@@ -1,0 +1,16 @@
+DROP FUNCTION outbox_workflow_submit(text, text[], text[], text[], text[], smallint[], integer[],
+                                     timestamptz[], bigint[], text[], boolean[], text[], text[],
+                                     text[], text[]);
+DROP TRIGGER outbox_workflow_dead ON outbox_tasks;
+DROP TRIGGER outbox_workflow_complete ON outbox_tasks;
+DROP FUNCTION outbox_workflow_on_dead();
+DROP FUNCTION outbox_workflow_cancel(bigint);
+DROP FUNCTION outbox_workflow_on_complete();
+DROP FUNCTION outbox_workflow_revive(bigint, text, bigint);
+DROP FUNCTION outbox_workflow_settle(bigint, text[]);
+DROP FUNCTION outbox_workflow_finish(bigint);
+DROP FUNCTION outbox_workflow_release(bigint, text[]);
+DROP TABLE outbox_workflow_edges;
+DROP TABLE outbox_workflow_steps;
+DROP TABLE outbox_workflows;
+ALTER TABLE outbox_tasks DROP COLUMN workflow_step, DROP COLUMN workflow_id;

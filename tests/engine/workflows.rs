@@ -1,0 +1,555 @@
+//! Workflows: chains, groups and chords of real tasks run by real workers,
+//! what a dead step does to the rest, sagas that compensate, an operator's
+//! retry that resumes, and two completions racing for one chord.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::workflow::{WorkflowStatus, workflow_status};
+use outbox::{
+    HandlerError, HandlerResult, OnParentDead, Outcome, Step, TaskContext, TaskHandler, TaskId,
+    Worker, Workflow, WorkflowId, outbox_task,
+};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// One step's work: returns `value` plus its parents' results (and the
+/// result of step `read`, if set); fails if its label is in the failing
+/// set. One attempt: a failure is a death.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.wf.work", queue = "wf", retry_delays = ["1h"])]
+struct Work {
+    label: String,
+    value: i64,
+    read: Option<String>,
+}
+
+fn work(label: &str, value: i64) -> Work {
+    Work {
+        label: label.to_owned(),
+        value,
+        read: None,
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    /// "label@step" per attempt, in the order they started.
+    log: Mutex<Vec<String>>,
+    failing: Mutex<HashSet<String>>,
+}
+
+impl Shared {
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn labels(&self) -> Vec<String> {
+        self.log()
+            .into_iter()
+            .map(|l| l.split('@').next().unwrap().to_owned())
+            .collect()
+    }
+
+    fn fail(&self, label: &str, yes: bool) {
+        let mut failing = self.failing.lock().unwrap();
+        if yes {
+            failing.insert(label.to_owned());
+        } else {
+            failing.remove(label);
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Worker_(Arc<Shared>);
+
+impl TaskHandler<Work> for Worker_ {
+    async fn handle(&self, ctx: TaskContext, task: Work) -> HandlerResult {
+        let step = ctx.workflow().await?.map(|(_, step)| step);
+        self.0.log.lock().unwrap().push(format!(
+            "{}@{}",
+            task.label,
+            step.as_deref().unwrap_or("-")
+        ));
+        if self.0.failing.lock().unwrap().contains(&task.label) {
+            return Err(HandlerError::msg(format!("{} refused", task.label)));
+        }
+        let parents = ctx.parent_results::<i64>().await?;
+        let mut total = task.value + parents.iter().filter_map(|(_, v)| *v).sum::<i64>();
+        if let Some(read) = &task.read {
+            total += ctx.step_result::<i64>(read).await?.unwrap_or(0);
+        }
+        Outcome::success_with(&total)
+    }
+}
+
+fn start(db: &TestDb, shared: &Arc<Shared>) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Work>(Worker_(shared.clone()))
+            .build()
+            .unwrap(),
+    )
+}
+
+async fn submit(db: &TestDb, workflow: Workflow) -> WorkflowId {
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = workflow.submit(&mut tx).await.unwrap();
+    tx.commit().await.unwrap();
+    id
+}
+
+/// Waits (60 s at most) until workflow `id` is in `state` with no open
+/// step, and returns it.
+async fn wait_state(pool: &PgPool, id: WorkflowId, state: &str) -> WorkflowStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = workflow_status(pool, id).await.unwrap().expect("workflow");
+        if status.workflow.state == state && status.workflow.open_steps == 0 {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "workflow {id} never reached {state}: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn step_states(status: &WorkflowStatus) -> Vec<(String, String)> {
+    status
+        .step_list
+        .iter()
+        .map(|s| (s.name.clone(), s.state.clone()))
+        .collect()
+}
+
+fn result_of(status: &WorkflowStatus, step: &str) -> Option<i64> {
+    let s = status.step_list.iter().find(|s| s.name == step).unwrap();
+    s.result.as_ref().map(|v| v.as_i64().unwrap())
+}
+
+fn task_of(status: &WorkflowStatus, step: &str) -> TaskId {
+    status
+        .step_list
+        .iter()
+        .find(|s| s.name == step)
+        .and_then(|s| s.task_id)
+        .unwrap_or_else(|| panic!("step {step} has no task: {status:#?}"))
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chain_runs_in_order_and_each_step_reads_results_typed() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut w = Workflow::new("chain");
+    // Added out of order on purpose: dependencies may come later.
+    w.add_after(
+        "c",
+        &["b"],
+        &Work {
+            read: Some("a".to_owned()),
+            ..work("c", 100)
+        },
+    )
+    .unwrap()
+    .add_after("b", &["a"], &work("b", 10))
+    .unwrap()
+    .add("a", &work("a", 1))
+    .unwrap();
+    let id = submit(&db, w).await;
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tasks, 1, "only the root is a task before anything ran");
+
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    assert_eq!(shared.log(), ["a@a", "b@b", "c@c"]);
+    assert_eq!(result_of(&status, "a"), Some(1));
+    assert_eq!(result_of(&status, "b"), Some(11));
+    // c: its own 100, its parent b's 11, and step a's 1 read by name.
+    assert_eq!(result_of(&status, "c"), Some(112));
+    assert_eq!(status.workflow.name, "chain");
+    assert!(status.workflow.finished_at.is_some());
+    let b = status.step_list.iter().find(|s| s.name == "b").unwrap();
+    assert_eq!(b.after, ["a"]);
+}
+
+#[tokio::test]
+async fn a_group_fans_out_to_two_workers_and_its_chord_runs_once_after_all() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut w = Workflow::new("sum");
+    let names: Vec<String> = (0..200).map(|i| format!("part-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        w.add(name, &work("part", i as i64)).unwrap();
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    w.add_after("total", &refs, &work("total", 0)).unwrap();
+    let id = submit(&db, w).await;
+
+    let one = start(&db, &shared);
+    let two = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "completed").await;
+    one.stop().await;
+    two.stop().await;
+    assert_eq!(result_of(&status, "total"), Some((0..200).sum::<i64>()));
+    let labels = shared.labels();
+    assert_eq!(labels.iter().filter(|l| *l == "total").count(), 1);
+    assert_eq!(labels.iter().filter(|l| *l == "part").count(), 200);
+    assert_eq!(labels.last().map(String::as_str), Some("total"));
+}
+
+#[tokio::test]
+async fn an_invalid_or_rolled_back_workflow_writes_nothing() {
+    let db = TestDb::migrated().await;
+    let mut cyclic = Workflow::new("cyclic");
+    cyclic
+        .add_after("a", &["b"], &work("a", 1))
+        .unwrap()
+        .add_after("b", &["a"], &work("b", 1))
+        .unwrap();
+    let err = cyclic.submit(&mut *db.conn().await).await.unwrap_err();
+    assert!(
+        matches!(&err, outbox::Error::InvalidWorkflow(r) if r.contains("cycle")),
+        "{err}"
+    );
+    let mut unknown = Workflow::new("unknown");
+    unknown.add_after("a", &["ghost"], &work("a", 1)).unwrap();
+    let err = unknown.submit(&mut *db.conn().await).await.unwrap_err();
+    assert!(err.to_string().contains("ghost"), "{err}");
+
+    let mut fine = Workflow::new("rolled back");
+    fine.add("a", &work("a", 1)).unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    fine.submit(&mut tx).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let (workflows, steps, tasks): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_workflows), (SELECT count(*) FROM outbox_workflow_steps), \
+         (SELECT count(*) FROM outbox_tasks)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((workflows, steps, tasks), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_dead_step_cancels_skips_or_runs_its_dependents_and_a_retry_resumes() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("a", true);
+    let mut w = Workflow::new("policies");
+    w.add("a", &work("a", 1))
+        .unwrap()
+        .add_after("cancelled", &["a"], &work("cancelled", 1))
+        .unwrap()
+        .add_after(
+            "after-cancelled",
+            &["cancelled"],
+            &work("after-cancelled", 1),
+        )
+        .unwrap()
+        .add_step(
+            "skipped",
+            &work("skipped", 1),
+            Step::new().after(["a"]).on_parent_dead(OnParentDead::Skip),
+        )
+        .unwrap()
+        .add_after("after-skipped", &["skipped"], &work("after-skipped", 5))
+        .unwrap()
+        .add_step(
+            "anyway",
+            &work("anyway", 7),
+            Step::new().after(["a"]).on_parent_dead(OnParentDead::Run),
+        )
+        .unwrap();
+    let id = submit(&db, w).await;
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "failed").await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[
+            ("a", "dead"),
+            ("cancelled", "cancelled"),
+            ("after-cancelled", "cancelled"),
+            ("skipped", "skipped"),
+            ("after-skipped", "completed"),
+            ("anyway", "completed"),
+        ])
+    );
+    // A skipped parent gives no result; a dead one neither.
+    assert_eq!(result_of(&status, "after-skipped"), Some(5));
+    assert_eq!(result_of(&status, "anyway"), Some(7));
+    let a = status.step_list.iter().find(|s| s.name == "a").unwrap();
+    assert_eq!(a.last_error.as_deref(), Some("a refused"));
+
+    // The operator fixes the cause and retries the dead step: what its
+    // death cancelled waits again and runs; nothing that ran runs twice.
+    shared.fail("a", false);
+    let retried = outbox::admin::retry_tasks(&db.pool, &[task_of(&status, "a")])
+        .await
+        .unwrap();
+    assert_eq!(retried.len(), 1);
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[
+            ("a", "completed"),
+            ("cancelled", "completed"),
+            ("after-cancelled", "completed"),
+            ("skipped", "skipped"),
+            ("after-skipped", "completed"),
+            ("anyway", "completed"),
+        ])
+    );
+    assert_eq!(result_of(&status, "after-cancelled"), Some(3));
+    let labels = shared.labels();
+    for once in ["anyway", "after-skipped", "cancelled", "after-cancelled"] {
+        assert_eq!(
+            labels.iter().filter(|l| *l == once).count(),
+            1,
+            "{once}: {labels:?}"
+        );
+    }
+    assert_eq!(labels.iter().filter(|l| *l == "a").count(), 2);
+}
+
+/// charge -> reserve -> ship, where charge and reserve declare
+/// compensations.
+fn checkout() -> Workflow {
+    let mut w = Workflow::new("checkout");
+    w.add("charge", &work("charge", 1))
+        .unwrap()
+        .compensate(
+            "charge",
+            &Work {
+                read: Some("charge".to_owned()),
+                ..work("refund", 0)
+            },
+        )
+        .unwrap()
+        .add_after("reserve", &["charge"], &work("reserve", 1))
+        .unwrap()
+        .compensate("reserve", &work("release", 0))
+        .unwrap()
+        .add_after("ship", &["reserve"], &work("ship", 1))
+        .unwrap();
+    w
+}
+
+#[tokio::test]
+async fn a_saga_compensates_completed_steps_in_reverse_order_for_a_failure_at_every_step() {
+    let db = TestDb::migrated().await;
+    let cases: [(&str, &str, &[&str]); 3] = [
+        ("charge", "failed", &["charge"]),
+        ("reserve", "compensated", &["charge", "reserve", "refund"]),
+        (
+            "ship",
+            "compensated",
+            &["charge", "reserve", "ship", "release", "refund"],
+        ),
+    ];
+    for (failing, end, ran) in cases {
+        let shared = Arc::new(Shared::default());
+        shared.fail(failing, true);
+        let id = submit(&db, checkout()).await;
+        let worker = start(&db, &shared);
+        let status = wait_state(&db.pool, id, end).await;
+        worker.stop().await;
+        assert_eq!(shared.labels(), ran, "failing at {failing}");
+        for step in &status.step_list {
+            if let Some(undone) = &step.compensates {
+                assert_eq!(step.state, "completed", "{failing}: {status:#?}");
+                let original = status.step_list.iter().find(|s| &s.name == undone).unwrap();
+                assert_eq!(original.state, "completed");
+            }
+        }
+        if failing == "ship" {
+            // The refund read the charge's result by name.
+            assert_eq!(result_of(&status, "undo:charge"), Some(1));
+            assert_eq!(
+                status
+                    .step_list
+                    .iter()
+                    .find(|s| s.name == "undo:charge")
+                    .unwrap()
+                    .after,
+                ["undo:reserve"]
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dead_compensation_fails_the_saga_until_an_operator_retries_it() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("ship", true);
+    shared.fail("release", true);
+    let id = submit(&db, checkout()).await;
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "compensation_failed").await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[
+            ("charge", "completed"),
+            ("reserve", "completed"),
+            ("ship", "dead"),
+            ("undo:reserve", "dead"),
+            ("undo:charge", "cancelled"),
+        ])
+    );
+    shared.fail("release", false);
+    outbox::admin::retry_tasks(&db.pool, &[task_of(&status, "undo:reserve")])
+        .await
+        .unwrap();
+    let status = wait_state(&db.pool, id, "compensated").await;
+    worker.stop().await;
+    assert_eq!(
+        shared.labels(),
+        ["charge", "reserve", "ship", "release", "release", "refund"]
+    );
+    assert_eq!(
+        step_states(&status)[4],
+        ("undo:charge".to_owned(), "completed".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_saga_stops_what_waits_and_undoes_what_completed() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    // The reserve step goes to a queue no worker serves, so it stays
+    // released (pending) while the charge completes.
+    let mut w = Workflow::new("checkout");
+    w.add("charge", &work("charge", 1))
+        .unwrap()
+        .compensate("charge", &work("refund", 0))
+        .unwrap()
+        .add_step(
+            "reserve",
+            &work("reserve", 1),
+            Step::new()
+                .after(["charge"])
+                .options(outbox::TaskOptions::new().queue("wf-held")),
+        )
+        .unwrap()
+        .add_after("ship", &["reserve"], &work("ship", 1))
+        .unwrap();
+    let id = submit(&db, w).await;
+    let mut worker = start(&db, &shared);
+    worker
+        .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    worker.stop().await;
+    let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(status.step_list[0].state, "completed");
+    assert_eq!(status.step_list[1].state, "released");
+
+    let report = outbox::workflow::cancel(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.steps_cancelled, report.tasks_cancelled), (1, 1));
+    assert!(
+        outbox::workflow::cancel(&db.pool, WorkflowId(id.0 + 1000))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "compensated").await;
+    worker.stop().await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[
+            ("charge", "completed"),
+            ("reserve", "dead"),
+            ("ship", "cancelled"),
+            ("undo:charge", "completed"),
+        ])
+    );
+    assert_eq!(shared.labels(), ["charge", "refund"]);
+}
+
+/// Two transactions complete a chord's last two children at the same
+/// instant: the second waits for the first's lock on the workflow, sees
+/// its completion, and only one of them releases the callback.
+#[tokio::test]
+async fn two_completions_of_a_chords_last_children_release_the_callback_once() {
+    let db = TestDb::migrated().await;
+    for round in 0..5 {
+        let mut w = Workflow::new("race");
+        w.add("left", &work("left", 1))
+            .unwrap()
+            .add("right", &work("right", 2))
+            .unwrap()
+            .add_after("callback", &["left", "right"], &work("callback", 0))
+            .unwrap();
+        let id = submit(&db, w).await;
+        let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
+        let (left, right) = (task_of(&status, "left"), task_of(&status, "right"));
+        // Claimed, as a worker would have them.
+        sqlx::query(
+            "UPDATE outbox_tasks SET state = 'processing', claims = 1, claimed_by = 'race', \
+             heartbeat_at = now() WHERE id = ANY($1)",
+        )
+        .bind(vec![left.0, right.0])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+        let complete = "DELETE FROM outbox_tasks WHERE id = $1";
+        let mut first = db.pool.begin().await.unwrap();
+        sqlx::query(complete)
+            .bind(left.0)
+            .execute(&mut *first)
+            .await
+            .unwrap();
+        let pool = db.pool.clone();
+        let second = tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(complete)
+                .bind(right.0)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        });
+        // The second completion is blocked on the workflow's row.
+        outbox_tests::process::wait_until(
+            &db.pool,
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')",
+            Duration::from_secs(30),
+        )
+        .await;
+        first.commit().await.unwrap();
+        second.await.unwrap();
+
+        let callbacks: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_tasks WHERE workflow_id = $1 AND workflow_step = 'callback'",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(callbacks, 1, "round {round}");
+        let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
+        assert_eq!(status.workflow.open_steps, 1, "round {round}: {status:#?}");
+    }
+}
