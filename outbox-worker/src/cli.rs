@@ -88,6 +88,9 @@ enum Command {
     /// Emit an event, show the relays' backlog, switch the Debezium mirror.
     #[command(subcommand)]
     Events(crate::events_cmd::EventsCommand),
+    /// List, show and cancel workflows.
+    #[command(subcommand)]
+    Workflows(crate::workflows_cmd::WorkflowsCommand),
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +296,7 @@ pub fn main_with(
             Command::Queues(command) => within(limit, crate::queues_cmd::queues(command)).await,
             Command::Workers(command) => within(limit, crate::queues_cmd::workers(command)).await,
             Command::Events(command) => within(limit, crate::events_cmd::run(command)).await,
+            Command::Workflows(command) => within(limit, crate::workflows_cmd::run(command)).await,
         }
     });
     // Whatever is still running (a handler that never yields, a connection

@@ -24,6 +24,7 @@ mod periodic_cmd;
 mod queues_cmd;
 mod signals;
 mod task_types;
+mod workflows_cmd;
 
 pub use cli::{main, main_with};
 pub use signals::stop_on_signal;

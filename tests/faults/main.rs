@@ -17,6 +17,7 @@ mod sigterm;
 mod table_health;
 mod terminate;
 mod txcomplete;
+mod workflow;
 
 /// The worker binary with the harness's task types linked in.
 const WORKER: &str = env!("CARGO_BIN_EXE_outbox-test-worker");

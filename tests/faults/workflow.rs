@@ -1,0 +1,228 @@
+//! Workflows through faults: a worker killed -9 with a group's steps in
+//! flight, and PostgreSQL restarted and stopped while a chord fans in.
+//! A step's release commits with its parent's completion, so neither can
+//! leave a step released twice or never.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskHandler, Worker, WorkerConfig, Workflow, WorkflowId,
+    outbox_task,
+};
+use outbox_tests::process::{WorkerProcess, wait_until};
+use outbox_tests::tasks::{Record, create_executions_table};
+use outbox_tests::{RunningWorker, TestDb};
+use outbox_worker::local_postgres::LocalPostgres;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::WORKER;
+use crate::restart::{on, private_cluster};
+
+const FAST_RECOVERY: &[&str] = &[
+    "--queue",
+    "record=8",
+    "--poll-interval",
+    "100ms",
+    "--heartbeat-interval",
+    "100ms",
+    "--heartbeat-timeout",
+    "1s",
+    "--maintenance-interval",
+    "100ms",
+];
+
+/// A group of `parts` steps, a chord over them, and a last step after it.
+fn fan_in(parts: usize, part: &Record, callback: &Record) -> Workflow {
+    let mut w = Workflow::new("fault");
+    let names: Vec<String> = (0..parts).map(|i| format!("part-{i}")).collect();
+    for name in &names {
+        w.add(name, part).unwrap();
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    w.add_after("callback", &refs, callback)
+        .unwrap()
+        .add_after("last", &["callback"], &Record { ms: 1 })
+        .unwrap();
+    w
+}
+
+async fn workflow_state(pool: &PgPool, id: WorkflowId) -> (String, i32) {
+    sqlx::query_as("SELECT state, open_steps FROM outbox_workflows WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_group_leaves_the_workflow_to_finish_with_its_chord_run_once() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    let id = fan_in(40, &Record { ms: 300 }, &Record { ms: 1 })
+        .submit(&mut *db.conn().await)
+        .await
+        .unwrap();
+
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    let in_flight = first.kill_mid_flight(&db.pool, 8, 4).await;
+    assert!(in_flight >= 1, "the kill caught steps in flight");
+    let (state, open) = workflow_state(&db.pool, id).await;
+    assert_eq!(state, "running");
+
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM outbox_workflows WHERE id = {id}"),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert!(second.is_running(), "{}", second.log());
+
+    // Every step ran; the callback and the last step once each (they were
+    // released after the kill); a part ran twice at most (cut short).
+    let runs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT s.name, count(e.task_id) FROM outbox_workflow_steps s \
+         LEFT JOIN executions e ON e.task_id = s.task_id WHERE s.workflow_id = $1 \
+         GROUP BY s.name",
+    )
+    .bind(id.0)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let repeated = runs.iter().filter(|(_, n)| *n > 1).count();
+    eprintln!(
+        "workflow kill -9: {open} steps open at the kill with {in_flight} in flight; \
+         afterwards 42 of 42 steps completed, {repeated} parts ran twice"
+    );
+    assert_eq!(runs.len(), 42);
+    for (name, n) in &runs {
+        assert!(*n >= 1, "step {name} never ran");
+        if name == "callback" || name == "last" {
+            assert_eq!(*n, 1, "step {name}");
+        }
+    }
+    assert!(repeated as i64 <= in_flight, "{runs:?}");
+    let states: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM outbox_workflow_steps WHERE workflow_id = $1 GROUP BY 1",
+    )
+    .bind(id.0)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(states, vec![("completed".to_owned(), 42)]);
+}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.workflow.fault.count", queue = "wf-restart")]
+struct Part {
+    callback: bool,
+}
+
+#[derive(Clone, Default)]
+struct Counter {
+    parts: Arc<AtomicUsize>,
+    callbacks: Arc<AtomicUsize>,
+}
+
+impl TaskHandler<Part> for Counter {
+    async fn handle(&self, ctx: TaskContext, task: Part) -> HandlerResult {
+        if task.callback {
+            let parents = ctx.parent_results::<u64>().await?;
+            self.callbacks.fetch_add(1, Ordering::Relaxed);
+            let total: u64 = parents.iter().filter_map(|(_, v)| *v).sum();
+            return Outcome::success_with(&total);
+        }
+        self.parts.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        Outcome::success_with(&1u64)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_and_an_outage_mid_fan_in_release_the_chord_once() {
+    const PARTS: usize = 3000;
+    let (cluster, url) = private_cluster().await;
+    let pool = TestDb::pool_on(&url, 10).await;
+    outbox::migrate(&pool).await.unwrap();
+    let mut w = Workflow::new("restart");
+    let names: Vec<String> = (0..PARTS).map(|i| format!("part-{i}")).collect();
+    for name in &names {
+        w.add(name, &Part { callback: false }).unwrap();
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    w.add_after("callback", &refs, &Part { callback: true })
+        .unwrap();
+    let id = w.submit(&mut pool.acquire().await.unwrap()).await.unwrap();
+
+    let counter = Counter::default();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_secs(2),
+        maintenance_interval: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    };
+    let worker = RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(config)
+            .handler::<Part>(counter.clone())
+            .queue("wf-restart", 16)
+            .build()
+            .unwrap(),
+    );
+    let settled = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_workflow_steps WHERE workflow_id = $1 AND state = 'completed'",
+        )
+        .bind(id.0)
+        .fetch_one(&pool)
+        .await
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let (mut restarted, mut was_down) = (false, false);
+    loop {
+        let done = settled().await.unwrap_or(0);
+        if done == PARTS as i64 + 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out with {done} of {} steps completed",
+            PARTS + 1
+        );
+        if !restarted && done >= 600 {
+            restarted = true;
+            on(&cluster, LocalPostgres::restart).await;
+            eprintln!("workflow restart: PostgreSQL restarted after {done} steps");
+        } else if restarted && !was_down && done >= 1500 {
+            was_down = true;
+            on(&cluster, LocalPostgres::stop_server).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            on(&cluster, LocalPostgres::start_again).await;
+            eprintln!("workflow restart: PostgreSQL down for 3 s after {done} steps");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await;
+    let (state, open) = workflow_state(&pool, id).await;
+    let total: i64 = sqlx::query_scalar(
+        "SELECT result::text::bigint FROM outbox_workflow_steps WHERE workflow_id = $1 AND name = 'callback'",
+    )
+    .bind(id.0)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let parts = counter.parts.load(Ordering::Relaxed);
+    eprintln!(
+        "workflow restart: {PARTS} parts and the chord completed through a restart and an outage; \
+         {parts} part executions, {} callback executions, chord total {total}",
+        counter.callbacks.load(Ordering::Relaxed)
+    );
+    assert_eq!((state.as_str(), open), ("completed", 0));
+    assert_eq!(counter.callbacks.load(Ordering::Relaxed), 1);
+    assert_eq!(total, PARTS as i64, "the chord saw every part's result");
+    assert!(parts >= PARTS);
+}
