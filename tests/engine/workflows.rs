@@ -553,3 +553,50 @@ async fn two_completions_of_a_chords_last_children_release_the_callback_once() {
         assert_eq!(status.workflow.open_steps, 1, "round {round}: {status:#?}");
     }
 }
+
+#[tokio::test]
+async fn finished_workflows_leave_after_the_retention_and_running_ones_stay() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut done = Workflow::new("done");
+    done.add("a", &work("a", 1)).unwrap();
+    let done = submit(&db, done).await;
+    // A workflow whose root waits on a queue nobody serves stays running.
+    let mut open = Workflow::new("open");
+    open.add_step(
+        "held",
+        &work("held", 1),
+        Step::new().options(outbox::TaskOptions::new().queue("wf-held")),
+    )
+    .unwrap();
+    let open = submit(&db, open).await;
+    let config = outbox::WorkerConfig {
+        retention: Duration::ZERO,
+        maintenance_interval: Duration::from_millis(100),
+        cleanup_interval: Duration::from_millis(100),
+        ..outbox::WorkerConfig::default()
+    };
+    let worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config)
+            .handler::<Work>(Worker_(shared.clone()))
+            .build()
+            .unwrap(),
+    );
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!("SELECT NOT EXISTS (SELECT 1 FROM outbox_workflows WHERE id = {done})"),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+    let steps: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_workflow_steps WHERE workflow_id = $1")
+            .bind(done.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(steps, 0, "its steps went with it");
+    let status = workflow_status(&db.pool, open).await.unwrap().unwrap();
+    assert_eq!(status.workflow.state, "running");
+}

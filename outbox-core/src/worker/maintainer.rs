@@ -243,6 +243,9 @@ async fn maintain(
             if let Err(error) = tidy_events(shared, retention_us).await {
                 tracing::warn!(%error, "could not trim the inbox this round");
             }
+            if let Err(error) = tidy_workflows(shared, retention_us).await {
+                tracing::warn!(%error, "could not delete finished workflows this round");
+            }
             *last_cleanup = Some(Instant::now());
         }
     }
@@ -321,6 +324,30 @@ async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     .await?;
     if deleted > 0 {
         tracing::info!(deleted, "trimmed the inbox");
+    }
+    Ok(())
+}
+
+/// Workflows deleted at most per batch: each takes its steps and edges
+/// along (a 10,000-step workflow is 20,000 rows).
+const WORKFLOWS_PER_BATCH: i64 = 50;
+
+/// Deletes workflows that finished before the retention, as the history
+/// drops their completed tasks (one batch per round).
+async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
+    let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::delete_expired(
+            conn,
+            include_str!("../db/sql/prune_workflows.sql"),
+            retention_us,
+            WORKFLOWS_PER_BATCH,
+            shared.config.clock.now(),
+        )
+        .await
+    })
+    .await?;
+    if deleted > 0 {
+        tracing::info!(deleted, "deleted finished workflows past the retention");
     }
     Ok(())
 }
