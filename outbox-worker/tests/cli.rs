@@ -744,6 +744,10 @@ async fn bench_smoke_run_prints_every_figure() {
             "60",
             "--retention-rows",
             "500",
+            "--workflow-steps",
+            "100",
+            "--fan-in",
+            "50",
             "--peer-command",
             r#"echo '{"drain_jobs_per_s": 100}'"#,
             "--peer-command",
@@ -788,6 +792,24 @@ async fn bench_smoke_run_prints_every_figure() {
         );
     }
     assert!(business["p99_overhead_pct"].is_number(), "{report}");
+    let workflows = &report["workflows"];
+    assert_eq!(workflows["steps"], 100, "{report}");
+    assert_eq!(workflows["fan_in_parts"], 50, "{report}");
+    for field in [
+        "submit_steps_per_s",
+        "drain_steps_per_s",
+        "cost_vs_plain",
+        "fan_in_drain_s",
+    ] {
+        assert!(
+            workflows[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+    assert!(
+        workflows["fan_in_chord_after_last_part_s"].is_number(),
+        "{report}"
+    );
     // Both peers ran with this run's figures; the faster one is the yardstick.
     assert_eq!(
         report["peers"].as_array().map(Vec::len),

@@ -35,6 +35,7 @@ mod operator_views;
 mod ordering;
 mod relay;
 mod retention;
+mod workflows;
 
 use crate::Register;
 use crate::builtin::{Builtins, Noop};
@@ -105,6 +106,8 @@ pub(crate) struct BenchArgs {
     statements: bool,
     #[command(flatten)]
     ordering: ordering::OrderingArgs,
+    #[command(flatten)]
+    workflows: workflows::WorkflowArgs,
     #[command(flatten)]
     business: business::BusinessArgs,
     #[command(flatten)]
@@ -188,6 +191,8 @@ struct Report {
     delete_mode_ratio_vs_best_peer: Option<f64>,
     /// Ordering keys: drains and claim times.
     ordering: Option<ordering::OrderingReport>,
+    /// Workflows: a step's cost against a plain task, a wide fan-in.
+    workflows: Option<workflows::WorkflowReport>,
     /// The application's transaction with and without a submit.
     business_transaction: Option<business::BusinessReport>,
     /// `--relay`: events/s and commit-to-ack (the other phases are skipped).
@@ -387,6 +392,11 @@ impl Bench {
         if self.args.ordering.ordered_keys > 0 {
             let figures = ordering::measure(self, drain.rate).await?;
             self.report.ordering = Some(figures);
+        }
+
+        if self.args.workflows.workflow_steps > 0 || self.args.workflows.fan_in > 0 {
+            let figures = workflows::measure(self, drain.rate).await?;
+            self.report.workflows = Some(figures);
         }
 
         for command in self.args.peer_command.clone() {
