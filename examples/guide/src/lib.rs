@@ -18,3 +18,5 @@ pub mod events;
 pub mod guide;
 #[rustfmt::skip]
 pub mod readme;
+#[rustfmt::skip]
+pub mod workflows;
