@@ -7,7 +7,7 @@ DROP FUNCTION outbox_workflow_on_dead();
 DROP FUNCTION outbox_workflow_cancel(bigint);
 DROP FUNCTION outbox_workflow_on_complete();
 DROP FUNCTION outbox_workflow_revive(bigint, text, bigint);
-DROP FUNCTION outbox_workflow_settle(bigint, text[]);
+DROP FUNCTION outbox_workflow_settle(bigint, text[], integer);
 DROP FUNCTION outbox_workflow_finish(bigint);
 DROP FUNCTION outbox_workflow_release(bigint, text[]);
 DROP TABLE outbox_workflow_edges;

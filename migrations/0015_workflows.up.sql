@@ -21,8 +21,9 @@
 --   the edges it still waits on: a completion touches its own edges and its
 --   children, never the whole workflow, so a 10,000-way fan-in costs 10,000
 --   constant-time updates, not a quadratic scan.
--- * Everything that changes a workflow first locks its row, so the steps of
---   one workflow change one transaction at a time: two completions of a
+-- * Everything that changes a workflow locks its row (an outcome after
+--   writing its own released step), so the steps of one workflow change
+--   one transaction at a time: two completions of a
 --   chord's last two children cannot both see "no parent left", and two
 --   releases of one step cannot happen.
 
@@ -55,7 +56,7 @@ CREATE INDEX outbox_workflows_finished_idx ON outbox_workflows (finished_at)
     WHERE finished_at IS NOT NULL;
 
 CREATE TABLE outbox_workflow_steps (
-    workflow_id    bigint NOT NULL REFERENCES outbox_workflows (id) ON DELETE CASCADE,
+    workflow_id    bigint NOT NULL,
     name           text NOT NULL,
     -- Declaration order: compensations run in reverse completion order,
     -- ties broken by it; `workflows show` lists by it.
@@ -87,9 +88,10 @@ CREATE TABLE outbox_workflow_steps (
     -- running or retrying); completed, skipped, dead, cancelled: final.
     state          text NOT NULL DEFAULT 'waiting'
                    CHECK (state IN ('waiting', 'released', 'completed', 'skipped', 'dead', 'cancelled')),
+    -- The step's task once released. What its handler returned
+    -- (Outcome::success_with) is read from the history by this id when a
+    -- handler or `workflows show` asks, not copied on the completion path.
     task_id        bigint,
-    -- What the step's handler returned (Outcome::success_with).
-    result         jsonb,
     finished_at    timestamptz,
     PRIMARY KEY (workflow_id, name)
 );
@@ -101,10 +103,15 @@ CREATE TABLE outbox_workflow_edges (
     parent      text NOT NULL,
     child       text NOT NULL,
     settled     boolean NOT NULL DEFAULT false,
-    PRIMARY KEY (workflow_id, parent, child),
-    FOREIGN KEY (workflow_id, parent) REFERENCES outbox_workflow_steps (workflow_id, name) ON DELETE CASCADE,
-    FOREIGN KEY (workflow_id, child) REFERENCES outbox_workflow_steps (workflow_id, name) ON DELETE CASCADE
+    PRIMARY KEY (workflow_id, parent, child)
 );
+
+-- No foreign keys between the three tables: Workflow::validate checks the
+-- graph before anything is written, the functions below are the only
+-- writers, and maintenance deletes a workflow's rows together. A foreign
+-- key check is a lookup per row (two per edge), planned once per session:
+-- a plan made while the tables were small scanned them whole, and made a
+-- workflow's submit 30 times slower once they had grown.
 
 -- A step's parents, for its handler (parent_results) and `workflows show`.
 CREATE INDEX outbox_workflow_edges_child_idx ON outbox_workflow_edges (workflow_id, child);
@@ -195,8 +202,7 @@ BEGIN
 
     -- The undo chain: undo:<step> for every completed step with a
     -- compensation, latest completion first, each waiting on the one
-    -- before it. (Two statements: the edges' foreign keys must see the
-    -- steps.)
+    -- before it.
     WITH done AS (
         SELECT s.name, s.compensation,
                row_number() OVER (ORDER BY s.finished_at DESC, s.seq DESC) AS n
@@ -241,20 +247,23 @@ END
 $$;
 
 -- Moves workflow wf on after its steps `done` reached a final state
--- (completed, skipped, dead or cancelled): each child counts the edge,
--- a dead or cancelled parent cancels or skips the children that say so
--- (and those in turn move their own children), children waiting on
--- nothing more are released, and the workflow ends when no step is open.
--- Call with the workflow's row locked and the steps' states written.
-CREATE FUNCTION outbox_workflow_settle(wf bigint, done text[]) RETURNS void
+-- (completed, skipped, dead or cancelled) and were counted out of its open
+-- steps, leaving `still_open`: each child counts the edge, a dead or
+-- cancelled parent cancels or skips the children that say so (and those
+-- in turn move their own children), children waiting on nothing more are
+-- released, and the workflow ends when no step is open. Call with the
+-- workflow's row locked and the steps' states written. Called from the
+-- triggers below, whose settings (generic plans, index scans) it runs
+-- under.
+CREATE FUNCTION outbox_workflow_settle(wf bigint, done text[], still_open integer) RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     frontier text[] := done;
-    closed integer := cardinality(done);
+    closed integer := 0;
     next_frontier text[];
     ready text[];
-    still_open integer;
+    left_open integer := still_open;
 BEGIN
     WHILE cardinality(frontier) > 0 LOOP
         WITH counted AS (
@@ -288,15 +297,20 @@ BEGIN
                coalesce(array_agg(name) FILTER (WHERE state = 'waiting' AND waiting_on = 0), '{}')
         INTO next_frontier, ready
         FROM changed;
-        PERFORM outbox_workflow_release(wf, ready);
+        IF cardinality(ready) > 0 THEN
+            PERFORM outbox_workflow_release(wf, ready);
+        END IF;
         closed := closed + cardinality(next_frontier);
         frontier := next_frontier;
     END LOOP;
-    UPDATE outbox_workflows
-    SET open_steps = open_steps - closed, updated_at = now()
-    WHERE id = wf
-    RETURNING open_steps INTO still_open;
-    IF still_open = 0 THEN
+    IF closed > 0 THEN
+        -- Steps the cascade cancelled or skipped.
+        UPDATE outbox_workflows
+        SET open_steps = open_steps - closed
+        WHERE id = wf
+        RETURNING open_steps INTO left_open;
+    END IF;
+    IF left_open = 0 THEN
         PERFORM outbox_workflow_finish(wf);
     END IF;
 END
@@ -416,19 +430,36 @@ $$;
 -- A workflow task left outbox_tasks while running: it completed (the
 -- outcome moved it to the history, with its result, in the same
 -- statement; a retention of zero keeps no result).
+--
+-- The functions that run on the completion path say how they are planned:
+-- generic plans (each statement is planned once per session, not at every
+-- completion, which measured as much as the statements themselves) that
+-- use the tables' indexes even when a session's first plan was made while
+-- the tables were empty.
 CREATE FUNCTION outbox_workflow_on_complete() RETURNS trigger
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
+DECLARE
+    still_open integer;
 BEGIN
-    PERFORM 1 FROM outbox_workflows WHERE id = OLD.workflow_id FOR NO KEY UPDATE;
+    -- The step first, then the workflow's row (locked by the update): a
+    -- released step is changed only by its own task's outcome, so nothing
+    -- else waits for it, and every transaction that changes the workflow's
+    -- other steps holds that row.
     UPDATE outbox_workflow_steps
-    SET state = 'completed', finished_at = clock_timestamp(),
-        result = (SELECT h.result FROM outbox_task_history AS h WHERE h.id = OLD.id LIMIT 1)
+    SET state = 'completed', finished_at = clock_timestamp()
     WHERE workflow_id = OLD.workflow_id AND name = OLD.workflow_step
       AND task_id = OLD.id AND state = 'released';
-    IF FOUND THEN
-        PERFORM outbox_workflow_settle(OLD.workflow_id, ARRAY[OLD.workflow_step]);
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
+    UPDATE outbox_workflows
+    SET open_steps = open_steps - 1, updated_at = now()
+    WHERE id = OLD.workflow_id
+    RETURNING open_steps INTO still_open;
+    PERFORM outbox_workflow_settle(OLD.workflow_id, ARRAY[OLD.workflow_step], still_open);
     RETURN NULL;
 END
 $$;
@@ -436,20 +467,28 @@ $$;
 -- A workflow task died (dead_at set) or an operator retried it (cleared).
 CREATE FUNCTION outbox_workflow_on_dead() RETURNS trigger
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
+DECLARE
+    still_open integer;
 BEGIN
     IF NEW.dead_at IS NULL THEN
         PERFORM outbox_workflow_revive(NEW.workflow_id, NEW.workflow_step, NEW.id);
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM outbox_workflows WHERE id = NEW.workflow_id FOR NO KEY UPDATE;
     UPDATE outbox_workflow_steps
     SET state = 'dead', finished_at = clock_timestamp()
     WHERE workflow_id = NEW.workflow_id AND name = NEW.workflow_step
       AND task_id = NEW.id AND state = 'released';
-    IF FOUND THEN
-        PERFORM outbox_workflow_settle(NEW.workflow_id, ARRAY[NEW.workflow_step]);
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
+    UPDATE outbox_workflows
+    SET open_steps = open_steps - 1, updated_at = now()
+    WHERE id = NEW.workflow_id
+    RETURNING open_steps INTO still_open;
+    PERFORM outbox_workflow_settle(NEW.workflow_id, ARRAY[NEW.workflow_step], still_open);
     RETURN NULL;
 END
 $$;
@@ -476,6 +515,8 @@ CREATE FUNCTION outbox_workflow_submit(
     edge_parents text[], edge_children text[]
 ) RETURNS bigint
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     wf bigint;

@@ -209,7 +209,8 @@ async fn a_restart_and_an_outage_mid_fan_in_release_the_chord_once() {
     worker.stop().await;
     let (state, open) = workflow_state(&pool, id).await;
     let total: i64 = sqlx::query_scalar(
-        "SELECT result::text::bigint FROM outbox_workflow_steps WHERE workflow_id = $1 AND name = 'callback'",
+        "SELECT h.result::text::bigint FROM outbox_workflow_steps s \
+         JOIN outbox_task_history h ON h.id = s.task_id WHERE s.workflow_id = $1 AND s.name = 'callback'",
     )
     .bind(id.0)
     .fetch_one(&pool)

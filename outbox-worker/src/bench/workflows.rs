@@ -119,7 +119,7 @@ pub(crate) async fn measure(bench: &Bench, plain: f64) -> Result<WorkflowReport,
              the chord completed {after_last:.3} s after the last part"
         ));
     }
-    sqlx::raw_sql("DELETE FROM outbox_workflows WHERE name IN ('bench', 'bench-fan-in')")
+    sqlx::raw_sql(include_str!("sql/delete_workflows.sql"))
         .execute(&bench.pool)
         .await
         .map_err(db)?;

@@ -1,12 +1,16 @@
 -- The steps of workflow $1 in declaration order, each with its
--- dependencies and, while its task exists, the task's live state.
+-- dependencies, while its task exists the task's live state, and once
+-- completed its result (from the history).
 SELECT s.name, s.state, s.task_type, s.task_id, s.compensates,
-       s.compensation IS NOT NULL AS has_compensation, s.finished_at, s.result,
+       s.compensation IS NOT NULL AS has_compensation, s.finished_at, h.result,
        coalesce((SELECT array_agg(e.parent ORDER BY e.parent)
                  FROM outbox_workflow_edges AS e
                  WHERE e.workflow_id = s.workflow_id AND e.child = s.name), '{}') AS after,
        t.state::text AS task_state, t.retry_count, t.last_error
 FROM outbox_workflow_steps AS s
 LEFT JOIN outbox_tasks AS t ON t.id = s.task_id
+LEFT JOIN LATERAL (
+    SELECT result FROM outbox_task_history WHERE id = s.task_id AND s.state = 'completed' LIMIT 1
+) AS h ON true
 WHERE s.workflow_id = $1
 ORDER BY s.seq
