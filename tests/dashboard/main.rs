@@ -561,3 +561,101 @@ async fn queues_are_paused_and_resumed_by_clicking_and_a_waiting_task_says_why()
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_workflow_is_drawn_with_each_steps_state_and_cancelled_by_clicking() {
+    let db = TestDb::migrated().await;
+    let chain = || {
+        let mut w = outbox::Workflow::new("welcome");
+        w.add(
+            "mail",
+            &Mail {
+                to: "a@example.com".into(),
+            },
+        )
+        .unwrap()
+        .add_after(
+            "report",
+            &["mail"],
+            &Report {
+                note: "<b>sent</b>".into(),
+            },
+        )
+        .unwrap();
+        w
+    };
+    let failed = chain().submit(&mut *db.conn().await).await.unwrap();
+    let status = outbox::workflow::workflow_status(&db.pool, failed)
+        .await
+        .unwrap()
+        .unwrap();
+    let root = status.step_list[0].task_id.unwrap();
+    admin::cancel_tasks(&db.pool, &[root]).await.unwrap();
+    let running = chain().submit(&mut *db.conn().await).await.unwrap();
+
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let url = served.url.clone();
+    with_browser("workflows", move |client| async move {
+        sign_in(&client, &url, TOKEN).await;
+        click(&client, "nav-workflows").await;
+        let row = |id: outbox::WorkflowId| {
+            let client = client.clone();
+            async move {
+                client
+                    .find(Locator::Css(&format!("tr.workflow[data-id=\"{id}\"]")))
+                    .await
+                    .expect("the workflow's row")
+                    .text()
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(row(failed).await.contains("failed"));
+        assert!(row(running).await.contains("running"));
+        navigate_by_click(
+            &client,
+            Locator::Css(&format!("tr.workflow[data-id=\"{running}\"] a")),
+        )
+        .await;
+        let state_of_step = |step: &'static str| {
+            let client = client.clone();
+            async move {
+                client
+                    .find(Locator::Css(&format!(
+                        "#workflow-graph g.step[data-step=\"{step}\"]"
+                    )))
+                    .await
+                    .expect("the step's box")
+                    .attr("data-state")
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }
+        };
+        assert_eq!(state_of_step("mail").await, "pending");
+        assert_eq!(state_of_step("report").await, "waiting");
+        let lines = client
+            .find_all(Locator::Css("#workflow-graph line.dependency"))
+            .await
+            .unwrap();
+        assert_eq!(lines.len(), 1);
+        click(&client, "cancel-workflow").await;
+        // The cancel redirects back to the workflow, now failed.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while text_of(&client, "workflow-state").await != "failed" {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the cancel never showed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(state_of_step("mail").await, "dead");
+        assert_eq!(state_of_step("report").await, "cancelled");
+    })
+    .await;
+    let status = outbox::workflow::workflow_status(&db.pool, running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.workflow.state, "failed");
+}

@@ -22,6 +22,7 @@ mod auth;
 mod events;
 mod pages;
 mod views;
+mod workflows;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -198,6 +199,9 @@ pub fn router(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/periodic", get(pages::periodic))
         .route("/queues", get(pages::queues))
         .route("/events", get(events::events))
+        .route("/workflows", get(workflows::list))
+        .route("/workflows/{id}", get(workflows::show))
+        .route("/workflows/{id}/cancel", post(workflows::cancel))
         .route(
             "/events/{subscription}/{action}",
             post(events::parked_action),
