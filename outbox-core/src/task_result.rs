@@ -43,7 +43,8 @@ pub async fn result<R: DeserializeOwned>(conn: &mut PgConnection, id: TaskId) ->
     }
 }
 
-fn excerpt(text: &str) -> String {
+/// The first 200 characters of stored JSON, for an error message.
+pub(crate) fn excerpt(text: &str) -> String {
     let mut out: String = text.chars().take(200).collect();
     if out.len() < text.len() {
         out.push_str("...");

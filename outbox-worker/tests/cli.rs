@@ -272,6 +272,14 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
         (&["bench", "--claim-ahead", "1e9"], "invalid digit"),
+        (
+            &["bench", "--fan-in", "100000"],
+            "100000 is not in 0..=99999",
+        ),
+        (
+            &["bench", "--workflow-steps", "10000001"],
+            "10000001 is not in 0..=10000000",
+        ),
         (&["run", "--shutdown-grace=-1s"], "is not a duration"),
         (
             &[

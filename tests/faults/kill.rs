@@ -9,7 +9,9 @@ use outbox_tests::tasks::{Record, create_executions_table};
 use crate::WORKER;
 
 const TASKS: i64 = 30;
-const FAST_RECOVERY: &[&str] = &[
+
+/// A worker of the record queue that recovers a lost task quickly.
+pub(crate) const FAST_RECOVERY: &[&str] = &[
     "--queue",
     "record=8",
     "--poll-interval",

@@ -19,20 +19,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::WORKER;
+use crate::kill::FAST_RECOVERY;
 use crate::restart::{on, private_cluster};
-
-const FAST_RECOVERY: &[&str] = &[
-    "--queue",
-    "record=8",
-    "--poll-interval",
-    "100ms",
-    "--heartbeat-interval",
-    "100ms",
-    "--heartbeat-timeout",
-    "1s",
-    "--maintenance-interval",
-    "100ms",
-];
 
 /// A group of `parts` steps, a chord over them, and a last step after it.
 fn fan_in(parts: usize, part: &Record, callback: &Record) -> Workflow {

@@ -7,6 +7,7 @@ use super::WorkflowId;
 use crate::error::{Error, Result};
 use crate::handler::TaskContext;
 use crate::task::TaskId;
+use crate::task_result::excerpt;
 
 impl TaskContext {
     /// The workflow this task is a step of, and the step's name; `None` for
@@ -101,12 +102,4 @@ fn decode<R: DeserializeOwned>(
         }
         _ => Ok(None),
     }
-}
-
-fn excerpt(text: &str) -> String {
-    let mut out: String = text.chars().take(200).collect();
-    if out.len() < text.len() {
-        out.push_str("...");
-    }
-    out
 }
