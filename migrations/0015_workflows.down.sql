@@ -14,3 +14,4 @@ DROP TABLE outbox_workflow_edges;
 DROP TABLE outbox_workflow_steps;
 DROP TABLE outbox_workflows;
 ALTER TABLE outbox_tasks DROP COLUMN workflow_step, DROP COLUMN workflow_id;
+DROP TABLE outbox_durable_steps;

@@ -27,6 +27,18 @@
 --   chord's last two children cannot both see "no parent left", and two
 --   releases of one step cannot happen.
 
+-- Durable steps inside one handler (TaskContext::step): what each named
+-- piece of work of a task returned, so a later attempt skips it. Kept
+-- while the task is in outbox_tasks (dead ones included, for a retry);
+-- maintenance deletes the rest.
+CREATE TABLE outbox_durable_steps (
+    task_id     bigint NOT NULL,
+    name        text NOT NULL,
+    result      jsonb NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, name)
+);
+
 ALTER TABLE outbox_tasks
     ADD COLUMN workflow_id bigint,
     ADD COLUMN workflow_step text;

@@ -79,6 +79,10 @@ impl Outcome {
 /// the messages of its sources are stored on the task row.
 pub struct HandlerError {
     message: String,
+    /// Not a failure: the handler suspends itself for this long
+    /// ([`TaskContext::sleep_until`]), without holding a worker slot and
+    /// without counting an attempt.
+    suspend_for: Option<Duration>,
 }
 
 impl HandlerError {
@@ -86,7 +90,21 @@ impl HandlerError {
     pub fn msg(message: impl fmt::Display) -> Self {
         Self {
             message: message.to_string(),
+            suspend_for: None,
         }
+    }
+
+    /// A suspension, not a failure: the task runs again after `delay`.
+    pub(crate) fn suspend(delay: Duration) -> Self {
+        Self {
+            message: format!("suspended for {delay:?}"),
+            suspend_for: Some(delay),
+        }
+    }
+
+    /// How long the handler suspended itself, if that is what this is.
+    pub fn suspended_for(&self) -> Option<Duration> {
+        self.suspend_for
     }
 
     /// The message stored on the task row.
@@ -104,7 +122,10 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
             message.push_str(&s.to_string());
             source = s.source();
         }
-        Self { message }
+        Self {
+            message,
+            suspend_for: None,
+        }
     }
 }
 

@@ -49,6 +49,7 @@ pub mod admin;
 pub mod bench_support;
 mod clock;
 mod db;
+mod durable;
 mod error;
 pub mod events;
 mod explain;
@@ -78,6 +79,7 @@ pub use sqlx;
 pub use clock::Clock;
 pub use db::classify::is_transient;
 pub use db::session::{CLIENT_MARGIN, ENGINE_APPLICATION_NAME};
+pub use durable::MAX_DURABLE_STEP_NAME;
 pub use error::{Error, Result, StartupProblems};
 pub use events::{Event, emit, emit_all, emit_once};
 pub use handler::{

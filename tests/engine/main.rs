@@ -3,6 +3,7 @@
 mod cancel;
 mod crash_safety;
 mod dispatch;
+mod durable;
 mod events;
 mod explain;
 mod failures;

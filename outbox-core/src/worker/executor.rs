@@ -176,6 +176,10 @@ async fn run_handler(
     };
     match joined {
         Ok(Ok(outcome)) => Some(Ok(outcome)),
+        // A durable sleep: run again later, without counting an attempt.
+        Ok(Err(error)) if error.suspended_for().is_some() => Some(Ok(Outcome::RetryAfter(
+            error.suspended_for().unwrap_or_default(),
+        ))),
         Ok(Err(error)) => Some(Err(error.message().to_owned())),
         Err(e) if e.is_cancelled() => None,
         Err(e) => Some(Err(format!(

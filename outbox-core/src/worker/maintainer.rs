@@ -333,7 +333,8 @@ async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
 const WORKFLOWS_PER_BATCH: i64 = 50;
 
 /// Deletes workflows that finished before the retention, as the history
-/// drops their completed tasks (one batch per round).
+/// drops their completed tasks, and the durable step records of tasks
+/// that left outbox_tasks (one batch each per round).
 async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
         crate::db::delete_expired(
@@ -348,6 +349,13 @@ async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> 
     .await?;
     if deleted > 0 {
         tracing::info!(deleted, "deleted finished workflows past the retention");
+    }
+    let forgotten = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::durable::prune(conn, DEFAULT_BATCH).await
+    })
+    .await?;
+    if forgotten > 0 {
+        tracing::debug!(forgotten, "deleted the durable steps of finished tasks");
     }
     Ok(())
 }
