@@ -83,3 +83,71 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
         "duplicates ({duplicates}) at most the tasks in flight ({in_flight})"
     );
 }
+
+#[tokio::test]
+async fn a_killed_workers_durable_steps_are_not_run_again() {
+    use outbox_tests::tasks::TwoSteps;
+    const N: i64 = 24;
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    outbox::submit_batch(&mut *db.conn().await, (0..N).map(|_| TwoSteps { ms: 600 }))
+        .await
+        .unwrap();
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    // Killed once 4 tasks recorded their first step and work towards the
+    // second (600 ms each).
+    wait_until(
+        &db.pool,
+        "SELECT count(*) >= 4 FROM outbox_durable_steps WHERE name = 'first'",
+        Duration::from_secs(30),
+    )
+    .await;
+    let in_flight = first.kill_mid_flight(&db.pool, 0, 1).await;
+    let recorded: Vec<i64> = sqlx::query_scalar(
+        "SELECT d.task_id FROM outbox_durable_steps d WHERE d.name = 'first' \
+         AND NOT EXISTS (SELECT 1 FROM outbox_durable_steps s WHERE s.task_id = d.task_id AND s.name = 'second')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let recorded_first = recorded.len();
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {N} FROM outbox_all_tasks WHERE state = 'completed'"),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert!(second.is_running(), "{}", second.log());
+    let runs: Vec<(i32, i64, i64)> = sqlx::query_as(
+        "SELECT attempt, count(*), count(DISTINCT task_id) FROM executions GROUP BY attempt ORDER BY attempt",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    eprintln!(
+        "durable kill -9: {in_flight} tasks in flight, {recorded_first} first steps recorded at the kill; \
+         afterwards {N} of {N} completed, executions per step (step, runs, tasks): {runs:?}"
+    );
+    // Every step of every task ran, and a step cut between its work and
+    // its record ran again at most once per task in flight; a recorded
+    // first step never ran again (below).
+    assert_eq!(runs.len(), 2);
+    for (step, executions, tasks) in &runs {
+        assert_eq!(*tasks, N, "step {step}");
+        assert!(*executions - N <= in_flight, "step {step}: {runs:?}");
+    }
+    assert!(
+        recorded_first >= 1,
+        "the kill caught tasks between their steps"
+    );
+    let rerun: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT task_id FROM executions WHERE attempt = 1 AND task_id = ANY($1) \
+         GROUP BY task_id HAVING count(*) > 1) AS twice",
+    )
+    .bind(&recorded)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rerun, 0, "a recorded first step ran again");
+}

@@ -227,10 +227,50 @@ async fn overlap(pool: &PgPool, unfinished: bool) -> i64 {
     .expect("max overlap")
 }
 
+/// Two durable steps with work between them: step "first" and step
+/// "second" each record an execution in `executions` (attempt = the step:
+/// 1 for "first", 2 for "second"), and the handler works `ms` between
+/// them. Runs on the record queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.durable", queue = "record", retry_delays = ["1s", "1s", "1s", "1s", "1s"])]
+pub struct TwoSteps {
+    /// How long the handler works between the steps.
+    pub ms: u64,
+}
+
+/// Runs [`TwoSteps`].
+#[derive(Debug, Clone, Copy)]
+pub struct TwoStepper;
+
+impl TaskHandler<TwoSteps> for TwoStepper {
+    async fn handle(&self, ctx: TaskContext, task: TwoSteps) -> HandlerResult {
+        for (step, n) in [("first", 1), ("second", 2)] {
+            ctx.step(step, || async {
+                sqlx::query("INSERT INTO executions (task_id, attempt, pid) VALUES ($1, $2, $3)")
+                    .bind(ctx.id().0)
+                    .bind(n)
+                    .bind(i64::from(std::process::id()))
+                    .execute(ctx.pool())
+                    .await?;
+                Ok::<_, HandlerError>(n)
+            })
+            .await?;
+            if n == 1 {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(task.ms)) => {}
+                    () = ctx.cancellation().cancelled() => return Err(HandlerError::msg("cancelled by shutdown")),
+                }
+            }
+        }
+        Ok(Outcome::Success)
+    }
+}
+
 /// Adds the harness's handlers to a worker.
 pub fn register(builder: WorkerBuilder) -> WorkerBuilder {
     builder
         .handler::<Record>(Recorder)
+        .handler::<TwoSteps>(TwoStepper)
         .handler::<Ship>(Shipper)
         .handler::<Step>(IntervalRecorder)
         .handler::<Slot>(IntervalRecorder)

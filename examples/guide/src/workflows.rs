@@ -92,3 +92,23 @@ w.add("extract", &Extract { table: "orders".into() })?
      .options(TaskOptions::new().queue("mail").delay(Duration::from_secs(60))))?;
 Ok(w)
 }
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "user.onboard")]
+struct Onboard { user_id: i64 }
+
+async fn create_account(user_id: i64) -> Result<i64, std::io::Error> { Ok(user_id) }
+async fn send_tips(account: i64) -> Result<(), std::io::Error> { let _ = account; Ok(()) }
+
+struct Onboarding;
+
+impl TaskHandler<Onboard> for Onboarding {
+    async fn handle(&self, ctx: TaskContext, task: Onboard) -> HandlerResult {
+        // Runs once: a later attempt gets the recorded account id back.
+        let account: i64 = ctx.step("create-account", || create_account(task.user_id)).await?;
+        // Frees the worker's slot; the task runs again in a day.
+        ctx.sleep("wait-a-day", std::time::Duration::from_secs(24 * 3600)).await?;
+        ctx.step("send-tips", || send_tips(account)).await?;
+        Ok(Outcome::Success)
+    }
+}
