@@ -26,6 +26,9 @@ running AS (
     UPDATE outbox_tasks
     SET cancel_requested_at = now(),
         skip_dead = true,
+        -- Unchanged; named so that the workflows' statement trigger (AFTER
+        -- UPDATE OF dead_at) fires for this statement (migration 15).
+        dead_at = dead_at,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
       AND state = 'processing'
@@ -35,6 +38,7 @@ running AS (
 skipped AS (
     UPDATE outbox_tasks
     SET skip_dead = true,
+        dead_at = dead_at,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
       AND dead_at IS NOT NULL
