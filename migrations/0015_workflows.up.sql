@@ -9,23 +9,25 @@
 --   row is inserted when the step is released. So the claim path, the
 --   claim index and the ordering-key machinery know nothing of workflows,
 --   and a plain task pays nothing for them.
--- * Progress is made by triggers on outbox_tasks that fire only for a
---   workflow's tasks (WHEN workflow_id IS NOT NULL, tested in C before any
---   function is called): a completion (the task row leaving for the
---   history), a death (dead_at set: failed out, cancelled, given up) and an
---   operator's retry (dead_at cleared). Every path that finishes a task,
---   the engine's or an operator's, moves the workflow on in the same
---   transaction: a worker killed between a parent's completion and its
---   dependents' release cannot exist, the two commit together.
+-- * Progress is made by triggers on outbox_tasks: row triggers that fire
+--   only for a workflow's tasks (WHEN workflow_id IS NOT NULL, tested in C
+--   before any function is called) note a completion (the task row leaving
+--   for the history), a death (dead_at set: failed out, cancelled, given
+--   up) or an operator's retry (dead_at cleared), and a statement trigger
+--   settles what its statement noted, in one go (see the triggers below).
+--   Every path that finishes a task, the engine's or an operator's, moves
+--   the workflow on in the same transaction: a worker killed between a
+--   parent's completion and its dependents' release cannot exist, the two
+--   commit together.
 -- * Each dependency is an edge row with a `settled` flag, each step counts
 --   the edges it still waits on: a completion touches its own edges and its
 --   children, never the whole workflow, so a 10,000-way fan-in costs 10,000
 --   constant-time updates, not a quadratic scan.
 -- * Everything that changes a workflow locks its row (an outcome after
---   writing its own released step), so the steps of one workflow change
---   one transaction at a time: two completions of a
---   chord's last two children cannot both see "no parent left", and two
---   releases of one step cannot happen.
+--   writing its own released steps; several workflows in id order), so
+--   the steps of one workflow change one transaction at a time: two
+--   completions of a chord's last two children cannot both see "no parent
+--   left", and two releases of one step cannot happen.
 
 -- Durable steps inside one handler (TaskContext::step): what each named
 -- piece of work of a task returned, so a later attempt skips it. Kept
