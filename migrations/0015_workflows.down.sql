@@ -19,3 +19,4 @@ DROP TABLE outbox_workflow_steps;
 DROP TABLE outbox_workflows;
 ALTER TABLE outbox_tasks DROP COLUMN workflow_step, DROP COLUMN workflow_id;
 DROP TABLE outbox_durable_steps;
+DROP TABLE outbox_task_signals;

@@ -41,6 +41,16 @@ CREATE TABLE outbox_durable_steps (
     PRIMARY KEY (task_id, name)
 );
 
+-- Signals sent to a task (outbox::signal) for TaskContext::wait_for: the
+-- first of a name wins. Kept and deleted like the durable steps.
+CREATE TABLE outbox_task_signals (
+    task_id bigint NOT NULL,
+    name    text NOT NULL,
+    value   jsonb NOT NULL,
+    sent_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, name)
+);
+
 ALTER TABLE outbox_tasks
     ADD COLUMN workflow_id bigint,
     ADD COLUMN workflow_step text;

@@ -129,12 +129,12 @@ fn decode<R: DeserializeOwned>(name: &str, text: &str) -> Result<R, HandlerError
     })
 }
 
-/// Deletes up to `limit` durable step records of tasks no longer in
-/// `outbox_tasks` (completed, or deleted); returns how many.
-pub(crate) async fn prune(conn: &mut sqlx::PgConnection, limit: i64) -> sqlx::Result<u64> {
-    let done = sqlx::query(include_str!("db/sql/prune_durable_steps.sql"))
+/// Deletes up to `limit` durable step records and up to `limit` signals of
+/// tasks no longer in `outbox_tasks` (completed, or deleted); returns how
+/// many.
+pub(crate) async fn prune(conn: &mut sqlx::PgConnection, limit: i64) -> sqlx::Result<i64> {
+    sqlx::query_scalar(include_str!("db/sql/prune_durable_steps.sql"))
         .bind(limit)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected())
+        .fetch_one(conn)
+        .await
 }

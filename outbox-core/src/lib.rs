@@ -61,6 +61,7 @@ pub mod periodic;
 mod records;
 pub mod relay;
 pub mod retry;
+mod signal;
 mod submit;
 mod task;
 mod task_result;
@@ -91,6 +92,7 @@ pub use migrate::{
 };
 pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique};
 pub use outbox_macros::outbox_task;
+pub use signal::{WAIT_RECHECK, signal};
 pub use submit::{Batch, Submitted, submit, submit_batch, submit_detailed, submit_with};
 pub use task::{
     DEFAULT_QUEUE, RegisteredTask, RegisteredUnique, Task, TaskId, find_registered,

@@ -240,3 +240,149 @@ async fn a_bad_step_name_or_a_record_of_another_type_fails_the_attempt_clearly()
         "{e}"
     );
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.durable.approval", queue = "approvals", retry_delays = ["1h"])]
+struct NeedsApproval {
+    label: String,
+    /// Give up after this many ms without a signal (0: wait for ever).
+    within_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Approval {
+    by: String,
+}
+
+#[derive(Clone)]
+struct Approver(Log);
+
+impl TaskHandler<NeedsApproval> for Approver {
+    async fn handle(&self, ctx: TaskContext, task: NeedsApproval) -> HandlerResult {
+        let log = self.0.clone();
+        let label = task.label.clone();
+        ctx.step("ask", || async {
+            log.push(format!("{label}:ask"));
+            Ok::<_, HandlerError>(())
+        })
+        .await?;
+        let approval: Option<Approval> = if task.within_ms == 0 {
+            Some(ctx.wait_for("approved").await?)
+        } else {
+            ctx.wait_for_within("approved", Duration::from_millis(task.within_ms))
+                .await?
+        };
+        let by = approval.map_or_else(|| "nobody".to_owned(), |a| a.by);
+        self.0.push(format!("{}:approved by {by}", task.label));
+        Outcome::success_with(&by)
+    }
+}
+
+fn approvals_worker(db: &TestDb, log: &Log) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<NeedsApproval>(Approver(log.clone()))
+            .queue("approvals", 1)
+            .build()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_waiting_task_frees_its_slot_and_only_a_committed_signal_wakes_it() {
+    let db = TestDb::migrated().await;
+    let waiting = outbox::submit(
+        &mut *db.conn().await,
+        NeedsApproval {
+            label: "order".into(),
+            within_ms: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let log = Log::default();
+    let mut w = approvals_worker(&db, &log);
+    // Suspended: pending again, due only at the recheck.
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT state = 'pending' AND execute_at > now() + interval '10 seconds' \
+             FROM outbox_tasks WHERE id = {waiting}"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Its slot is free: another task runs (and gives up waiting).
+    outbox::submit(
+        &mut *db.conn().await,
+        NeedsApproval {
+            label: "other".into(),
+            within_ms: 1,
+        },
+    )
+    .await
+    .unwrap();
+    w.wait_for(TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+
+    // A signal in a transaction that rolls back wakes nothing.
+    let mut tx = db.pool.begin().await.unwrap();
+    let approval = Approval { by: "ada".into() };
+    assert!(
+        outbox::signal(&mut tx, waiting, "approved", &approval)
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+    let still: bool =
+        sqlx::query_scalar("SELECT execute_at > now() FROM outbox_tasks WHERE id = $1")
+            .bind(waiting.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(still, "a rolled-back signal woke the task");
+
+    // A committed one does, well before the recheck.
+    let mut tx = db.pool.begin().await.unwrap();
+    assert!(
+        outbox::signal(&mut tx, waiting, "approved", &approval)
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    w.wait_for(TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    w.stop().await;
+    let by: Option<String> = outbox::result(&mut *db.conn().await, waiting)
+        .await
+        .unwrap();
+    assert_eq!(by.as_deref(), Some("ada"));
+    // The first signal of a name wins.
+    let again = Approval { by: "bob".into() };
+    assert!(
+        !outbox::signal(&mut *db.conn().await, waiting, "approved", &again)
+            .await
+            .unwrap()
+    );
+    let entries = log.all();
+    assert_eq!(
+        entries.iter().filter(|e| *e == "order:ask").count(),
+        1,
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&"other:approved by nobody".to_owned()),
+        "{entries:?}"
+    );
+    let retries: i32 = sqlx::query_scalar("SELECT retry_count FROM outbox_all_tasks WHERE id = $1")
+        .bind(waiting.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(retries, 0, "waiting is not a failed attempt");
+    let bad = outbox::signal(&mut *db.conn().await, waiting, "", &approval).await;
+    assert!(
+        matches!(&bad, Err(outbox::Error::InvalidOption(m)) if m.contains("1 to 200 bytes")),
+        "{bad:?}"
+    );
+}

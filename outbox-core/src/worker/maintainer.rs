@@ -355,7 +355,10 @@ async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> 
     })
     .await?;
     if forgotten > 0 {
-        tracing::debug!(forgotten, "deleted the durable steps of finished tasks");
+        tracing::debug!(
+            forgotten,
+            "deleted the durable steps and signals of finished tasks"
+        );
     }
     Ok(())
 }

@@ -1,8 +1,21 @@
--- One bounded batch: durable step records of tasks that left outbox_tasks
--- (completed into the history, or deleted). A dead task keeps its records,
--- so an operator's retry skips what succeeded. $1 batch size.
-DELETE FROM outbox_durable_steps
-WHERE ctid = ANY (ARRAY(
-    SELECT d.ctid FROM outbox_durable_steps AS d
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_tasks AS t WHERE t.id = d.task_id)
-    LIMIT $1))
+-- One bounded batch each: durable step records and signals of tasks that
+-- left outbox_tasks (completed into the history, or deleted). A dead task
+-- keeps them, so an operator's retry skips what succeeded and still sees
+-- its signals. $1 batch size. Returns the rows deleted.
+WITH steps AS (
+    DELETE FROM outbox_durable_steps
+    WHERE ctid = ANY (ARRAY(
+        SELECT d.ctid FROM outbox_durable_steps AS d
+        WHERE NOT EXISTS (SELECT 1 FROM outbox_tasks AS t WHERE t.id = d.task_id)
+        LIMIT $1))
+    RETURNING 1
+),
+signals AS (
+    DELETE FROM outbox_task_signals
+    WHERE ctid = ANY (ARRAY(
+        SELECT s.ctid FROM outbox_task_signals AS s
+        WHERE NOT EXISTS (SELECT 1 FROM outbox_tasks AS t WHERE t.id = s.task_id)
+        LIMIT $1))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM signals)
