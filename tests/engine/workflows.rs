@@ -600,3 +600,76 @@ async fn finished_workflows_leave_after_the_retention_and_running_ones_stay() {
     let status = workflow_status(&db.pool, open).await.unwrap().unwrap();
     assert_eq!(status.workflow.state, "running");
 }
+
+/// A step's task options apply from its release: a delay counts from then,
+/// and an ordering key queues the step behind the key's other tasks.
+#[tokio::test]
+async fn a_steps_delay_counts_from_its_release_and_its_ordering_key_holds() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    // A task of key "acct-1" outside the workflow, submitted first: it
+    // holds the key until it completes.
+    outbox::submit_with(
+        &mut *db.conn().await,
+        work("holder", 1),
+        outbox::TaskOptions::new().ordering_key("acct-1"),
+    )
+    .await
+    .unwrap();
+    let mut w = Workflow::new("options");
+    w.add("first", &work("first", 1))
+        .unwrap()
+        .add_step(
+            "later",
+            &work("later", 2),
+            Step::new()
+                .after(["first"])
+                .options(outbox::TaskOptions::new().delay(Duration::from_secs(1))),
+        )
+        .unwrap()
+        .add_step(
+            "keyed",
+            &work("keyed", 3),
+            Step::new()
+                .after(["first"])
+                .options(outbox::TaskOptions::new().ordering_key("acct-1")),
+        )
+        .unwrap();
+    let id = submit(&db, w).await;
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    let labels = shared.labels();
+    // The holder went first on its key (it was there before the step).
+    let at = |l: &str| labels.iter().position(|x| x == l).unwrap();
+    assert!(at("holder") < at("keyed"), "{labels:?}");
+    // The step's task was created at its release; it became due a second
+    // later and was not started before.
+    let (released, started): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "SELECT h.created_at, h.attempted_at FROM outbox_workflow_steps l \
+             JOIN outbox_task_history h ON h.id = l.task_id \
+             WHERE l.workflow_id = $1 AND l.name = 'later'",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let first_done: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT finished_at FROM outbox_workflow_steps WHERE workflow_id = $1 AND name = 'first'",
+    )
+    .bind(id.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        released <= first_done,
+        "released by the first step's completion"
+    );
+    assert!(
+        started - released >= chrono::Duration::milliseconds(1000),
+        "the delayed step started {} ms after its release",
+        (started - released).num_milliseconds()
+    );
+    assert_eq!(result_of(&status, "keyed"), Some(4));
+}
