@@ -5,6 +5,7 @@ DROP TRIGGER outbox_workflow_flush_dead ON outbox_tasks;
 DROP TRIGGER outbox_workflow_flush_deleted ON outbox_tasks;
 DROP TRIGGER outbox_workflow_dead ON outbox_tasks;
 DROP TRIGGER outbox_workflow_complete ON outbox_tasks;
+DROP FUNCTION outbox_workflow_sweep(bigint, integer);
 DROP FUNCTION outbox_workflow_settle_notes(text);
 DROP FUNCTION outbox_workflow_flush();
 DROP FUNCTION outbox_workflow_note();

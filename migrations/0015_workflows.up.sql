@@ -79,6 +79,11 @@ CREATE TABLE outbox_workflows (
 CREATE INDEX outbox_workflows_finished_idx ON outbox_workflows (finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- Open workflows, for maintenance's safety net (outbox_workflow_sweep).
+-- Updates that leave finished_at alone stay HOT.
+CREATE INDEX outbox_workflows_open_idx ON outbox_workflows (id)
+    WHERE finished_at IS NULL;
+
 CREATE TABLE outbox_workflow_steps (
     workflow_id    bigint NOT NULL,
     name           text NOT NULL,
@@ -563,6 +568,45 @@ BEGIN
     IF cardinality(names) > 0 THEN
         PERFORM outbox_workflow_settle(wfs, names);
     END IF;
+END
+$$;
+
+-- Maintenance's safety net: released steps of workflows unchanged for
+-- `quiet_us` whose task finished without the workflow being told (a
+-- statement that bypassed the triggers, such as one run with
+-- session_replication_role = replica, or a hand-written one that broke the
+-- rule above). A task gone to the history completed; a task dead, or gone
+-- without a trace, died. Settles up to `max_steps`; returns how many.
+CREATE FUNCTION outbox_workflow_sweep(quiet_us bigint, max_steps integer) RETURNS integer
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    notes text;
+    found integer;
+BEGIN
+    WITH missed AS (
+        SELECT s.workflow_id, s.name, s.task_id,
+               t.id IS NULL AND EXISTS (SELECT 1 FROM outbox_task_history AS h
+                                        WHERE h.id = s.task_id) AS completed
+        FROM outbox_workflows AS w
+        JOIN outbox_workflow_steps AS s ON s.workflow_id = w.id AND s.state = 'released'
+        LEFT JOIN outbox_tasks AS t ON t.id = s.task_id
+        WHERE w.finished_at IS NULL
+          AND w.updated_at < now() - quiet_us * interval '1 microsecond'
+          AND (t.id IS NULL OR t.dead_at IS NOT NULL)
+        LIMIT max_steps
+    )
+    SELECT string_agg(workflow_id || '/' || task_id || '/'
+                      || CASE WHEN completed THEN 'c' ELSE 'd' END || '/' || name || ';', ''),
+           count(*)
+    INTO notes, found
+    FROM missed;
+    IF found > 0 THEN
+        PERFORM outbox_workflow_settle_notes(notes);
+    END IF;
+    RETURN found;
 END
 $$;
 

@@ -673,3 +673,88 @@ async fn a_steps_delay_counts_from_its_release_and_its_ordering_key_holds() {
     );
     assert_eq!(result_of(&status, "keyed"), Some(4));
 }
+
+/// A task that finished behind the triggers' back (here, statements run
+/// with session_replication_role = replica, which skips triggers) leaves
+/// its step released; maintenance's safety net settles it once the
+/// workflow has been quiet, and the workflow goes on.
+#[tokio::test]
+async fn maintenance_settles_a_step_whose_task_finished_behind_the_triggers() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let chain = |name: &str| {
+        let mut w = Workflow::new(name);
+        w.add("a", &work("a", 1))
+            .unwrap()
+            .add_after("b", &["a"], &work("b", 2))
+            .unwrap();
+        w
+    };
+    let completed = submit(&db, chain("completed behind")).await;
+    let died = submit(&db, chain("died behind")).await;
+    let task = |id: WorkflowId| {
+        let pool = db.pool.clone();
+        async move { task_of(&workflow_status(&pool, id).await.unwrap().unwrap(), "a") }
+    };
+    let (done_task, dead_task) = (task(completed).await, task(died).await);
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::raw_sql("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // One completes (moved to the history), one dies, neither telling its
+    // workflow; both workflows look quiet for an hour.
+    sqlx::query(
+        "WITH gone AS (DELETE FROM outbox_tasks WHERE id = $1 RETURNING *) \
+         INSERT INTO outbox_task_history (id, task_type, queue, payload, priority, retry_count, \
+             max_attempts, claims, execute_at, created_at, finished_at, result) \
+         SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, 1, execute_at, \
+             created_at, now(), '1'::jsonb FROM gone",
+    )
+    .bind(done_task.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'failed', dead_at = now(), last_error = 'lost' WHERE id = $1",
+    )
+    .bind(dead_task.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox_workflows SET updated_at = now() - interval '1 hour'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let before = workflow_status(&db.pool, completed).await.unwrap().unwrap();
+    assert_eq!(
+        before.step_list[0].state, "released",
+        "the triggers were bypassed"
+    );
+
+    let worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(outbox::WorkerConfig {
+                maintenance_interval: Duration::from_millis(100),
+                cleanup_interval: Duration::from_millis(100),
+                ..outbox::WorkerConfig::default()
+            })
+            .handler::<Work>(Worker_(shared.clone()))
+            .build()
+            .unwrap(),
+    );
+    let status = wait_state(&db.pool, completed, "completed").await;
+    assert_eq!(
+        result_of(&status, "b"),
+        Some(3),
+        "b read a's result from the history"
+    );
+    let status = wait_state(&db.pool, died, "failed").await;
+    worker.stop().await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[("a", "dead"), ("b", "cancelled")])
+    );
+    assert_eq!(shared.labels(), ["b"], "only b ran, once");
+}

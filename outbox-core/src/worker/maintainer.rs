@@ -328,13 +328,19 @@ async fn tidy_events(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// How long a workflow must have been unchanged before maintenance looks
+/// for steps whose task finished behind the triggers' back.
+const SWEEP_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Workflows deleted at most per batch: each takes its steps and edges
 /// along (a 10,000-step workflow is 20,000 rows).
 const WORKFLOWS_PER_BATCH: i64 = 50;
 
 /// Deletes workflows that finished before the retention, as the history
-/// drops their completed tasks, and the durable step records of tasks
-/// that left outbox_tasks (one batch each per round).
+/// drops their completed tasks; settles the steps of quiet workflows whose
+/// task finished without the workflow being told (the safety net, as
+/// tidy_keys is for ordering keys); and deletes the durable step records
+/// of tasks that left outbox_tasks (one batch each per round).
 async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
     let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
         crate::db::delete_expired(
@@ -349,6 +355,20 @@ async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> 
     .await?;
     if deleted > 0 {
         tracing::info!(deleted, "deleted finished workflows past the retention");
+    }
+    let swept: i32 = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        sqlx::query_scalar(include_str!("../db/sql/sweep_workflows.sql"))
+            .bind(delay_micros(SWEEP_QUIET).unwrap_or(i64::MAX))
+            .bind(DEFAULT_BATCH)
+            .fetch_one(&mut *conn)
+            .await
+    })
+    .await?;
+    if swept > 0 {
+        tracing::warn!(
+            swept,
+            "settled workflow steps whose task finished without the workflow being told"
+        );
     }
     let forgotten = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
         crate::durable::prune(conn, DEFAULT_BATCH).await
