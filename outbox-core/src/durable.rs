@@ -66,7 +66,7 @@ impl TaskContext {
                 text.len()
             )));
         }
-        let stored: Option<String> =
+        let recorded: Option<bool> =
             sqlx::query_scalar(include_str!("db/sql/record_durable_step.sql"))
                 .bind(self.id.0)
                 .bind(name)
@@ -74,11 +74,15 @@ impl TaskContext {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(HandlerError::from)?;
-        match stored {
-            // Recorded by this attempt.
-            None => Ok(value),
-            // Another attempt recorded it first: theirs is the result.
+        if recorded.is_some() {
+            return Ok(value);
+        }
+        // Another attempt recorded it first: theirs is the result.
+        match self.recorded(name).await? {
             Some(theirs) => decode(name, &theirs),
+            None => Err(HandlerError::msg(format!(
+                "durable step {name:?}: another attempt recorded it and the record is gone"
+            ))),
         }
     }
 

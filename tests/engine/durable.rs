@@ -380,6 +380,30 @@ async fn a_waiting_task_frees_its_slot_and_only_a_committed_signal_wakes_it() {
         .await
         .unwrap();
     assert_eq!(retries, 0, "waiting is not a failed attempt");
+    // A task that never ran keeps its run-at: a signal waits for it.
+    let scheduled = outbox::submit_with(
+        &mut *db.conn().await,
+        NeedsApproval {
+            label: "tomorrow".into(),
+            within_ms: 0,
+        },
+        outbox::TaskOptions::new().delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    assert!(
+        outbox::signal(&mut *db.conn().await, scheduled, "approved", &approval)
+            .await
+            .unwrap()
+    );
+    let due_later: bool = sqlx::query_scalar(
+        "SELECT execute_at > now() + interval '30 minutes' FROM outbox_tasks WHERE id = $1",
+    )
+    .bind(scheduled.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(due_later, "a signal made a scheduled task due");
     let bad = outbox::signal(&mut *db.conn().await, waiting, "", &approval).await;
     assert!(
         matches!(&bad, Err(outbox::Error::InvalidOption(m)) if m.contains("1 to 200 bytes")),

@@ -86,7 +86,9 @@ pub enum OnParentDead {
     #[default]
     Cancel,
     /// The step is skipped: it never runs, and its dependents go on as if
-    /// it had completed (without a result).
+    /// it had completed (without a result). It is skipped as soon as the
+    /// parent dies, so its dependents may start while its other parents
+    /// still run.
     Skip,
     /// The step runs anyway, once its other dependencies finished.
     Run,

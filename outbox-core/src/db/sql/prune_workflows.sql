@@ -2,7 +2,8 @@
 -- before it, with their steps and edges. Running and compensating
 -- workflows (finished_at null) are kept however old. A dead step's task
 -- outlives its failed workflow (dead tasks are the audit trail); retried
--- after the workflow is gone, it runs on its own. $1 retention in
+-- after the workflow is gone, it runs with no workflow to move on
+-- (ctx.parent_results finds no parents, ctx.step_result refuses). $1 retention in
 -- microseconds, $2 batch size (workflows), $3 clock override. Returns (as
 -- the rows affected) the workflows deleted.
 WITH doomed AS (

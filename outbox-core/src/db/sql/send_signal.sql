@@ -1,7 +1,8 @@
 -- Sends signal $2 with value $3 (JSON text) to task $1, in the caller's
--- transaction; the first signal of a name wins. A task waiting for it
--- (suspended, pending with a later execute_at) becomes due now and its
--- queue's workers are woken at commit. Returns whether it was recorded.
+-- transaction; the first signal of a name wins. A task that ran and is
+-- pending again (suspended in wait_for or sleep, or snoozed) becomes due
+-- now and its queue's workers are woken at commit; one that never ran
+-- keeps its run-at. Returns whether it was recorded.
 WITH sent AS (
     INSERT INTO outbox_task_signals (task_id, name, value)
     VALUES ($1, $2, $3::jsonb)
@@ -12,7 +13,7 @@ woken AS (
     UPDATE outbox_tasks AS t
     SET execute_at = least(t.execute_at, now())
     FROM sent
-    WHERE t.id = sent.task_id AND t.state = 'pending'
+    WHERE t.id = sent.task_id AND t.state = 'pending' AND t.claims > 0
     RETURNING t.queue
 ),
 told AS (
