@@ -45,12 +45,7 @@ impl TaskContext {
         Fut: Future<Output = Result<R, E>>,
         E: Into<HandlerError>,
     {
-        if name.is_empty() || name.len() > MAX_DURABLE_STEP_NAME {
-            return Err(HandlerError::msg(format!(
-                "a durable step name must be 1 to {MAX_DURABLE_STEP_NAME} bytes long, got {}",
-                name.len()
-            )));
-        }
+        check_name("durable step", name).map_err(HandlerError::msg)?;
         if let Some(recorded) = self.recorded(name).await? {
             return decode(name, &recorded);
         }
@@ -93,14 +88,23 @@ impl TaskContext {
     /// again from the start at the wake-up time, its recorded steps
     /// skipped, this sleep included.
     pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), HandlerError> {
-        let wake_at: DateTime<Utc> = self
-            .step(name, || async {
-                let span = chrono::Duration::from_std(duration)
-                    .map_err(|e| HandlerError::msg(format!("sleep {name:?}: {e}")))?;
-                Ok::<_, HandlerError>(Utc::now() + span)
-            })
-            .await?;
+        let wake_at = self.recorded_deadline(name, duration).await?;
         self.sleep_until(wake_at)
+    }
+
+    /// Now plus `duration`, recorded as durable step `name` by the first
+    /// attempt that gets here: the same moment in every attempt.
+    pub(crate) async fn recorded_deadline(
+        &self,
+        name: &str,
+        duration: Duration,
+    ) -> Result<DateTime<Utc>, HandlerError> {
+        self.step(name, || async {
+            let span = chrono::Duration::from_std(duration)
+                .map_err(|e| HandlerError::msg(format!("{name:?}: {e}")))?;
+            Ok::<_, HandlerError>(Utc::now() + span)
+        })
+        .await
     }
 
     /// Suspends the task until `at` (see [`TaskContext::sleep`]); `Ok` once
@@ -122,6 +126,18 @@ impl TaskContext {
             .await
             .map_err(HandlerError::from)
     }
+}
+
+/// Checks a durable step's or a signal's name (`what`): 1 to
+/// [`MAX_DURABLE_STEP_NAME`] bytes.
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_DURABLE_STEP_NAME {
+        return Err(format!(
+            "a {what} name must be 1 to {MAX_DURABLE_STEP_NAME} bytes long, got {}",
+            name.len()
+        ));
+    }
+    Ok(())
 }
 
 fn decode<R: DeserializeOwned>(name: &str, text: &str) -> Result<R, HandlerError> {

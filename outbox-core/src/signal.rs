@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
-use crate::durable::MAX_DURABLE_STEP_NAME;
+use crate::durable::check_name;
 use crate::error::{Error, Result};
 use crate::handler::{HandlerError, MAX_RESULT_BYTES, TaskContext};
 use crate::task::TaskId;
@@ -37,7 +37,7 @@ pub async fn signal<T: Serialize + ?Sized>(
     name: &str,
     value: &T,
 ) -> Result<bool> {
-    check_name(name).map_err(Error::InvalidOption)?;
+    check_name("signal", name).map_err(Error::InvalidOption)?;
     let text = serde_json::to_string(value).map_err(|e| {
         Error::InvalidOption(format!(
             "signal {name:?}: the value does not serialise: {e}"
@@ -82,12 +82,8 @@ impl TaskContext {
         if let Some(value) = self.received(name).await? {
             return Ok(Some(value));
         }
-        let deadline: DateTime<Utc> = self
-            .step(&format!("{name}:deadline"), || async {
-                let span = chrono::Duration::from_std(within)
-                    .map_err(|e| HandlerError::msg(format!("wait for {name:?}: {e}")))?;
-                Ok::<_, HandlerError>(Utc::now() + span)
-            })
+        let deadline = self
+            .recorded_deadline(&format!("{name}:deadline"), within)
             .await?;
         match (deadline - Utc::now()).to_std() {
             Ok(left) if !left.is_zero() => Err(HandlerError::suspend(left.min(WAIT_RECHECK))),
@@ -96,7 +92,7 @@ impl TaskContext {
     }
 
     async fn received<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, HandlerError> {
-        check_name(name).map_err(HandlerError::msg)?;
+        check_name("signal", name).map_err(HandlerError::msg)?;
         let text: Option<String> = sqlx::query_scalar(include_str!("db/sql/received_signal.sql"))
             .bind(self.id.0)
             .bind(name)
@@ -113,14 +109,4 @@ impl TaskContext {
         })
         .transpose()
     }
-}
-
-fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_DURABLE_STEP_NAME {
-        return Err(format!(
-            "a signal name must be 1 to {MAX_DURABLE_STEP_NAME} bytes long, got {}",
-            name.len()
-        ));
-    }
-    Ok(())
 }

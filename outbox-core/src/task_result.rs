@@ -29,7 +29,16 @@ pub async fn result<R: DeserializeOwned>(conn: &mut PgConnection, id: TaskId) ->
         return Ok(None);
     };
     let state: String = row.try_get("state")?;
-    let text: Option<String> = row.try_get("result")?;
+    decode_completed(id, &state, row.try_get("result")?)
+}
+
+/// A completed task's stored result decoded into `R`; `None` in any other
+/// state or without a result.
+pub(crate) fn decode_completed<R: DeserializeOwned>(
+    id: TaskId,
+    state: &str,
+    text: Option<String>,
+) -> Result<Option<R>> {
     match text {
         Some(text) if state == "completed" => {
             serde_json::from_str(&text)

@@ -45,6 +45,25 @@ pub(crate) async fn private_cluster() -> (Arc<LocalPostgres>, String) {
     (Arc::new(cluster), url)
 }
 
+/// A worker that polls, heartbeats and recovers quickly, for drains
+/// through a restart and an outage.
+pub(crate) fn outage_config() -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_secs(2),
+        maintenance_interval: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    }
+}
+
+/// Stops `cluster`'s server for `down`, then starts it again.
+pub(crate) async fn down_for(cluster: &Arc<LocalPostgres>, down: Duration) {
+    on(cluster, LocalPostgres::stop_server).await;
+    tokio::time::sleep(down).await;
+    on(cluster, LocalPostgres::start_again).await;
+}
+
 /// Runs a pg_ctl step on `cluster` off the async threads.
 pub(crate) async fn on(
     cluster: &Arc<LocalPostgres>,
@@ -70,13 +89,7 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
     .unwrap();
 
     let counter = Counter::default();
-    let config = WorkerConfig {
-        poll_interval: Duration::from_millis(50),
-        heartbeat_interval: Duration::from_millis(200),
-        heartbeat_timeout: Duration::from_secs(2),
-        maintenance_interval: Duration::from_millis(200),
-        ..WorkerConfig::default()
-    };
+    let config = outage_config();
     let worker = RunningWorker::start(
         Worker::builder(pool.clone())
             .config(config)
@@ -232,9 +245,7 @@ async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
     // The counts are written every few seconds: most likely they are still
     // in the worker now. The writes during the outage fail; the counts must
     // be kept for the write after it.
-    on(&cluster, LocalPostgres::stop_server).await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    on(&cluster, LocalPostgres::start_again).await;
+    down_for(&cluster, Duration::from_secs(6)).await;
     let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
     wait_until(
         &pool,

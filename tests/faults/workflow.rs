@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use outbox::{
-    HandlerResult, Outcome, TaskContext, TaskHandler, Worker, WorkerConfig, Workflow, WorkflowId,
-    outbox_task,
+    HandlerResult, Outcome, TaskContext, TaskHandler, Worker, Workflow, WorkflowId, outbox_task,
 };
 use outbox_tests::process::{WorkerProcess, wait_until};
 use outbox_tests::tasks::{Record, create_executions_table};
@@ -20,7 +19,7 @@ use sqlx::PgPool;
 
 use crate::WORKER;
 use crate::kill::FAST_RECOVERY;
-use crate::restart::{on, private_cluster};
+use crate::restart::{down_for, on, outage_config, private_cluster};
 
 /// A group of `parts` steps, a chord over them, and a last step after it.
 fn fan_in(parts: usize, part: &Record, callback: &Record) -> Workflow {
@@ -146,13 +145,7 @@ async fn a_restart_and_an_outage_mid_fan_in_release_the_chord_once() {
     let id = w.submit(&mut pool.acquire().await.unwrap()).await.unwrap();
 
     let counter = Counter::default();
-    let config = WorkerConfig {
-        poll_interval: Duration::from_millis(50),
-        heartbeat_interval: Duration::from_millis(200),
-        heartbeat_timeout: Duration::from_secs(2),
-        maintenance_interval: Duration::from_millis(200),
-        ..WorkerConfig::default()
-    };
+    let config = outage_config();
     let worker = RunningWorker::start(
         Worker::builder(pool.clone())
             .config(config)
@@ -187,9 +180,7 @@ async fn a_restart_and_an_outage_mid_fan_in_release_the_chord_once() {
             eprintln!("workflow restart: PostgreSQL restarted after {done} steps");
         } else if restarted && !was_down && done >= 1500 {
             was_down = true;
-            on(&cluster, LocalPostgres::stop_server).await;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            on(&cluster, LocalPostgres::start_again).await;
+            down_for(&cluster, Duration::from_secs(3)).await;
             eprintln!("workflow restart: PostgreSQL down for 3 s after {done} steps");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

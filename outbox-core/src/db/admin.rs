@@ -60,10 +60,13 @@ pub(crate) async fn retry_tasks(
         .await
 }
 
-pub(crate) async fn cancel_tasks(pool: &PgPool, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
+pub(crate) async fn cancel_tasks<'e>(
+    on: impl sqlx::PgExecutor<'e>,
+    ids: Vec<i64>,
+) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(include_str!("sql/cancel_tasks.sql"))
         .bind(ids)
-        .fetch_all(pool)
+        .fetch_all(on)
         .await
 }
 

@@ -58,7 +58,8 @@ impl TickWakeups {
             self.timers.spawn(async move {
                 tokio::time::sleep(wait).await;
                 let woke = call(&shared.engine, shared.deadline, "periodic", async |conn| {
-                    sqlx::query("SELECT pg_notify('outbox_tasks', $1)")
+                    sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(crate::db::NOTIFY_CHANNEL)
                         .bind(&queue)
                         .execute(conn)
                         .await

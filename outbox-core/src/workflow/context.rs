@@ -7,7 +7,7 @@ use super::WorkflowId;
 use crate::error::{Error, Result};
 use crate::handler::TaskContext;
 use crate::task::TaskId;
-use crate::task_result::excerpt;
+use crate::task_result::decode_completed;
 
 impl TaskContext {
     /// The workflow this task is a step of, and the step's name; `None` for
@@ -86,20 +86,13 @@ impl TaskContext {
     }
 }
 
+/// A step's stored result (read from the history), as `outbox::result`
+/// decodes a task's.
 fn decode<R: DeserializeOwned>(
     state: Option<&str>,
     result: Option<String>,
     task_id: Option<i64>,
 ) -> Result<Option<R>> {
-    match (state, result) {
-        (Some("completed"), Some(text)) => {
-            serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|e| Error::ResultDecode {
-                    id: TaskId(task_id.unwrap_or_default()),
-                    reason: format!("{e} (stored: {})", excerpt(&text)),
-                })
-        }
-        _ => Ok(None),
-    }
+    let id = TaskId(task_id.unwrap_or_default());
+    decode_completed(id, state.unwrap_or_default(), result)
 }

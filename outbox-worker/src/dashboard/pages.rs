@@ -237,7 +237,7 @@ pub(crate) async fn task(
 #[derive(Deserialize)]
 pub(crate) struct TokenForm {
     #[serde(default)]
-    csrf: String,
+    pub(crate) csrf: String,
 }
 
 /// Which single-task action.

@@ -12,11 +12,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use outbox::WorkflowId;
 use outbox::workflow::{StepStatus, WorkflowStatus, WorkflowSummary};
-use serde::Deserialize;
 
 use super::Dashboard;
 use super::auth::{CsrfToken, Identity, check_csrf};
-use super::pages::{query, writable};
+use super::pages::{TokenForm, query, writable};
 use super::views::{Refusal, render, when};
 
 /// Workflows listed at most.
@@ -224,19 +223,12 @@ pub(crate) async fn show(
     result.unwrap_or_else(|refused| refused.page(&d.config))
 }
 
-/// The page token of a cancel.
-#[derive(Deserialize)]
-pub(crate) struct CsrfForm {
-    #[serde(default)]
-    csrf: String,
-}
-
 pub(crate) async fn cancel(
     State(d): State<Arc<Dashboard>>,
     Extension(identity): Extension<Identity>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    axum::Form(form): axum::Form<CsrfForm>,
+    axum::Form(form): axum::Form<TokenForm>,
 ) -> Response {
     let result = async {
         writable(&d)?;
