@@ -61,14 +61,17 @@ impl TaskContext {
                 text.len()
             )));
         }
-        let recorded: Option<bool> =
-            sqlx::query_scalar(include_str!("db/sql/record_durable_step.sql"))
-                .bind(self.id.0)
-                .bind(name)
-                .bind(&text)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(HandlerError::from)?;
+        let recorded: Option<bool> = self
+            .on_pool(async |conn| {
+                sqlx::query_scalar(include_str!("db/sql/record_durable_step.sql"))
+                    .bind(self.id.0)
+                    .bind(name)
+                    .bind(&text)
+                    .fetch_optional(conn)
+                    .await
+            })
+            .await
+            .map_err(HandlerError::from)?;
         if recorded.is_some() {
             return Ok(value);
         }
@@ -119,12 +122,15 @@ impl TaskContext {
     }
 
     async fn recorded(&self, name: &str) -> Result<Option<String>, HandlerError> {
-        sqlx::query_scalar(include_str!("db/sql/durable_step.sql"))
-            .bind(self.id.0)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(HandlerError::from)
+        self.on_pool(async |conn| {
+            sqlx::query_scalar(include_str!("db/sql/durable_step.sql"))
+                .bind(self.id.0)
+                .bind(name)
+                .fetch_optional(conn)
+                .await
+        })
+        .await
+        .map_err(HandlerError::from)
     }
 }
 

@@ -195,6 +195,15 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
+    /// Runs the engine's own `work` on a connection of the application's
+    /// pool (see [`crate::pooler`]).
+    pub(crate) async fn on_pool<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> sqlx::Result<T>,
+    ) -> sqlx::Result<T> {
+        crate::pooler::on(&self.pool, work).await
+    }
+
     /// The task id: stable across attempts, the idempotency key for side
     /// effects.
     pub fn id(&self) -> TaskId {

@@ -58,6 +58,7 @@ pub mod maintenance;
 mod migrate;
 mod options;
 pub mod periodic;
+pub mod pooler;
 mod records;
 pub mod relay;
 pub mod retry;

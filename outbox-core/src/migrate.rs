@@ -164,7 +164,7 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
 /// older schema. A `target` below the current version changes nothing
 /// (migrations are not reverted).
 pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::pooler::begin(pool).await?;
     sqlx::query(include_str!("db/sql/lock_migrations.sql"))
         .bind(MIGRATION_LOCK_KEY)
         .execute(&mut *tx)
@@ -225,16 +225,18 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
 
 /// Reads the schema version without changing anything.
 pub async fn schema_status(pool: &PgPool) -> Result<SchemaStatus> {
-    let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
-        .fetch_one(pool)
-        .await?;
-    let current = if exists {
+    let current = crate::pooler::on(pool, async |conn| {
+        let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
+            .fetch_one(&mut *conn)
+            .await?;
+        if !exists {
+            return Ok(0);
+        }
         sqlx::query_scalar(include_str!("db/sql/schema_version.sql"))
-            .fetch_one(pool)
-            .await?
-    } else {
-        0
-    };
+            .fetch_one(&mut *conn)
+            .await
+    })
+    .await?;
     Ok(SchemaStatus {
         current,
         latest: latest_version(),

@@ -93,10 +93,14 @@ impl TaskContext {
 
     async fn received<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, HandlerError> {
         check_name("signal", name).map_err(HandlerError::msg)?;
-        let text: Option<String> = sqlx::query_scalar(include_str!("db/sql/received_signal.sql"))
-            .bind(self.id.0)
-            .bind(name)
-            .fetch_optional(&self.pool)
+        let text: Option<String> = self
+            .on_pool(async |conn| {
+                sqlx::query_scalar(include_str!("db/sql/received_signal.sql"))
+                    .bind(self.id.0)
+                    .bind(name)
+                    .fetch_optional(conn)
+                    .await
+            })
             .await
             .map_err(HandlerError::from)?;
         text.map(|t| {

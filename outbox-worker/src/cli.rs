@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
-use crate::connect::{DbArgs, connect, connect_migrated};
+use crate::connect::{DbArgs, connect, connect_migrated, connect_pooled, migrated};
 use crate::demo::DemoArgs;
 use crate::failure::Failure;
 use crate::flags::{self, DAY, HOUR, MINUTE, MS, SECOND};
@@ -176,6 +176,24 @@ struct RunArgs {
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
+    /// The database URL leads to a connection pooler in transaction mode
+    /// (PgBouncer's pool_mode = transaction): every statement runs in a
+    /// transaction of its own that leaves nothing in the session, no
+    /// statement is cached, the task table's vacuum is left to autovacuum,
+    /// and queues are polled every --poll-interval unless --listen-url
+    /// gives a direct connection to LISTEN on.
+    #[arg(long, env = "OUTBOX_POOLER")]
+    pooler: bool,
+    /// With --pooler: a URL that reaches PostgreSQL directly (not through
+    /// the pooler), used only to LISTEN for notifications, so that workers
+    /// start new tasks at once instead of at the next poll.
+    #[arg(
+        long,
+        env = "OUTBOX_LISTEN_URL",
+        hide_env_values = true,
+        requires = "pooler"
+    )]
+    listen_url: Option<String>,
     /// Database connections in the pool handlers use (`ctx.pool()`; 1 to
     /// 10000); the worker's own statements have a small pool of their own.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10, value_parser = flags::count_u32(1, 10_000))]
@@ -373,8 +391,20 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         }
         None => None,
     };
-    let pool = connect_migrated(&args.db.database_url, args.max_connections).await?;
+    let pool = if args.pooler {
+        migrated(connect_pooled(&args.db.database_url, args.max_connections).await?).await?
+    } else {
+        connect_migrated(&args.db.database_url, args.max_connections).await?
+    };
+    let listen_options = match &args.listen_url {
+        Some(url) => Some(url.parse().map_err(|e| {
+            Failure::config(format!("--listen-url is not a valid PostgreSQL URL: {e}"))
+        })?),
+        None => None,
+    };
     let config = WorkerConfig {
+        pooler: args.pooler,
+        listen_options,
         poll_interval: args.poll_interval,
         claim_ahead: args.claim_ahead,
         claim_ahead_window: args.claim_ahead_window,

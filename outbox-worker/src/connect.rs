@@ -31,6 +31,15 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
     connect_limited(url, max_connections, None).await
 }
 
+/// Like [`connect`], for a URL that leads to a connection pooler in
+/// transaction mode: sessions fit for one (`outbox::pooler`), and the pool
+/// marked as pooled.
+pub(crate) async fn connect_pooled(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    let pool = open(url, max_connections, outbox::pooler::session_options).await?;
+    outbox::pooler::mark(&pool);
+    Ok(pool)
+}
+
 /// Like [`connect`], with a server-side `statement_timeout` on every
 /// session of the pool: a query abandoned by its caller stops on the
 /// server too instead of holding a connection.
@@ -38,6 +47,20 @@ pub(crate) async fn connect_limited(
     url: &str,
     max_connections: u32,
     statement_timeout: Option<Duration>,
+) -> Result<PgPool, Failure> {
+    open(url, max_connections, |options| match statement_timeout {
+        Some(t) => options.options([("statement_timeout", format!("{}ms", t.as_millis()))]),
+        None => options,
+    })
+    .await
+}
+
+/// Parses `url`, adjusts its options with `adjust`, checks one connection
+/// and returns a lazy pool.
+async fn open(
+    url: &str,
+    max_connections: u32,
+    adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
 ) -> Result<PgPool, Failure> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(Failure::config(
@@ -47,10 +70,7 @@ pub(crate) async fn connect_limited(
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
-    let options = match statement_timeout {
-        Some(t) => options.options([("statement_timeout", format!("{}ms", t.as_millis()))]),
-        None => options,
-    };
+    let options = adjust(options);
     let target = format!("{}:{}", options.get_host(), options.get_port());
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => {

@@ -2,8 +2,8 @@
 //! worker, SIGTERM with slow tasks, loss of the maintenance leader, a
 //! database restart and outage in the middle of a drain, sessions
 //! terminated again and again, a network that goes silent (a fault proxy
-//! black-holes a worker's connections), and a relay through a restart, an
-//! outage and terminated sessions. Each test prints what it
+//! black-holes a worker's connections), a relay through a restart, an
+//! outage and terminated sessions, and all of it behind PgBouncer. Each test prints what it
 //! injected and what it counted afterwards.
 
 mod blackhole;
@@ -11,6 +11,7 @@ mod cluster;
 mod kill;
 mod leader;
 mod periodic;
+mod pooler;
 mod relay;
 mod restart;
 mod sigterm;

@@ -7,6 +7,7 @@
 
 pub mod brokers;
 pub mod browser;
+pub mod pooler;
 pub mod process;
 pub mod proxy;
 pub mod sinks;
@@ -41,6 +42,21 @@ fn server_url() -> &'static str {
             url
         }
     })
+}
+
+/// The test server's connection options (its `postgres` database).
+pub fn server_options() -> PgConnectOptions {
+    server_url()
+        .parse::<PgConnectOptions>()
+        .expect("DATABASE_URL is a valid PostgreSQL URL")
+}
+
+/// The password in the test server's URL, if it has one.
+pub fn server_password() -> Option<String> {
+    let url = server_url();
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.split_once('@')?.0;
+    userinfo.split_once(':').map(|(_, p)| p.to_owned())
 }
 
 fn options_for(database: &str) -> PgConnectOptions {

@@ -27,12 +27,16 @@ pub struct Recorder;
 
 impl TaskHandler<Record> for Recorder {
     async fn handle(&self, ctx: TaskContext, task: Record) -> HandlerResult {
+        // In a transaction, as every statement must be behind a pooler
+        // (the fault tests run this worker through PgBouncer too).
+        let mut tx = outbox::pooler::begin(ctx.pool()).await?;
         sqlx::query("INSERT INTO executions (task_id, attempt, pid) VALUES ($1, $2, $3)")
             .bind(ctx.id().0)
             .bind(ctx.attempt())
             .bind(i64::from(std::process::id()))
-            .execute(ctx.pool())
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(task.ms)) => Ok(Outcome::Success),
             () = ctx.cancellation().cancelled() => Err(HandlerError::msg("cancelled by shutdown")),

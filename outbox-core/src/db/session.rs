@@ -10,6 +10,20 @@
 //! - the client gives up on a call a moment after the server would have
 //!   (`statement_timeout` + [`CLIENT_MARGIN`]) and throws the connection
 //!   away instead of returning it to the pool.
+//!
+//! Behind a connection pooler in transaction mode (PgBouncer's
+//! `pool_mode = transaction`) a client session is lent a server session
+//! only for one transaction at a time, so nothing may live in the session:
+//! - the limits cannot be startup options (the pooler refuses `options`),
+//!   so every call runs as one transaction that opens with `SET LOCAL`s;
+//! - sqlx sends a statement's Parse and its Bind in two round trips, each
+//!   ended by a Sync, which outside a transaction the pooler may route to
+//!   two different servers: inside one they share the server;
+//! - sqlx names a statement on the server even with its cache off, and the
+//!   name is only unique per client session: two clients lent the same
+//!   server in turn would both create `sqlx_s_1`. Each call's transaction
+//!   therefore starts and ends with `DEALLOCATE ALL` on the server it was
+//!   lent (see [`crate::pooler`] for the application's side).
 
 use std::time::Duration;
 
@@ -33,6 +47,8 @@ pub(crate) struct SessionLimits {
     pub(crate) statement_timeout: Duration,
     /// How long a connection may go unanswered before either side drops it.
     pub(crate) keepalive: Duration,
+    /// Whether the sessions go through a pooler in transaction mode.
+    pub(crate) pooled: bool,
 }
 
 impl SessionLimits {
@@ -43,36 +59,85 @@ impl SessionLimits {
 
     /// `base` with the limits applied as startup options (in force from the
     /// first statement, and on every reconnect) and the engine's
-    /// application_name.
+    /// application_name. Behind a pooler, the settings that matter per
+    /// statement go into [`SessionLimits::begin`] instead.
     pub(crate) fn apply(&self, base: &PgConnectOptions, worker_id: &str) -> PgConnectOptions {
-        let ms = |d: Duration| d.as_millis().max(1).to_string();
-        let secs = |d: Duration| d.as_secs().max(1).to_string();
-        base.clone()
+        let base = base
+            .clone()
             .application_name(&format!("{ENGINE_APPLICATION_NAME} {worker_id}"))
             // A statement that runs long is reported once by the worker as
             // an outage, not again by sqlx as a slow statement.
-            .disable_statement_logging()
-            .options([
-                ("statement_timeout", ms(self.statement_timeout)),
-                // Ordering keys and queue limits take a lock and then look
-                // with a fresh snapshot: only READ COMMITTED gives one,
-                // whatever the database's default.
-                ("default_transaction_isolation", "read committed".to_owned()),
-                // The engine never leaves a transaction open between
-                // statements; a session that does is stuck.
-                (
-                    "idle_in_transaction_session_timeout",
-                    ms(self.deadline() * 2),
-                ),
-                // Probe an idle client after half the keepalive, every sixth
-                // of it, three times; drop unacknowledged sends after the
-                // whole of it. Ignored on Unix-socket sessions.
+            .disable_statement_logging();
+        if self.pooled {
+            return crate::pooler::session_options(base);
+        }
+        base.options(self.settings())
+    }
+
+    /// The settings every engine statement runs under.
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        let ms = |d: Duration| d.as_millis().max(1).to_string();
+        let secs = |d: Duration| d.as_secs().max(1).to_string();
+        let mut settings = vec![
+            ("statement_timeout", ms(self.statement_timeout)),
+            // Ordering keys and queue limits take a lock and then look
+            // with a fresh snapshot: only READ COMMITTED gives one,
+            // whatever the database's default.
+            ("default_transaction_isolation", "read committed".to_owned()),
+            // The engine never leaves a transaction open between
+            // statements; a session that does is stuck.
+            (
+                "idle_in_transaction_session_timeout",
+                ms(self.deadline() * 2),
+            ),
+        ];
+        if !self.pooled {
+            // Probe an idle client after half the keepalive, every sixth of
+            // it, three times; drop unacknowledged sends after the whole of
+            // it. Ignored on Unix-socket sessions. (Behind a pooler the
+            // server's client is the pooler: its own `tcp_keepalive`
+            // settings watch the application's side.)
+            settings.extend([
                 ("tcp_keepalives_idle", secs(self.keepalive / 2)),
                 ("tcp_keepalives_interval", secs(self.keepalive / 6)),
                 ("tcp_keepalives_count", "3".to_owned()),
                 ("tcp_user_timeout", ms(self.keepalive)),
-            ])
+            ]);
+        }
+        settings
     }
+
+    /// Behind a pooler: the statement that opens each call's transaction,
+    /// with the settings as `SET LOCAL` (the isolation level in the BEGIN)
+    /// and the lent server's prepared statements dropped. None for direct
+    /// sessions.
+    fn begin(&self) -> Option<String> {
+        self.pooled.then(|| {
+            let mut sql = "BEGIN ISOLATION LEVEL READ COMMITTED".to_owned();
+            for (name, value) in self.settings() {
+                if name != "default_transaction_isolation" {
+                    sql.push_str(&set_local(name, &value));
+                }
+            }
+            sql.push_str("; DEALLOCATE ALL");
+            sql
+        })
+    }
+
+    /// The same limits on sessions that reach the server directly (a
+    /// pooled worker's LISTEN connection).
+    pub(crate) fn direct(&self) -> Self {
+        Self {
+            pooled: false,
+            ..*self
+        }
+    }
+}
+
+/// `; SET LOCAL name = 'value'`, for settings the engine itself names.
+fn set_local(name: &str, value: &str) -> String {
+    debug_assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+    format!("; SET LOCAL {name} = '{}'", value.replace('\'', "''"))
 }
 
 /// The worker's own pool of sessions: `size` connections to the server of
@@ -85,6 +150,8 @@ impl SessionLimits {
 /// a healthy connection goes back as it is, and anything else is dropped.
 pub(crate) struct EnginePool {
     options: PgConnectOptions,
+    /// Behind a pooler, what opens every call's transaction.
+    begin: Option<String>,
     idle: std::sync::Mutex<Vec<PgConnection>>,
     slots: tokio::sync::Semaphore,
 }
@@ -98,16 +165,30 @@ impl EnginePool {
     ) -> Self {
         Self {
             options: limits.apply(&application.connect_options(), worker_id),
+            begin: limits.begin(),
             idle: std::sync::Mutex::default(),
             slots: tokio::sync::Semaphore::new(size.max(1)),
         }
     }
 
     /// The same pool with more settings on each session (added to the
-    /// startup options).
+    /// startup options, or behind a pooler to each call's BEGIN).
     pub(crate) fn with_settings(mut self, settings: &[(&str, &str)]) -> Self {
-        self.options = self.options.options(settings.iter().copied());
+        match &mut self.begin {
+            Some(begin) => {
+                // Before the DEALLOCATE ALL that ends it.
+                let at = begin.rfind("; DEALLOCATE ALL").unwrap_or(begin.len());
+                let sets: String = settings.iter().map(|(n, v)| set_local(n, v)).collect();
+                begin.insert_str(at, &sets);
+            }
+            None => self.options = self.options.options(settings.iter().copied()),
+        }
         self
+    }
+
+    /// Whether the sessions go through a pooler in transaction mode.
+    pub(crate) fn pooled(&self) -> bool {
+        self.begin.is_some()
     }
 
     /// The connect options of the engine's sessions.
@@ -172,7 +253,10 @@ pub(crate) async fn call<T>(
 ) -> sqlx::Result<T> {
     let attempt = async {
         let mut checkout = pool.checkout().await?;
-        let result = work(checkout.conn()).await;
+        let result = match &pool.begin {
+            None => work(checkout.conn()).await,
+            Some(begin) => in_transaction(checkout.conn(), begin, work).await,
+        };
         // A server-side rejection leaves the session healthy and idle.
         checkout.keep = match &result {
             Ok(_) => true,
@@ -183,6 +267,32 @@ pub(crate) async fn call<T>(
     match tokio::time::timeout(deadline, attempt).await {
         Ok(result) => result,
         Err(_) => Err(deadline_exceeded(what, deadline)),
+    }
+}
+
+/// Runs `work` as one transaction opened by `begin`, leaving no prepared
+/// statement behind on the server the pooler lent: `work`'s own
+/// transactions become savepoints of it. A failed `work` is rolled back
+/// before its error is returned; a failed rollback is returned instead (a
+/// broken session, which the caller then drops).
+async fn in_transaction<T>(
+    conn: &mut PgConnection,
+    begin: &str,
+    work: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
+) -> sqlx::Result<T> {
+    let mut tx = conn
+        .begin_with(sqlx::AssertSqlSafe(begin.to_owned()))
+        .await?;
+    match work(&mut tx).await {
+        Ok(value) => {
+            sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            tx.rollback().await?;
+            Err(error)
+        }
     }
 }
 

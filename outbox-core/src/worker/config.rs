@@ -97,6 +97,21 @@ pub struct WorkerConfig {
     pub snapshot_age_warning: Duration,
     /// Whether to LISTEN for submit notifications.
     pub listen: bool,
+    /// Whether the worker's sessions go through a connection pooler in
+    /// transaction mode (PgBouncer's `pool_mode = transaction`): each of
+    /// its calls is then one transaction carrying its limits as `SET
+    /// LOCAL`, no statement is cached, and the vacuum of the task table is
+    /// left to autovacuum (VACUUM cannot run in a transaction). A LISTEN
+    /// through such a pooler would hear nothing, so the worker polls every
+    /// `poll_interval` unless [`WorkerConfig::listen_options`] gives it a
+    /// direct connection for notifications. See [`crate::pooler`].
+    pub pooler: bool,
+    /// Where to LISTEN for notifications, when not on the worker's own
+    /// sessions' server: the database itself (not the pooler) for a worker
+    /// behind a pooler. The worker's limits and application_name are
+    /// applied to it. None: the worker's own connection options, or no
+    /// LISTEN at all behind a pooler.
+    pub listen_options: Option<sqlx::postgres::PgConnectOptions>,
     /// The clock for time-dependent statements.
     pub clock: Clock,
     /// This worker's name on the rows it claims.
@@ -131,6 +146,8 @@ impl Default for WorkerConfig {
             forget_workers_after: Duration::from_secs(3600),
             snapshot_age_warning: Duration::from_secs(300),
             listen: true,
+            pooler: false,
+            listen_options: None,
             clock: Clock::database(),
             worker_id: default_worker_id(),
         }

@@ -185,6 +185,13 @@ impl WorkerBuilder {
             &queues,
             !self.relays.is_empty(),
         ));
+        // One switch for both: a pool marked as pooled makes a pooled
+        // worker, and a pooled worker's handlers get a marked pool.
+        if crate::pooler::is_marked(&self.pool) {
+            self.config.pooler = true;
+        } else if self.config.pooler {
+            crate::pooler::mark(&self.pool);
+        }
         problems.extend(config::config_problems(&self.config, &queues));
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
@@ -299,13 +306,31 @@ impl Worker {
         let limits = SessionLimits {
             statement_timeout: self.config.statement_timeout,
             keepalive: self.config.keepalive,
+            pooled: self.config.pooler,
         };
         // A claim in flight per queue, the outcome lanes, the heartbeat, the
         // maintainer and its vacuum, the throughput counts, the worker's
         // row, and one to spare for releases.
         let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 6;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
-        let listen_options = engine.options().clone();
+        // Behind a pooler only a direct connection hears notifications.
+        let listen_options = match (&self.config.listen_options, self.config.pooler) {
+            (Some(direct), _) => Some(limits.direct().apply(direct, &self.config.worker_id)),
+            (None, false) => Some(engine.options().clone()),
+            (None, true) => None,
+        };
+        if self.config.pooler {
+            tracing::info!(
+                listen = listen_options.is_some(),
+                poll_interval = ?self.config.poll_interval,
+                "sessions go through a pooler in transaction mode{}",
+                if listen_options.is_some() || !self.config.listen {
+                    ""
+                } else {
+                    ": no direct connection to LISTEN on, so queues are polled"
+                }
+            );
+        }
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
         let shared = Arc::new(Shared {
             wakers: Arc::clone(&wakers),
@@ -335,7 +360,8 @@ impl Worker {
         ));
 
         let stop_claiming = shutdown.child_token();
-        let listener = shared.config.listen.then(|| {
+        let listen_options = listen_options.filter(|_| shared.config.listen);
+        let listener = listen_options.map(|listen_options| {
             let held = Arc::clone(&shared);
             let on_cancel: listener::OnCancel = Arc::new(move |id| {
                 if held.holdings.request_cancel(id) {

@@ -45,7 +45,12 @@ impl Vacuumer {
     /// failed look or vacuum is logged and tried again next round.
     pub(super) async fn check(&mut self, shared: &Arc<Shared>) {
         let threshold = shared.config.vacuum_threshold;
-        if threshold == 0 || self.running.as_ref().is_some_and(|r| !r.is_finished()) {
+        // VACUUM cannot run inside a transaction, which is all a pooler in
+        // transaction mode lets the engine have: autovacuum does it then.
+        if threshold == 0
+            || shared.engine.pooled()
+            || self.running.as_ref().is_some_and(|r| !r.is_finished())
+        {
             return;
         }
         let due = call(&shared.engine, shared.deadline, "vacuum", async |conn| {

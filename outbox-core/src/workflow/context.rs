@@ -13,11 +13,14 @@ impl TaskContext {
     /// The workflow this task is a step of, and the step's name; `None` for
     /// a task submitted on its own.
     pub async fn workflow(&self) -> Result<Option<(WorkflowId, String)>> {
-        let row: Option<(Option<i64>, Option<String>)> =
-            sqlx::query_as(include_str!("../db/sql/workflow_of_task.sql"))
-                .bind(self.id.0)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<(Option<i64>, Option<String>)> = self
+            .on_pool(async |conn| {
+                sqlx::query_as(include_str!("../db/sql/workflow_of_task.sql"))
+                    .bind(self.id.0)
+                    .fetch_optional(conn)
+                    .await
+            })
+            .await?;
         Ok(match row {
             Some((Some(id), Some(step))) => Some((WorkflowId(id), step)),
             _ => None,
@@ -30,10 +33,14 @@ impl TaskContext {
     /// step of the workflow can be read, not only a parent: a compensation
     /// reads what the step it undoes returned (a charge id to refund).
     pub async fn step_result<R: DeserializeOwned>(&self, step: &str) -> Result<Option<R>> {
-        let row = sqlx::query(include_str!("../db/sql/workflow_step_result.sql"))
-            .bind(self.id.0)
-            .bind(step)
-            .fetch_optional(&self.pool)
+        let row = self
+            .on_pool(async |conn| {
+                sqlx::query(include_str!("../db/sql/workflow_step_result.sql"))
+                    .bind(self.id.0)
+                    .bind(step)
+                    .fetch_optional(conn)
+                    .await
+            })
             .await?;
         let Some(row) = row else {
             return Err(self.not_a_step());
@@ -60,9 +67,13 @@ impl TaskContext {
     /// gathers from its group. A parent that was skipped (or ran without a
     /// result) gives `None`.
     pub async fn parent_results<R: DeserializeOwned>(&self) -> Result<Vec<(String, Option<R>)>> {
-        let rows = sqlx::query(include_str!("../db/sql/workflow_parent_results.sql"))
-            .bind(self.id.0)
-            .fetch_all(&self.pool)
+        let rows = self
+            .on_pool(async |conn| {
+                sqlx::query(include_str!("../db/sql/workflow_parent_results.sql"))
+                    .bind(self.id.0)
+                    .fetch_all(conn)
+                    .await
+            })
             .await?;
         rows.iter()
             .map(|row| {
