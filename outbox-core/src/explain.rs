@@ -185,10 +185,13 @@ pub async fn explain_task(pool: &PgPool, id: TaskId) -> Result<Option<Explanatio
     let Some(task) = db::admin::get_task(pool, id.0).await? else {
         return Ok(None);
     };
-    let ctx = sqlx::query(include_str!("db/sql/explain_task.sql"))
-        .bind(id.0)
-        .fetch_optional(pool)
-        .await?;
+    let ctx = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("db/sql/explain_task.sql"))
+            .bind(id.0)
+            .fetch_optional(conn)
+            .await
+    })
+    .await?;
     let Some(ctx) = ctx else {
         // Deleted between the two reads: explain what was seen.
         return Ok(Some(Explanation {

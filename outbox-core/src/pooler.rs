@@ -104,8 +104,21 @@ pub fn is_marked(pool: &PgPool) -> bool {
 
 /// Runs `work` on a connection of `pool`: in a transaction of its own when
 /// the pool is [`mark`]ed (the only way a statement with parameters gets
-/// through the pooler intact), as it comes otherwise.
-pub(crate) async fn on<T>(
+/// through the pooler intact), as it comes otherwise. For statements that
+/// would run on the pool directly without a pooler:
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> sqlx::Result<()> {
+/// let dead: i64 = outbox::pooler::on(&pool, async |conn| {
+///     sqlx::query_scalar("SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL AND queue = $1")
+///         .bind("default")
+///         .fetch_one(conn)
+///         .await
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn on<T>(
     pool: &PgPool,
     work: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
 ) -> sqlx::Result<T> {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
-use crate::connect::{DbArgs, connect, connect_migrated, connect_pooled, migrated};
+use crate::connect::{DbArgs, connect_db, connect_migrated};
 use crate::demo::DemoArgs;
 use crate::failure::Failure;
 use crate::flags::{self, DAY, HOUR, MINUTE, MS, SECOND};
@@ -176,14 +176,6 @@ struct RunArgs {
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]
     no_maintenance: bool,
-    /// The database URL leads to a connection pooler in transaction mode
-    /// (PgBouncer's pool_mode = transaction): every statement runs in a
-    /// transaction of its own that leaves nothing in the session, no
-    /// statement is cached, the task table's vacuum is left to autovacuum,
-    /// and queues are polled every --poll-interval unless --listen-url
-    /// gives a direct connection to LISTEN on.
-    #[arg(long, env = "OUTBOX_POOLER")]
-    pooler: bool,
     /// With --pooler: a URL that reaches PostgreSQL directly (not through
     /// the pooler), used only to LISTEN for notifications, so that workers
     /// start new tasks at once instead of at the next poll.
@@ -349,7 +341,7 @@ async fn within(
 }
 
 async fn migrate(args: DbArgs) -> Result<(), Failure> {
-    let pool = connect(&args.database_url, 2).await?;
+    let pool = connect_db(&args, 2).await?;
     let report = outbox::migrate(&pool).await?;
     if report.applied.is_empty() {
         println!("schema is up to date at version {}", report.current);
@@ -391,11 +383,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         }
         None => None,
     };
-    let pool = if args.pooler {
-        migrated(connect_pooled(&args.db.database_url, args.max_connections).await?).await?
-    } else {
-        connect_migrated(&args.db.database_url, args.max_connections).await?
-    };
+    let pool = connect_migrated(&args.db, args.max_connections).await?;
     let listen_options = match &args.listen_url {
         Some(url) => Some(url.parse().map_err(|e| {
             Failure::config(format!("--listen-url is not a valid PostgreSQL URL: {e}"))
@@ -403,7 +391,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         None => None,
     };
     let config = WorkerConfig {
-        pooler: args.pooler,
+        pooler: args.db.pooler,
         listen_options,
         poll_interval: args.poll_interval,
         claim_ahead: args.claim_ahead,

@@ -50,7 +50,12 @@ pub(crate) async fn write_and_commit<T>(
     describe: impl FnOnce(&T) -> Write,
 ) -> Result<T, Failure> {
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
-    let mut tx = conn.begin().await.map_err(not_written)?;
+    let mut tx = if outbox::pooler::is_marked(pool) {
+        conn.begin_with(outbox::pooler::BEGIN).await
+    } else {
+        conn.begin().await
+    }
+    .map_err(not_written)?;
     let value = write(&mut tx).await.map_err(|e| match e {
         outbox::Error::Database(db) => not_written(db),
         other => Failure::from(other),
@@ -117,11 +122,13 @@ async fn resolve(pool: &PgPool, xid: &str) -> Option<bool> {
     let mut pause = Duration::from_millis(50);
     loop {
         let status = tokio::time::timeout_at(deadline, async {
-            let mut conn = pool.acquire().await?;
-            sqlx::query_scalar::<_, Option<String>>("SELECT pg_xact_status($1::text::xid8)")
-                .bind(xid)
-                .fetch_one(&mut *conn)
-                .await
+            outbox::pooler::on(pool, async |conn| {
+                sqlx::query_scalar::<_, Option<String>>("SELECT pg_xact_status($1::text::xid8)")
+                    .bind(xid)
+                    .fetch_one(conn)
+                    .await
+            })
+            .await
         })
         .await;
         match status {

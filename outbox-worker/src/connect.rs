@@ -18,6 +18,24 @@ pub(crate) struct DbArgs {
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: String,
+    /// The URL leads to a connection pooler in transaction mode (PgBouncer's
+    /// pool_mode = transaction): every statement runs in a transaction of
+    /// its own that leaves nothing behind in the session, and no statement
+    /// is cached. With `run`, the task table's vacuum is left to
+    /// autovacuum, and queues are polled every --poll-interval unless
+    /// --listen-url gives a direct connection to LISTEN on.
+    #[arg(long, env = "OUTBOX_POOLER")]
+    pub(crate) pooler: bool,
+}
+
+/// Connects to `db` (through its pooler, with `--pooler`): see [`connect`]
+/// and [`connect_pooled`].
+pub(crate) async fn connect_db(db: &DbArgs, max_connections: u32) -> Result<PgPool, Failure> {
+    if db.pooler {
+        connect_pooled(&db.database_url, max_connections).await
+    } else {
+        connect(&db.database_url, max_connections).await
+    }
 }
 
 /// How long the first connection may take before the server is reported
@@ -163,8 +181,8 @@ pub(crate) async fn database_or_private(
 }
 
 /// Connects and refuses to go on when the schema is behind this build.
-pub(crate) async fn connect_migrated(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
-    migrated(connect(url, max_connections).await?).await
+pub(crate) async fn connect_migrated(db: &DbArgs, max_connections: u32) -> Result<PgPool, Failure> {
+    migrated(connect_db(db, max_connections).await?).await
 }
 
 /// `pool` if its schema is up to date; exit code 4 otherwise.

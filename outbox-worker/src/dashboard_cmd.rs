@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::{DbArgs, connect_limited, migrated};
+use crate::connect::{DbArgs, connect_db, connect_limited, migrated};
 use crate::dashboard::{self, Auth, DashboardConfig};
 use crate::failure::Failure;
 
@@ -75,10 +75,15 @@ pub(crate) async fn run(args: DashboardArgs) -> Result<(), Failure> {
             Failure::config(format!("cannot serve the dashboard on {}: {e}", args.addr))
         })?;
     // The pages' deadline, enforced by the server too: a query a page gave
-    // up on must not keep running and hold a connection.
-    let pool =
-        migrated(connect_limited(&args.db.database_url, 8, Some(dashboard::QUERY_DEADLINE)).await?)
-            .await?;
+    // up on must not keep running and hold a connection. (A pooler refuses
+    // the startup option that carries it: there the pages' own deadline
+    // holds, and the role's statement_timeout on the server.)
+    let pool = if args.db.pooler {
+        connect_db(&args.db, 8).await?
+    } else {
+        connect_limited(&args.db.database_url, 8, Some(dashboard::QUERY_DEADLINE)).await?
+    };
+    let pool = migrated(pool).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(crate::stop_on_signal(shutdown.clone()));
     let addr = listener.local_addr().unwrap_or(args.addr);

@@ -121,7 +121,7 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     if let Some(q) = args.queue {
         event = event.queue(q);
     }
-    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let pool = connect_migrated(&args.db, 2).await?;
     // The id is chosen here, before the transaction, so a failure whose
     // outcome is unknown can name it, and a retry with it writes nothing
     // if the first try committed (emit_once).
@@ -146,7 +146,7 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
 }
 
 async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let pool = connect_migrated(&args.db, 2).await?;
     let rows = outbox::relay::subscriptions(&pool).await?;
     if args.json {
         return print_json(&rows);
@@ -185,7 +185,7 @@ async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
 }
 
 async fn parked(args: ParkedArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let pool = connect_migrated(&args.db, 2).await?;
     let rows =
         outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
     if args.json {
@@ -218,7 +218,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
 }
 
 async fn act(args: AggregateArgs, skip: bool) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db.database_url, 2).await?;
+    let pool = connect_migrated(&args.db, 2).await?;
     let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
     let id = if skip {
         outbox::relay::skip_parked(&pool, sub, t, i).await?

@@ -8,7 +8,7 @@ use crate::connect::connect_migrated;
 use crate::failure::Failure;
 
 pub(crate) async fn explain(args: ShowArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let pool = connect_migrated(&args.db, 1).await?;
     let Some(found) = admin::explain_task(&pool, TaskId(args.id)).await? else {
         return Err(Failure::runtime(format!("no task with id {}", args.id)));
     };

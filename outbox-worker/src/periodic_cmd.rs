@@ -76,7 +76,7 @@ pub(crate) struct ListArgs {
 
 pub(crate) async fn run(command: PeriodicCommand) -> Result<(), Failure> {
     let PeriodicCommand::List(args) = command;
-    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let pool = connect_migrated(&args.db, 1).await?;
     let all = outbox::periodic::list(&pool).await?;
     if args.json {
         println!(

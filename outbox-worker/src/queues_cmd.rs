@@ -77,13 +77,13 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
     match command {
         QueuesCommand::List(args) => list(args).await,
         QueuesCommand::Pause(args) => {
-            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let pool = connect_migrated(&args.db, 1).await?;
             let done = admin::pause_queue(&pool, &args.name).await?;
             println!("paused {} (running tasks finish)", done.name);
             Ok(())
         }
         QueuesCommand::Resume(args) => {
-            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let pool = connect_migrated(&args.db, 1).await?;
             let done = admin::resume_queue(&pool, &args.name).await?;
             println!("resumed {}", done.name);
             Ok(())
@@ -100,7 +100,7 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
                     "nothing to set: give --global-concurrency, --rate or --per-key-concurrency",
                 ));
             }
-            let pool = connect_migrated(&args.db.database_url, 1).await?;
+            let pool = connect_migrated(&args.db, 1).await?;
             let done = admin::set_queue(&pool, &args.name, &change).await?;
             println!("{}: {}", done.name, limits(&done));
             Ok(())
@@ -125,7 +125,7 @@ fn limits(q: &QueueSettings) -> String {
 }
 
 async fn list(args: JsonArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let pool = connect_migrated(&args.db, 1).await?;
     let queues = admin::list_queues(&pool).await?;
     let overview = admin::overview(&pool).await?;
     if args.json {
@@ -183,7 +183,7 @@ pub(crate) enum WorkersCommand {
 
 pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
     let WorkersCommand::List(args) = command;
-    let pool = connect_migrated(&args.db.database_url, 1).await?;
+    let pool = connect_migrated(&args.db, 1).await?;
     let all = admin::list_workers(&pool).await?;
     if args.json {
         println!(

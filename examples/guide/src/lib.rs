@@ -17,6 +17,8 @@ pub mod events;
 #[rustfmt::skip]
 pub mod guide;
 #[rustfmt::skip]
+pub mod pooler;
+#[rustfmt::skip]
 pub mod readme;
 #[rustfmt::skip]
 pub mod workflows;

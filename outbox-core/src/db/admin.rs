@@ -41,10 +41,13 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
 }
 
 pub(crate) async fn get_task(pool: &PgPool, id: i64) -> sqlx::Result<Option<TaskRecord>> {
-    let row = sqlx::query(include_str!("sql/get_task.sql"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
+    let row = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/get_task.sql"))
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+    })
+    .await?;
     row.as_ref().map(record).transpose()
 }
 
@@ -53,11 +56,14 @@ pub(crate) async fn retry_tasks(
     ids: Option<Vec<i64>>,
     dead_of_type: Option<&str>,
 ) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(include_str!("sql/retry_tasks.sql"))
-        .bind(ids)
-        .bind(dead_of_type.map(str::to_owned))
-        .fetch_all(pool)
-        .await
+    crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(include_str!("sql/retry_tasks.sql"))
+            .bind(ids)
+            .bind(dead_of_type.map(str::to_owned))
+            .fetch_all(conn)
+            .await
+    })
+    .await
 }
 
 pub(crate) async fn cancel_tasks<'e>(
@@ -71,10 +77,12 @@ pub(crate) async fn cancel_tasks<'e>(
 }
 
 pub(crate) async fn count_by_type_and_state(pool: &PgPool) -> sqlx::Result<Vec<TypeStateCount>> {
-    let rows: Vec<(String, String, i64)> =
+    let rows: Vec<(String, String, i64)> = crate::pooler::on(pool, async |conn| {
         sqlx::query_as(include_str!("sql/count_by_type_and_state.sql"))
-            .fetch_all(pool)
-            .await?;
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(task_type, state, count)| TypeStateCount {
@@ -95,9 +103,12 @@ pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
         dead,
         oldest_claimable_age_s,
         oldest_heartbeat_age_s,
-    ): Row = sqlx::query_as(include_str!("sql/queue_health.sql"))
-        .fetch_one(pool)
-        .await?;
+    ): Row = crate::pooler::on(pool, async |conn| {
+        sqlx::query_as(include_str!("sql/queue_health.sql"))
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
     Ok(QueueHealth {
         claimable,
         scheduled,
@@ -106,7 +117,7 @@ pub(crate) async fn queue_health(pool: &PgPool) -> sqlx::Result<QueueHealth> {
         dead,
         oldest_claimable_age_s,
         oldest_heartbeat_age_s,
-        table: table_health(&mut *pool.acquire().await?).await?,
+        table: crate::pooler::on(pool, async |conn| table_health(conn).await).await?,
     })
 }
 
@@ -134,56 +145,68 @@ pub(crate) async fn search_tasks(
     pattern: Option<String>,
     limit: i64,
 ) -> sqlx::Result<Vec<TaskRecord>> {
-    let rows = sqlx::query(include_str!("sql/search_tasks.sql"))
-        .bind(filter.state.as_deref())
-        .bind(filter.task_type.as_deref())
-        .bind(filter.queue.as_deref())
-        .bind(filter.id)
-        .bind(pattern)
-        .bind(filter.before)
-        .bind(limit)
-        .bind(filter.without_payload)
-        .fetch_all(pool)
-        .await?;
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/search_tasks.sql"))
+            .bind(filter.state.as_deref())
+            .bind(filter.task_type.as_deref())
+            .bind(filter.queue.as_deref())
+            .bind(filter.id)
+            .bind(pattern)
+            .bind(filter.before)
+            .bind(limit)
+            .bind(filter.without_payload)
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     rows.iter().map(record).collect()
 }
 
 pub(crate) async fn overview(pool: &PgPool) -> sqlx::Result<Overview> {
-    let queues = sqlx::query(include_str!("sql/overview_queues.sql"))
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(QueueOverview {
-                queue: r.try_get("queue")?,
-                available: r.try_get("available")?,
-                scheduled: r.try_get("scheduled")?,
-                retrying: r.try_get("retrying")?,
-                blocked: r.try_get("blocked")?,
-                processing: r.try_get("processing")?,
-                dead: r.try_get("dead")?,
-                completed_last_hour: r.try_get("completed_last_hour")?,
-                failed_last_hour: r.try_get("failed_last_hour")?,
-                oldest_available_age_s: r.try_get("oldest_available_age_s")?,
-            })
+    let queues = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/overview_queues.sql"))
+            .fetch_all(conn)
+            .await
+    })
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(QueueOverview {
+            queue: r.try_get("queue")?,
+            available: r.try_get("available")?,
+            scheduled: r.try_get("scheduled")?,
+            retrying: r.try_get("retrying")?,
+            blocked: r.try_get("blocked")?,
+            processing: r.try_get("processing")?,
+            dead: r.try_get("dead")?,
+            completed_last_hour: r.try_get("completed_last_hour")?,
+            failed_last_hour: r.try_get("failed_last_hour")?,
+            oldest_available_age_s: r.try_get("oldest_available_age_s")?,
         })
-        .collect::<sqlx::Result<Vec<_>>>()?;
-    let last_hour = sqlx::query(include_str!("sql/throughput_last_hour.sql"))
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(MinuteThroughput {
-                minute: r.try_get("minute")?,
-                queue: r.try_get("queue")?,
-                completed: r.try_get("completed")?,
-                failed: r.try_get("failed")?,
-            })
+    })
+    .collect::<sqlx::Result<Vec<_>>>()?;
+    let last_hour = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/throughput_last_hour.sql"))
+            .fetch_all(conn)
+            .await
+    })
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(MinuteThroughput {
+            minute: r.try_get("minute")?,
+            queue: r.try_get("queue")?,
+            completed: r.try_get("completed")?,
+            failed: r.try_get("failed")?,
         })
-        .collect::<sqlx::Result<Vec<_>>>()?;
-    let completed_estimate = sqlx::query_scalar(include_str!("sql/completed_estimate.sql"))
-        .fetch_one(pool)
-        .await?;
+    })
+    .collect::<sqlx::Result<Vec<_>>>()?;
+    let completed_estimate = crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(include_str!("sql/completed_estimate.sql"))
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
     Ok(Overview {
         queues,
         last_hour,

@@ -75,9 +75,12 @@ pub(crate) async fn claim_limited(
 
 /// Every queue's settings, by name.
 pub(crate) async fn list(pool: &PgPool) -> sqlx::Result<Vec<QueueSettings>> {
-    let rows = sqlx::query(include_str!("sql/list_queues.sql"))
-        .fetch_all(pool)
-        .await?;
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/list_queues.sql"))
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     rows.iter().map(settings).collect()
 }
 
@@ -89,18 +92,21 @@ pub(crate) async fn set(
     queue: &str,
     change: &QueueChange,
 ) -> sqlx::Result<QueueSettings> {
-    let row = sqlx::query(include_str!("sql/set_queue.sql"))
-        .bind(queue)
-        .bind(change.paused)
-        .bind(change.global_concurrency.is_some())
-        .bind(change.global_concurrency.flatten())
-        .bind(change.rate_per_second.is_some())
-        .bind(change.rate_per_second.flatten())
-        .bind(change.per_key_concurrency)
-        .fetch_one(pool)
-        .await?;
+    let row = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/set_queue.sql"))
+            .bind(queue)
+            .bind(change.paused)
+            .bind(change.global_concurrency.is_some())
+            .bind(change.global_concurrency.flatten())
+            .bind(change.rate_per_second.is_some())
+            .bind(change.rate_per_second.flatten())
+            .bind(change.per_key_concurrency)
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
     if change.per_key_concurrency.is_some() {
-        advance_keys(pool, Some(queue)).await?;
+        crate::pooler::on(pool, async |conn| advance_keys(conn, Some(queue)).await).await?;
     }
     settings(&row)
 }

@@ -104,8 +104,11 @@ fn worker(r: &PgRow) -> sqlx::Result<WorkerRecord> {
 
 /// Every worker that reported itself, live ones first.
 pub(crate) async fn list(pool: &PgPool) -> sqlx::Result<Vec<WorkerRecord>> {
-    let rows = sqlx::query(include_str!("sql/list_workers.sql"))
-        .fetch_all(pool)
-        .await?;
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/list_workers.sql"))
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     rows.iter().map(worker).collect()
 }

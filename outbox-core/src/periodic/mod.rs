@@ -171,9 +171,12 @@ pub struct PeriodicRecord {
 
 /// Every periodic task recorded in the database, by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<PeriodicRecord>> {
-    let rows = sqlx::query(include_str!("../db/sql/list_periodic.sql"))
-        .fetch_all(pool)
-        .await?;
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("../db/sql/list_periodic.sql"))
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     rows.iter()
         .map(|r| {
             let payload: String = r.try_get("payload")?;

@@ -54,11 +54,12 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
 
 /// Every subscription, by name.
 pub async fn subscriptions(pool: &PgPool) -> Result<Vec<Subscription>> {
-    Ok(
+    Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_as(include_str!("../db/sql/event_subscriptions.sql"))
-            .fetch_all(pool)
-            .await?,
-    )
+            .fetch_all(conn)
+            .await
+    })
+    .await?)
 }
 
 /// A held-back event.
@@ -109,13 +110,14 @@ pub async fn parked(
     subscription: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ParkedEvent>> {
-    Ok(
+    Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_as(include_str!("../db/sql/event_parked_list.sql"))
             .bind(subscription)
             .bind(limit)
-            .fetch_all(pool)
-            .await?,
-    )
+            .fetch_all(conn)
+            .await
+    })
+    .await?)
 }
 
 /// Tries a parked aggregate again now, from its first held-back event;
@@ -148,13 +150,14 @@ async fn parked_action(
     aggregate_id: &str,
     skip: bool,
 ) -> Result<Option<String>> {
-    Ok(
+    Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_scalar(include_str!("../db/sql/event_parked_retry.sql"))
             .bind(subscription)
             .bind(aggregate_type)
             .bind(aggregate_id)
             .bind(skip)
-            .fetch_optional(pool)
-            .await?,
-    )
+            .fetch_optional(conn)
+            .await
+    })
+    .await?)
 }

@@ -70,17 +70,21 @@ pub struct WorkflowStatus {
 
 /// The latest workflows, newest first, optionally only those in `state`.
 pub async fn list(pool: &PgPool, state: Option<&str>, limit: i64) -> Result<Vec<WorkflowSummary>> {
-    let rows = sqlx::query(include_str!("../db/sql/list_workflows.sql"))
-        .bind(state)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("../db/sql/list_workflows.sql"))
+            .bind(state)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
     rows.iter().map(summary).collect()
 }
 
 /// Workflow `id` with every step, or `None` if there is no such workflow.
 pub async fn workflow_status(pool: &PgPool, id: WorkflowId) -> Result<Option<WorkflowStatus>> {
-    let mut conn = pool.acquire().await?;
+    // Both reads in one transaction: through a pooler, on one server.
+    let mut conn = crate::pooler::begin(pool).await?;
     let Some(row) = sqlx::query(include_str!("../db/sql/get_workflow.sql"))
         .bind(id.0)
         .fetch_optional(&mut *conn)
@@ -134,7 +138,7 @@ pub struct CancelReport {
 /// tasks are cancelled. A saga then compensates its completed steps. `None`
 /// if there is no such workflow.
 pub async fn cancel(pool: &PgPool, id: WorkflowId) -> Result<Option<CancelReport>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::pooler::begin(pool).await?;
     let Some(row) = sqlx::query(include_str!("../db/sql/cancel_workflow.sql"))
         .bind(id.0)
         .fetch_optional(&mut *tx)

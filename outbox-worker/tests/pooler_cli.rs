@@ -1,0 +1,119 @@
+//! The CLI through a real PgBouncer in transaction mode (`--pooler`):
+//! migrate an empty database, run a worker with its relay, and operate it
+//! (submit, list, show, explain, retry, cancel, stats, queues, workers,
+//! workflows, events) while two server sessions change hands between all
+//! of them.
+
+use std::time::Duration;
+
+use outbox_tests::TestDb;
+use outbox_tests::pooler::Pgbouncer;
+use outbox_tests::process::WorkerProcess;
+use serde_json::Value;
+
+mod common;
+
+use common::{BIN, cli, ok, stderr};
+
+/// Runs `command` through the pooler at `url` (with `--pooler`).
+async fn through(url: &str, command: &[&str]) -> std::process::Output {
+    let mut args = command.to_vec();
+    args.extend(["--database-url", url, "--pooler"]);
+    cli(&args).await
+}
+
+async fn json(url: &str, command: &[&str]) -> Value {
+    serde_json::from_str(&ok(&through(url, command).await)).expect("the command printed JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_works_through_pgbouncer_with_pooler() {
+    let db = TestDb::empty().await;
+    let Some(bouncer) = Pgbouncer::start(2).await else {
+        return;
+    };
+    let url = bouncer.url(&db.url);
+    let url = url.as_str();
+
+    let migrated = ok(&through(url, &["migrate"]).await);
+    assert!(migrated.contains("applied migrations"), "{migrated}");
+
+    let mut worker = WorkerProcess::spawn(
+        BIN,
+        url,
+        &[
+            "--pooler",
+            "--queue",
+            "default=4",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    let mut ids = Vec::new();
+    for payload in [r#"{"ms": 10}"#, r#"{"ms": 20}"#, r#"{"ms": 30}"#] {
+        let submitted = json(url, &["tasks", "submit", "outbox.sleep", payload, "--json"]).await;
+        ids.push(submitted["id"].as_i64().expect("an id"));
+    }
+    let failing = json(
+        url,
+        &[
+            "tasks",
+            "submit",
+            "outbox.fail",
+            r#"{"times": 100, "message": "no"}"#,
+            "--json",
+        ],
+    )
+    .await["id"]
+        .as_i64()
+        .expect("an id");
+
+    // Every sleep completes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = json(url, &["stats", "--json"]).await;
+        if stats["totals"]["completed"].as_i64() == Some(3) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stats}\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let listed = ok(&through(url, &["tasks", "list", "--json"]).await);
+    assert!(listed.contains("outbox.sleep"), "{listed}");
+    let (id, failing) = (ids[0].to_string(), failing.to_string());
+    for command in [
+        vec!["tasks", "show", id.as_str()],
+        vec!["tasks", "explain", failing.as_str()],
+        vec!["tasks", "cancel", failing.as_str()],
+        vec!["tasks", "retry", failing.as_str()],
+        vec!["queues", "pause", "default"],
+        vec!["queues", "resume", "default"],
+        vec!["queues", "list"],
+        vec!["workers", "list"],
+        vec!["workflows", "list"],
+        vec!["periodic", "list"],
+        vec!["events", "emit", "order", "7", "placed", r#"{"total": 5}"#],
+        vec!["events", "subscriptions"],
+        vec!["events", "parked"],
+    ] {
+        let out = through(url, &command).await;
+        assert!(
+            out.status.success(),
+            "{command:?} through pgbouncer: exit {:?}\n{}",
+            out.status.code(),
+            stderr(&out)
+        );
+    }
+    worker.signal("TERM");
+    let status = worker.wait(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(0), "{}", worker.log());
+    assert!(
+        !worker.log().contains("prepared statement"),
+        "{}",
+        worker.log()
+    );
+}
