@@ -443,3 +443,63 @@ async fn behind_pgbouncer_a_worker_polls_or_listens_on_a_direct_connection() {
     worker.stop().await;
     eprintln!("pgbouncer pickup: {polled:?} polling every 300ms, {notified:?} on a direct LISTEN");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_pgbouncer_the_servers_statement_timeout_still_ends_a_blocked_call() {
+    let db = TestDb::migrated().await;
+    let Some(bouncer) = Pgbouncer::start(SERVER_SESSIONS).await else {
+        return;
+    };
+    let pool = bouncer.pool(&db.url, 4).await;
+    let worker = RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(WorkerConfig {
+                poll_interval: Duration::from_millis(50),
+                statement_timeout: Duration::from_secs(1),
+                ..WorkerConfig::default()
+            })
+            .handler::<Bounce>(Bouncer::default())
+            .queue("bounce", 4)
+            .build()
+            .unwrap(),
+    );
+    // The queue's row exists once the worker has claimed.
+    wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM outbox_queues WHERE name = 'bounce')",
+        Duration::from_secs(30),
+    )
+    .await;
+    // Claims wait for this lock. Without the server's timeout, a claim the
+    // worker gave up on would wait on the server (through the pooler) for
+    // as long as the lock is held.
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_queues WHERE name = 'bounce' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let held = std::time::Instant::now();
+    let mut longest = 0.0f64;
+    while held.elapsed() < Duration::from_secs(6) {
+        let wait: f64 = sqlx::query_scalar(
+            "SELECT coalesce(max(extract(epoch FROM now() - query_start)), 0)::float8 \
+             FROM pg_stat_activity WHERE application_name LIKE 'outbox %' \
+             AND wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        longest = longest.max(wait);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.rollback().await.unwrap();
+    worker.stop().await;
+    eprintln!(
+        "pgbouncer: a blocked claim waited at most {longest:.2}s under a 1s statement_timeout"
+    );
+    assert!(longest > 0.3, "the claims were blocked ({longest:.2}s)");
+    assert!(
+        longest < 4.0,
+        "the server ended each blocked claim at its statement_timeout: {longest:.2}s"
+    );
+}
