@@ -68,6 +68,7 @@ mod task;
 mod task_result;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod trace;
 mod wakeup;
 mod worker;
 pub mod workflow;

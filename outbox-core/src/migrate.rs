@@ -115,6 +115,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0015_workflows.up.sql"),
         down: include_str!("../../migrations/0015_workflows.down.sql"),
     },
+    Migration {
+        version: 16,
+        name: "trace_context",
+        up: include_str!("../../migrations/0016_trace_context.up.sql"),
+        down: include_str!("../../migrations/0016_trace_context.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

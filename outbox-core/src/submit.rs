@@ -273,6 +273,7 @@ impl Batch {
         if self.rows.is_empty() {
             return Ok(Vec::new());
         }
+        crate::trace::propagate(conn).await?;
         let notify = crate::wakeup::queues_to_notify(&self.rows);
         let (rows, order) = in_key_order(self.rows);
         let done: Vec<Submitted> = if rows.iter().all(|r| r.unique.is_none()) {

@@ -278,10 +278,13 @@ pub fn main_with(
     } else {
         "info"
     };
-    if let Err(failure) = init_tracing(cli.log.as_deref().unwrap_or(default_log), cli.log_format) {
-        eprintln!("error: {}", failure.message);
-        return ExitCode::from(failure.code);
-    }
+    let tracing = match init_tracing(cli.log.as_deref().unwrap_or(default_log), cli.log_format) {
+        Ok(guard) => guard,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            return ExitCode::from(failure.code);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -312,6 +315,7 @@ pub fn main_with(
     // Whatever is still running (a handler that never yields, a connection
     // stuck in a silent network) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_secs(1));
+    tracing.finish();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -449,21 +453,50 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     Ok(())
 }
 
-fn init_tracing(filter: &str, format: LogFormat) -> Result<(), Failure> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| {
+/// What has to be done at exit for the tracing set up at start.
+struct TracingGuard {
+    #[cfg(feature = "otel")]
+    exporter: Option<crate::otel::Exporter>,
+}
+
+impl TracingGuard {
+    /// Flushes what is still buffered (the last spans, with `otel`).
+    fn finish(self) {
+        #[cfg(feature = "otel")]
+        if let Some(exporter) = self.exporter {
+            exporter.shutdown();
+        }
+    }
+}
+
+fn init_tracing(filter: &str, format: LogFormat) -> Result<TracingGuard, Failure> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let log_filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| {
         Failure::config(format!(
             "--log {filter:?} is not a log filter ({e}); write it like info or outbox=debug,sqlx=warn"
         ))
     })?;
     // Colour only for a person at a terminal, not in log files.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let log = match format {
+        LogFormat::Text => log.boxed(),
+        LogFormat::Json => log.json().boxed(),
     };
-    Ok(())
+    let registry = tracing_subscriber::registry().with(log.with_filter(log_filter));
+    #[cfg(feature = "otel")]
+    {
+        let (layer, exporter) = crate::otel::layer(filter)?.unzip();
+        let _ = registry.with(layer).try_init();
+        Ok(TracingGuard { exporter })
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = registry.try_init();
+        Ok(TracingGuard {})
+    }
 }

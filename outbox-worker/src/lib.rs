@@ -20,6 +20,8 @@ mod flags;
 pub mod local_broker;
 pub mod local_postgres;
 pub mod metrics;
+#[cfg(feature = "otel")]
+mod otel;
 mod periodic_cmd;
 mod queues_cmd;
 mod signals;

@@ -10,6 +10,7 @@ mod blackhole;
 mod cluster;
 mod kill;
 mod leader;
+mod otel;
 mod periodic;
 mod pooler;
 mod relay;

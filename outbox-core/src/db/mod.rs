@@ -126,6 +126,12 @@ pub(crate) struct ClaimedTask {
     pub(crate) key_seq: Option<i64>,
     /// When it was submitted.
     pub(crate) created_at: DateTime<Utc>,
+    /// The submitter's trace context (a W3C traceparent), if it had one.
+    #[cfg_attr(
+        not(feature = "otel"),
+        expect(dead_code, reason = "only the otel feature continues traces")
+    )]
+    pub(crate) trace_context: Option<String>,
     /// The claim token written to claimed_by: unique to the claim statement
     /// that took the task, and the fence of everything written about this
     /// attempt afterwards.
@@ -163,6 +169,7 @@ fn claimed(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedT
         ordered: r.try_get("ordered")?,
         key_seq: r.try_get("key_seq")?,
         created_at: r.try_get("created_at")?,
+        trace_context: r.try_get("trace_context")?,
         token: Arc::clone(token),
     })
 }

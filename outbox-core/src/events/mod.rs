@@ -390,10 +390,18 @@ impl Rows {
         self.aggregate_ids.push(task.aggregate_id);
         self.event_types.push(task.event_type);
         self.payloads.push(task.payload);
-        self.headers.push(if task.headers.is_empty() {
+        let mut headers = task.headers;
+        if let Some(traceparent) = crate::trace::traceparent() {
+            // The emitter's trace, for the consumers (the relays pass
+            // headers on); one the application set itself wins.
+            headers
+                .entry("traceparent".to_owned())
+                .or_insert(traceparent);
+        }
+        self.headers.push(if headers.is_empty() {
             None
         } else {
-            Some(serde_json::to_value(&task.headers).unwrap_or_default())
+            Some(serde_json::to_value(&headers).unwrap_or_default())
         });
         self.streams
             .push(queue.unwrap_or_else(|| EVENTS_QUEUE.to_owned()));

@@ -53,8 +53,17 @@ pub(crate) async fn execute(
         "task",
         task_id = task.id,
         task_type = %task.task_type,
-        attempt
+        queue = %task.queue,
+        attempt,
+        // Its name and kind in an OpenTelemetry trace (`otel` feature).
+        otel.name = %format_args!("{} process", task.task_type),
+        otel.kind = "consumer",
     );
+    // The submitter's span is this one's parent, across processes.
+    #[cfg(feature = "otel")]
+    if let Some(traceparent) = &task.trace_context {
+        crate::trace::continue_trace(&span, traceparent);
+    }
     async move {
         let task_type: Arc<str> = Arc::from(task.task_type.as_str());
         // Shared by the handler's context and the outcome: one allocation.

@@ -348,6 +348,7 @@ impl Workflow {
             }
             cols.push(step.name, step.row, step.on_parent_dead, step.compensation);
         }
+        crate::trace::propagate(conn).await?;
         let id: i64 = sqlx::query_scalar(include_str!("../db/sql/submit_workflow.sql"))
             .bind(&self.name)
             .bind(cols.names)

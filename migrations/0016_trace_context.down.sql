@@ -1,0 +1,1 @@
+ALTER TABLE outbox_tasks DROP COLUMN trace_context;
