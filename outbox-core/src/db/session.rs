@@ -323,3 +323,41 @@ impl Drop for Checkout<'_> {
         // without waiting for the peer.
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(pooled: bool) -> SessionLimits {
+        SessionLimits {
+            statement_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(10),
+            pooled,
+        }
+    }
+
+    #[tokio::test]
+    async fn behind_a_pooler_the_limits_open_each_transaction_and_more_settings_join_them() {
+        assert_eq!(limits(false).begin(), None);
+        let application = PgPool::connect_lazy("postgres://u@localhost/db").unwrap();
+        let pool = EnginePool::new(&application, "w", limits(true), 1)
+            .with_settings(&[("enable_seqscan", "off")]);
+        assert_eq!(
+            pool.begin.as_deref(),
+            Some(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = '5000'; \
+                 SET LOCAL idle_in_transaction_session_timeout = '12000'; \
+                 SET LOCAL enable_seqscan = 'off'; DEALLOCATE ALL"
+            )
+        );
+        // No startup options: the pooler refuses them.
+        assert_eq!(pool.options().get_options(), None);
+        let direct = EnginePool::new(&application, "w", limits(false), 1);
+        assert!(
+            direct
+                .options()
+                .get_options()
+                .is_some_and(|o| o.contains("statement_timeout=5000"))
+        );
+    }
+}
