@@ -90,6 +90,23 @@ async fn submit_and_emit(pool: &PgPool, tasks: i64, per_tx: i64) {
     }
 }
 
+/// A worker of the bounce queue (`concurrency` slots) on `pool`.
+fn bounce_worker(
+    pool: &PgPool,
+    handler: Bouncer,
+    concurrency: usize,
+    config: WorkerConfig,
+) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(config)
+            .handler::<Bounce>(handler)
+            .queue("bounce", concurrency)
+            .build()
+            .unwrap(),
+    )
+}
+
 async fn completed(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'")
         .fetch_one(pool)
@@ -302,14 +319,7 @@ async fn a_postgres_restart_behind_pgbouncer_loses_nothing_and_reruns_nothing_un
     submit_and_emit(&pool, TASKS, 100).await;
 
     let runs = Bouncer::default();
-    let worker = RunningWorker::start(
-        Worker::builder(pool.clone())
-            .config(outage_config())
-            .handler::<Bounce>(runs.clone())
-            .queue("bounce", 16)
-            .build()
-            .unwrap(),
-    );
+    let worker = bounce_worker(&pool, runs.clone(), 16, outage_config());
     let began = std::time::Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     let mut restarted = false;
@@ -393,16 +403,14 @@ async fn behind_pgbouncer_a_worker_polls_or_listens_on_a_direct_connection() {
     let db = TestDb::migrated().await;
     create_bounced_table(&db.pool).await;
     let pool = bouncer.pool(&db.url, 4).await;
-    let worker = RunningWorker::start(
-        Worker::builder(pool.clone())
-            .config(WorkerConfig {
-                poll_interval: Duration::from_millis(300),
-                ..WorkerConfig::default()
-            })
-            .handler::<Bounce>(Bouncer::default())
-            .queue("bounce", 4)
-            .build()
-            .unwrap(),
+    let worker = bounce_worker(
+        &pool,
+        Bouncer::default(),
+        4,
+        WorkerConfig {
+            poll_interval: Duration::from_millis(300),
+            ..WorkerConfig::default()
+        },
     );
     let polled = pickup(&db, &pool).await;
     worker.stop().await;
@@ -419,17 +427,15 @@ async fn behind_pgbouncer_a_worker_polls_or_listens_on_a_direct_connection() {
     let db = TestDb::migrated().await;
     create_bounced_table(&db.pool).await;
     let pool = bouncer.pool(&db.url, 4).await;
-    let worker = RunningWorker::start(
-        Worker::builder(pool.clone())
-            .config(WorkerConfig {
-                poll_interval: Duration::from_secs(3600),
-                listen_options: Some(db.url.parse::<PgConnectOptions>().unwrap()),
-                ..WorkerConfig::default()
-            })
-            .handler::<Bounce>(Bouncer::default())
-            .queue("bounce", 4)
-            .build()
-            .unwrap(),
+    let worker = bounce_worker(
+        &pool,
+        Bouncer::default(),
+        4,
+        WorkerConfig {
+            poll_interval: Duration::from_secs(3600),
+            listen_options: Some(db.url.parse::<PgConnectOptions>().unwrap()),
+            ..WorkerConfig::default()
+        },
     );
     // Listening (so the wake-up at connect is behind us).
     wait_until(
@@ -451,17 +457,15 @@ async fn behind_pgbouncer_the_servers_statement_timeout_still_ends_a_blocked_cal
         return;
     };
     let pool = bouncer.pool(&db.url, 4).await;
-    let worker = RunningWorker::start(
-        Worker::builder(pool.clone())
-            .config(WorkerConfig {
-                poll_interval: Duration::from_millis(50),
-                statement_timeout: Duration::from_secs(1),
-                ..WorkerConfig::default()
-            })
-            .handler::<Bounce>(Bouncer::default())
-            .queue("bounce", 4)
-            .build()
-            .unwrap(),
+    let worker = bounce_worker(
+        &pool,
+        Bouncer::default(),
+        4,
+        WorkerConfig {
+            poll_interval: Duration::from_millis(50),
+            statement_timeout: Duration::from_secs(1),
+            ..WorkerConfig::default()
+        },
     );
     // The queue's row exists once the worker has claimed.
     wait_until(
