@@ -19,17 +19,18 @@
 //!   signals in handlers) run their statements the same way;
 //! - run every statement that has parameters inside a transaction begun
 //!   with [`begin`] (which begins a plain one on a pool not marked, so the
-//!   same code runs with and without a pooler). sqlx sends such a statement's Parse and its Bind in
-//!   two round trips, which outside a transaction the pooler may send to
-//!   two different servers; and sqlx names the statement on the server
-//!   even with its cache off, in a sequence of its own per client session,
-//!   so a second client lent the same server could meet a name that is
-//!   taken. [`begin`] drops whatever statements the server holds before
-//!   the transaction's first one.
+//!   same code runs with and without a pooler), or through [`on`]. sqlx
+//!   sends such a statement's Parse and its Bind in two round trips, which
+//!   outside a transaction the pooler may send to two different servers;
+//!   and sqlx names the statement on the server even with its cache off,
+//!   in a sequence of its own per client session, so a second client lent
+//!   the same server could meet a name that is taken. [`begin`] drops
+//!   whatever statements the server holds before the transaction's first.
 //!
 //! PgBouncer 1.21 and later can track prepared statements itself
-//! (`max_prepared_statements`); with that on, sqlx's statement cache works
-//! through it and neither rule is needed for the application's pool.
+//! (`max_prepared_statements`); with that on, the application's pool can
+//! keep sqlx's statement cache. Only PgBouncer 1.18 (Debian 12's) is
+//! tested here.
 //!
 //! [`WorkerConfig::pooler`]: crate::WorkerConfig::pooler
 //! [`WorkerConfig::listen_options`]: crate::WorkerConfig::listen_options
