@@ -77,8 +77,9 @@ async fn every_order_is_counted_once_through_the_relay_and_a_killed_consumer() {
     while totals(&db).await.0 < orders {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "totals stuck at {:?}",
-            totals(&db).await
+            "totals stuck at {:?}; the consumer: {:?} (None: still running)",
+            totals(&db).await,
+            consumer.0.try_wait()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -150,8 +151,9 @@ async fn the_kafka_consumer_counts_every_order_once_through_the_relay() {
     while totals(&db).await.0 < orders {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "totals stuck at {:?}",
-            totals(&db).await
+            "totals stuck at {:?}; the consumer: {:?} (None: still running)",
+            totals(&db).await,
+            consumer.0.try_wait()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

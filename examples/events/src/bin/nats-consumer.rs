@@ -37,15 +37,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     println!("consuming outbox.event.customer");
     let mut messages = consumer.messages().await?;
     while let Some(message) = messages.next().await {
-        let message = message?;
+        // A pull stream reports trouble (a missed heartbeat on a busy
+        // machine, a reconnect) as an item and then goes on: not a reason
+        // to stop consuming.
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                eprintln!("consumer: {error}; going on");
+                continue;
+            }
+        };
         let event_id = message
             .headers
             .as_ref()
             .and_then(|h| h.get("event-id"))
             .map(|v| v.as_str().to_owned())
             .ok_or("a message without an event-id header")?;
-        events_example::apply(&pool, &event_id, &message.payload).await?;
-        message.ack().await?;
+        // Not applied (the database went away): no ack, so the message
+        // comes back after the ack wait and the inbox decides then.
+        if let Err(error) = events_example::apply(&pool, &event_id, &message.payload).await {
+            eprintln!("consumer: event {event_id} not applied: {error}; it will be redelivered");
+            continue;
+        }
+        if let Err(error) = message.ack().await {
+            eprintln!("consumer: ack of {event_id} failed: {error}; it will be redelivered");
+        }
     }
     Ok(())
 }
