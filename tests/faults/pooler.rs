@@ -372,6 +372,15 @@ async fn a_postgres_restart_behind_pgbouncer_loses_nothing_and_reruns_nothing_un
     );
 }
 
+/// A migrated database with the bounced table, and a pool of 4 on it
+/// through `bouncer`.
+async fn bounced_db(bouncer: &Pgbouncer) -> (TestDb, PgPool) {
+    let db = TestDb::migrated().await;
+    create_bounced_table(&db.pool).await;
+    let pool = bouncer.pool(&db.url, 4).await;
+    (db, pool)
+}
+
 /// Waits until the worker is idle, submits one task through the pooler and
 /// returns how long it took to complete.
 async fn pickup(db: &TestDb, pool: &PgPool) -> Duration {
@@ -400,9 +409,7 @@ async fn behind_pgbouncer_a_worker_polls_or_listens_on_a_direct_connection() {
         return;
     };
     // Poll only: no LISTEN reaches the server through the pooler.
-    let db = TestDb::migrated().await;
-    create_bounced_table(&db.pool).await;
-    let pool = bouncer.pool(&db.url, 4).await;
+    let (db, pool) = bounced_db(&bouncer).await;
     let worker = bounce_worker(
         &pool,
         Bouncer::default(),
@@ -424,9 +431,7 @@ async fn behind_pgbouncer_a_worker_polls_or_listens_on_a_direct_connection() {
 
     // A poll an hour apart: only a notification on the direct connection
     // can start the task.
-    let db = TestDb::migrated().await;
-    create_bounced_table(&db.pool).await;
-    let pool = bouncer.pool(&db.url, 4).await;
+    let (db, pool) = bounced_db(&bouncer).await;
     let worker = bounce_worker(
         &pool,
         Bouncer::default(),
