@@ -40,16 +40,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 continue;
             }
         };
-        let event_id = record
-            .headers()
-            .and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == "event-id")
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-            .ok_or("a record without an event-id header")?;
-        events_example::apply(&pool, &event_id, record.payload().unwrap_or_default()).await?;
+        let event_id = record.headers().and_then(|h| {
+            h.iter()
+                .find(|h| h.key == "event-id")
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        });
+        let Some(event_id) = event_id else {
+            // Not ours to apply, and no retry will give it an id: skip it.
+            eprintln!(
+                "offset {}: a record without an event-id header; skipped",
+                record.offset()
+            );
+            consumer.commit_message(&record, CommitMode::Async)?;
+            continue;
+        };
+        // A partition's offsets are committed in order, so moving past a
+        // record that was not applied would lose it: a transient failure
+        // (the database restarting) is retried until it goes through; only
+        // a record that can never apply (an undecodable payload) is skipped.
+        let payload = record.payload().unwrap_or_default();
+        loop {
+            match events_example::apply(&pool, &event_id, payload).await {
+                Ok(_) => break,
+                Err(outbox::Error::Database(e)) if outbox::is_transient(&e) => {
+                    eprintln!("event {event_id}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    eprintln!("event {event_id}: {e}; skipped");
+                    break;
+                }
+            }
+        }
         consumer.commit_message(&record, CommitMode::Async)?;
     }
 }

@@ -51,8 +51,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             .headers
             .as_ref()
             .and_then(|h| h.get("event-id"))
-            .map(|v| v.as_str().to_owned())
-            .ok_or("a message without an event-id header")?;
+            .map(|v| v.as_str().to_owned());
+        let Some(event_id) = event_id else {
+            // Not ours to apply, and no redelivery will give it an id.
+            eprintln!("consumer: a message without an event-id header; dropped");
+            if let Err(error) = message.ack().await {
+                eprintln!("consumer: ack failed: {error}");
+            }
+            continue;
+        };
         // Not applied (the database went away): no ack, so the message
         // comes back after the ack wait and the inbox decides then.
         if let Err(error) = events_example::apply(&pool, &event_id, &message.payload).await {
