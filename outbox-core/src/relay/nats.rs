@@ -11,6 +11,7 @@
 //! consumers see those rare duplicates (the inbox catches them anyway).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
@@ -24,8 +25,12 @@ pub struct NatsSink {
     /// The stream to create when the subject has none (`stream=NAME`), with
     /// the subjects it listens on and its duplicate window.
     stream: Option<StreamSpec>,
-    /// Set once the stream was found or created.
-    stream_ready: Mutex<bool>,
+    /// Set once the stream was found or created: read without a lock by
+    /// every publish (hundreds are in flight at once).
+    stream_ready: AtomicBool,
+    /// Held while the stream is being found or made, so that it is made
+    /// once.
+    making_stream: Mutex<()>,
 }
 
 /// A stream the sink makes when it is missing.
@@ -66,7 +71,8 @@ impl NatsSink {
         Ok(Self {
             js,
             stream,
-            stream_ready: Mutex::new(false),
+            stream_ready: AtomicBool::new(false),
+            making_stream: Mutex::new(()),
         })
     }
 
@@ -75,8 +81,11 @@ impl NatsSink {
         let Some(spec) = &self.stream else {
             return Ok(());
         };
-        let mut ready = self.stream_ready.lock().await;
-        if *ready {
+        if self.stream_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _making = self.making_stream.lock().await;
+        if self.stream_ready.load(Ordering::Acquire) {
             return Ok(());
         }
         self.js
@@ -93,7 +102,7 @@ impl NatsSink {
                     format!("cannot make stream {:?}: {e}", spec.name),
                 )
             })?;
-        *ready = true;
+        self.stream_ready.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -119,7 +128,7 @@ impl NatsSink {
             Err(e) => {
                 if e.kind() == PublishErrorKind::StreamNotFound && self.stream.is_some() {
                     // Deleted under us: make it again on the next try.
-                    *self.stream_ready.lock().await = false;
+                    self.stream_ready.store(false, Ordering::Release);
                 }
                 Err(classify(e))
             }
