@@ -752,6 +752,8 @@ async fn bench_smoke_run_prints_every_figure() {
             "60",
             "--retention-rows",
             "500",
+            "--held-snapshot-tasks",
+            "200",
             "--workflow-steps",
             "100",
             "--fan-in",
@@ -783,6 +785,20 @@ async fn bench_smoke_run_prints_every_figure() {
     ] {
         assert!(
             report[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+    // The drain beside a held snapshot finished, and the snapshot was
+    // open all along.
+    let held = &report["held_snapshot"];
+    for field in [
+        "tasks_per_s",
+        "with_snapshot_held_tasks_per_s",
+        "ratio",
+        "snapshot_held_seconds",
+    ] {
+        assert!(
+            held[field].as_f64().is_some_and(|v| v > 0.0),
             "{field}: {report}"
         );
     }

@@ -90,6 +90,12 @@ pub(crate) struct BenchArgs {
     /// long-drain figure of PERFORMANCE.md).
     #[arg(long, default_value_t = 0, value_parser = flags::count(0, 100_000_000))]
     long_drain: usize,
+    /// After the main drain, drain this many tasks twice more (history
+    /// kept): once as usual, once while another session holds a snapshot
+    /// open for the whole drain (vacuum can remove nothing meanwhile); the
+    /// second's rate over the first's (0 skips).
+    #[arg(long, default_value_t = 0, value_parser = flags::count(0, 100_000_000))]
+    held_snapshot_tasks: usize,
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     delete_mode: bool,
@@ -179,6 +185,8 @@ struct Report {
     /// Its rate over the main drain's.
     long_drain_ratio: Option<f64>,
     long_drain_peak_rss_mb: Option<f64>,
+    /// The drain beside a held snapshot (`--held-snapshot-tasks`).
+    held_snapshot: Option<HeldSnapshot>,
     /// The operator views' query times with the history in the table.
     operator_views: Option<operator_views::OperatorViews>,
     /// What each peer printed, run on the same database in the same run.
@@ -228,6 +236,20 @@ impl std::fmt::Display for Latency {
             self.p50, self.p99, self.max
         )
     }
+}
+
+/// The drain beside a held snapshot (`--held-snapshot-tasks`).
+#[derive(Debug, Serialize)]
+struct HeldSnapshot {
+    tasks: usize,
+    /// The drain with nothing else open.
+    tasks_per_s: f64,
+    /// The same drain while another session's snapshot stays open.
+    with_snapshot_held_tasks_per_s: f64,
+    /// The second over the first: target 0.8 or more.
+    ratio: f64,
+    /// How long the snapshot was open (the drain's time).
+    snapshot_held_seconds: f64,
 }
 
 /// The running benchmark: where the database is and what it measured.
@@ -377,6 +399,10 @@ impl Bench {
                 drained.rate,
                 self.report.long_drain_peak_rss_mb.unwrap_or(0.0)
             ));
+        }
+
+        if self.args.held_snapshot_tasks > 0 {
+            self.report.held_snapshot = Some(self.held_snapshot().await?);
         }
 
         if self.args.delete_mode {
@@ -715,6 +741,40 @@ impl Bench {
             seconds,
             counters,
         })
+    }
+
+    /// `--held-snapshot-tasks`: the same drain without and with another
+    /// session's snapshot held open from before the drain's first claim to
+    /// after its last outcome (a long report query, a stuck `pg_dump`).
+    async fn held_snapshot(&self) -> Result<HeldSnapshot, Failure> {
+        let tasks = self.args.held_snapshot_tasks;
+        self.insert(tasks).await?;
+        let free = self.drain_count(false, tasks).await?;
+        self.insert(tasks).await?;
+        let mut holder = self.pool.acquire().await.map_err(db)?;
+        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_tasks")
+            .execute(&mut *holder)
+            .await
+            .map_err(db)?;
+        let held_since = Instant::now();
+        let held = self.drain_count(false, tasks).await;
+        let held_seconds = held_since.elapsed().as_secs_f64();
+        let rolled_back = sqlx::query("ROLLBACK").execute(&mut *holder).await;
+        let held = held?;
+        rolled_back.map_err(db)?;
+        let report = HeldSnapshot {
+            tasks,
+            tasks_per_s: free.rate,
+            with_snapshot_held_tasks_per_s: held.rate,
+            ratio: held.rate / free.rate.max(1e-9),
+            snapshot_held_seconds: held_seconds,
+        };
+        self.say(format!(
+            "drain beside a snapshot held open, history kept: {tasks} tasks: {:.0} tasks/s, against {:.0} \
+             without it ({:.2}x; the snapshot was held {:.1} s)",
+            report.with_snapshot_held_tasks_per_s, report.tasks_per_s, report.ratio, held_seconds
+        ));
+        Ok(report)
     }
 
     /// Submits one probe at a time to an idle worker and times it to the
