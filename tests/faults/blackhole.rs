@@ -3,11 +3,14 @@
 //! sees an error. The silent leader loses its role, its tasks are recovered
 //! by a healthy worker within the bound, its late outcomes are fenced when
 //! the network returns, and a silent worker told to stop exits in time.
+//! The first also behind PgBouncer, silent between the worker and the
+//! pooler.
 
 use std::time::{Duration, Instant};
 
 use outbox::Batch;
 use outbox_tests::TestDb;
+use outbox_tests::pooler::Pgbouncer;
 use outbox_tests::process::{WorkerProcess, wait_until};
 use outbox_tests::proxy::FaultProxy;
 use outbox_tests::tasks::{Record, create_executions_table};
@@ -74,11 +77,63 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
     let (proxy, proxied) = FaultProxy::start(&db.url).await;
+    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
+    silent_leader(
+        &db,
+        &proxy,
+        &proxied,
+        ARGS,
+        bound,
+        "heartbeat timeout + 3 maintenance intervals",
+    )
+    .await;
+}
 
+/// The same behind PgBouncer in transaction mode, the silence between A
+/// and the pooler. A's engine calls are transactions of several round
+/// trips there, so the silence can fall inside one: the server keeps it
+/// open, holding its row locks (a heartbeat's, the lease's) against B's
+/// recovery, until the transaction's own idle-in-transaction limit (twice
+/// the client's deadline: 2 x (1 s + 1 s)) ends it. That is the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_pgbouncer_a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_fenced()
+ {
+    let db = TestDb::migrated().await;
+    let Some(bouncer) = Pgbouncer::start(3).await else {
+        return;
+    };
+    create_executions_table(&db.pool).await;
+    let (proxy, proxied) = FaultProxy::start(&bouncer.url(&db.url)).await;
+    let args = [ARGS, &["--pooler"]].concat();
+    let idle_in_transaction = 2 * (Duration::from_secs(1) + outbox::CLIENT_MARGIN);
+    let bound = HEARTBEAT_TIMEOUT.max(idle_in_transaction) + 3 * MAINTENANCE_INTERVAL;
+    silent_leader(
+        &db,
+        &proxy,
+        &proxied,
+        &args,
+        bound,
+        "idle-in-transaction limit + 3 maintenance intervals",
+    )
+    .await;
+}
+
+/// Worker A (`a_args`, on `a_url` through `proxy`) leads and runs four
+/// tasks; B, direct, waits. The proxy goes silent: B must take the lease
+/// and recover A's tasks within `bound` (plus slack), run them again, and
+/// when the network returns, A's late outcomes must be fenced out.
+async fn silent_leader(
+    db: &TestDb,
+    proxy: &FaultProxy,
+    a_url: &str,
+    a_args: &[&str],
+    bound: Duration,
+    bound_is: &str,
+) {
     // A leads and runs every task; B, connected directly, has nothing to do.
-    let a = WorkerProcess::spawn(WORKER, &proxied, ARGS);
+    let a = WorkerProcess::spawn(WORKER, a_url, a_args);
     until(Instant::now(), Duration::from_secs(30), "A to lead", || {
-        leads(&db, a.pid())
+        leads(db, a.pid())
     })
     .await;
     let mut batch = Batch::new();
@@ -112,9 +167,8 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
 
     proxy.blackhole();
     let silent_at = Instant::now();
-    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
     let took_lead = until(silent_at, bound + SLACK, "B to take the lease", || {
-        leads(&db, b.pid())
+        leads(db, b.pid())
     })
     .await;
     let recovered = until(
@@ -134,7 +188,7 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
     .await;
     eprintln!(
         "black-holed leader: B led {took_lead:?} and had recovered A's 4 tasks {recovered:?} \
-         after A went silent (bound: heartbeat timeout + 3 maintenance intervals = {bound:?})"
+         after A went silent (bound: {bound_is} = {bound:?})"
     );
     assert!(recovered <= bound + SLACK);
 
