@@ -729,6 +729,66 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
 }
 
 #[tokio::test]
+async fn bench_relay_smoke_run_prints_every_figure() {
+    // A smoke run of `bench --relay` into its in-process webhook receiver
+    // (no broker needed): every phase runs and reports; no speed is
+    // asserted. Test builds have every sink: the tests crate, a
+    // dev-dependency, turns them on.
+    let db = TestDb::empty().await;
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--relay",
+            "webhook",
+            "--business-txs",
+            "60",
+            "--relay-events",
+            "200",
+            "--relay-seconds",
+            "1",
+            "--relay-drop-events",
+            "1000",
+            "--json",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let report: Value = serde_json::from_str(&ok(&out)).unwrap();
+    let relay = &report["relay"];
+    for field in [
+        "events_per_s",
+        "ordered_1000_keys_events_per_s",
+        "two_subscriptions_time_ratio",
+        "emit_snapshot_ratio",
+        "drain_snapshot_ratio",
+        "drop_ms",
+    ] {
+        assert!(
+            relay[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+    assert!(
+        relay["commit_to_ack_ms"]["p50"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{report}"
+    );
+    for field in [
+        "emit_vs_event_row_marginal",
+        "emit_vs_event_row_rate",
+        "realistic_p50_overhead_pct",
+        "realistic_one_client_p50_overhead_pct",
+    ] {
+        assert!(relay["emit"][field].as_f64().is_some(), "{field}: {report}");
+    }
+    // Nothing in the log is ever updated or deleted row by row.
+    assert_eq!(relay["log_dead_tuples"].as_i64(), Some(0), "{report}");
+}
+
+#[tokio::test]
 async fn bench_smoke_run_prints_every_figure() {
     // A smoke run only: figures from a tiny run on a shared machine mean
     // nothing, so nothing here asserts a speed.
