@@ -728,6 +728,32 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
     );
 }
 
+/// Runs `bench --json` with `args` on `db` and returns its report.
+async fn bench_json(db: &TestDb, args: &[&str]) -> Value {
+    let out = tokio::process::Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", &db.url)
+        .env("OUTBOX_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    serde_json::from_str(&ok(&out)).unwrap()
+}
+
+/// Asserts that each of `fields` of `figures` (a part of `report`) is a
+/// number above zero.
+#[track_caller]
+fn assert_positive(report: &Value, figures: &Value, fields: &[&str]) {
+    for field in fields {
+        assert!(
+            figures[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {report}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn bench_relay_smoke_run_prints_every_figure() {
     // A smoke run of `bench --relay` into its in-process webhook receiver
@@ -735,9 +761,9 @@ async fn bench_relay_smoke_run_prints_every_figure() {
     // asserted. Test builds have every sink: the tests crate, a
     // dev-dependency, turns them on.
     let db = TestDb::empty().await;
-    let out = tokio::process::Command::new(BIN)
-        .args([
-            "bench",
+    let report = bench_json(
+        &db,
+        &[
             "--relay",
             "webhook",
             "--business-txs",
@@ -748,34 +774,23 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "1",
             "--relay-drop-events",
             "1000",
-            "--json",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let report: Value = serde_json::from_str(&ok(&out)).unwrap();
+        ],
+    )
+    .await;
     let relay = &report["relay"];
-    for field in [
-        "events_per_s",
-        "ordered_1000_keys_events_per_s",
-        "two_subscriptions_time_ratio",
-        "emit_snapshot_ratio",
-        "drain_snapshot_ratio",
-        "drop_ms",
-    ] {
-        assert!(
-            relay[field].as_f64().is_some_and(|v| v > 0.0),
-            "{field}: {report}"
-        );
-    }
-    assert!(
-        relay["commit_to_ack_ms"]["p50"]
-            .as_f64()
-            .is_some_and(|v| v > 0.0),
-        "{report}"
+    assert_positive(
+        &report,
+        relay,
+        &[
+            "events_per_s",
+            "ordered_1000_keys_events_per_s",
+            "two_subscriptions_time_ratio",
+            "emit_snapshot_ratio",
+            "drain_snapshot_ratio",
+            "drop_ms",
+        ],
     );
+    assert_positive(&report, &relay["commit_to_ack_ms"], &["p50"]);
     for field in [
         "emit_vs_event_row_marginal",
         "emit_vs_event_row_rate",
@@ -793,9 +808,9 @@ async fn bench_smoke_run_prints_every_figure() {
     // A smoke run only: figures from a tiny run on a shared machine mean
     // nothing, so nothing here asserts a speed.
     let db = TestDb::empty().await;
-    let out = tokio::process::Command::new(BIN)
-        .args([
-            "bench",
+    let report = bench_json(
+        &db,
+        &[
             "--tasks",
             "300",
             "--insert-batch",
@@ -822,74 +837,65 @@ async fn bench_smoke_run_prints_every_figure() {
             r#"echo '{"drain_jobs_per_s": 100}'"#,
             "--peer-command",
             r#"echo "{\"drain_jobs_per_s\": {tasks}, \"c\": {concurrency}}""#,
-            "--json",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .env("OUTBOX_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let report: Value = serde_json::from_str(&ok(&out)).unwrap();
-    for field in [
-        "insert_tasks_per_s",
-        "single_submit_tx_per_s",
-        "single_submit_autocommit_per_s",
-        "single_submit_floor_per_s",
-        "drain_tasks_per_s",
-        "drain_delete_mode_tasks_per_s",
-        "round_trips_per_task",
-        "peak_rss_mb",
-        "drain_with_history_tasks_per_s",
-        "history_ratio",
-        "ratio_vs_best_peer",
-    ] {
-        assert!(
-            report[field].as_f64().is_some_and(|v| v > 0.0),
-            "{field}: {report}"
-        );
-    }
+        ],
+    )
+    .await;
+    assert_positive(
+        &report,
+        &report,
+        &[
+            "insert_tasks_per_s",
+            "single_submit_tx_per_s",
+            "single_submit_autocommit_per_s",
+            "single_submit_floor_per_s",
+            "drain_tasks_per_s",
+            "drain_delete_mode_tasks_per_s",
+            "round_trips_per_task",
+            "peak_rss_mb",
+            "drain_with_history_tasks_per_s",
+            "history_ratio",
+            "ratio_vs_best_peer",
+        ],
+    );
     // The drain beside a held snapshot finished, and the snapshot was
     // open all along.
     let held = &report["held_snapshot"];
-    for field in [
-        "tasks_per_s",
-        "with_snapshot_held_tasks_per_s",
-        "ratio",
-        "snapshot_held_seconds",
-    ] {
-        assert!(
-            held[field].as_f64().is_some_and(|v| v > 0.0),
-            "{field}: {report}"
-        );
-    }
+    assert_positive(
+        &report,
+        held,
+        &[
+            "tasks_per_s",
+            "with_snapshot_held_tasks_per_s",
+            "ratio",
+            "snapshot_held_seconds",
+        ],
+    );
     let business = &report["business_transaction"];
-    for field in [
-        "plain_tx_per_s",
-        "with_submit_tx_per_s",
-        "with_second_row_tx_per_s",
-        "throughput_ratio",
-        "submit_vs_second_row",
-    ] {
-        assert!(
-            business[field].as_f64().is_some_and(|v| v > 0.0),
-            "{field}: {report}"
-        );
-    }
+    assert_positive(
+        &report,
+        business,
+        &[
+            "plain_tx_per_s",
+            "with_submit_tx_per_s",
+            "with_second_row_tx_per_s",
+            "throughput_ratio",
+            "submit_vs_second_row",
+        ],
+    );
     assert!(business["p99_overhead_pct"].is_number(), "{report}");
     let workflows = &report["workflows"];
     assert_eq!(workflows["steps"], 100, "{report}");
     assert_eq!(workflows["fan_in_parts"], 50, "{report}");
-    for field in [
-        "submit_steps_per_s",
-        "drain_steps_per_s",
-        "cost_vs_plain",
-        "fan_in_drain_s",
-    ] {
-        assert!(
-            workflows[field].as_f64().is_some_and(|v| v > 0.0),
-            "{field}: {report}"
-        );
-    }
+    assert_positive(
+        &report,
+        workflows,
+        &[
+            "submit_steps_per_s",
+            "drain_steps_per_s",
+            "cost_vs_plain",
+            "fan_in_drain_s",
+        ],
+    );
     assert!(
         workflows["fan_in_chord_after_last_part_s"].is_number(),
         "{report}"

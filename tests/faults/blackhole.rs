@@ -39,6 +39,7 @@ const ARGS: &[&str] = &[
     "2s",
 ];
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
 /// Slack for a shared, noisy machine on top of every bound.
 const SLACK: Duration = Duration::from_secs(3);
@@ -105,7 +106,7 @@ async fn behind_pgbouncer_a_silent_leader_is_replaced_its_tasks_recovered_and_it
     create_executions_table(&db.pool).await;
     let (proxy, proxied) = FaultProxy::start(&bouncer.url(&db.url)).await;
     let args = [ARGS, &["--pooler"]].concat();
-    let idle_in_transaction = 2 * (Duration::from_secs(1) + outbox::CLIENT_MARGIN);
+    let idle_in_transaction = 2 * (STATEMENT_TIMEOUT + outbox::CLIENT_MARGIN);
     let bound = HEARTBEAT_TIMEOUT.max(idle_in_transaction) + 3 * MAINTENANCE_INTERVAL;
     silent_leader(
         &db,
