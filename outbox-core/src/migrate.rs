@@ -121,6 +121,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0016_trace_context.up.sql"),
         down: include_str!("../../migrations/0016_trace_context.down.sql"),
     },
+    Migration {
+        version: 17,
+        name: "hand_on",
+        up: include_str!("../../migrations/0017_hand_on.up.sql"),
+        down: include_str!("../../migrations/0017_hand_on.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

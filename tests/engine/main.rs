@@ -7,6 +7,7 @@ mod durable;
 mod events;
 mod explain;
 mod failures;
+mod hand_on;
 mod history;
 mod migrations;
 mod ordering;

@@ -14,7 +14,7 @@ use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table, max_ov
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
 
-fn step(key: &str, n: i64, ms: u64) -> Step {
+pub(crate) fn step(key: &str, n: i64, ms: u64) -> Step {
     Step {
         key: key.to_owned(),
         n,
@@ -49,7 +49,7 @@ type Attempt = (
 
 /// Checks that no attempt of a key overlapped the next one; returns each
 /// key's steps in the order their attempts started.
-async fn assert_one_at_a_time(db: &TestDb) -> Vec<(String, Vec<i64>)> {
+pub(crate) async fn assert_one_at_a_time(db: &TestDb) -> Vec<(String, Vec<i64>)> {
     let rows: Vec<Attempt> = sqlx::query_as(
         "SELECT key, n, attempt, started_at, finished_at FROM intervals ORDER BY key, started_at",
     )

@@ -211,30 +211,69 @@ pub(crate) struct Finish {
     pub(crate) result: Option<String>,
 }
 
+/// A completion's offer to claim the next task of each ordering key it lets
+/// go of, for this worker (see migration 17): per queue, how many places
+/// the worker has free, and the claim token of what it takes.
+#[derive(Debug)]
+pub(crate) struct HandOnOffer {
+    pub(crate) queues: Vec<String>,
+    pub(crate) places: Vec<i32>,
+    pub(crate) token: Arc<str>,
+}
+
+/// What a completion wrote and handed on.
+#[derive(Debug, Default)]
+pub(crate) struct Completed {
+    /// The ids of the outcomes written (a fenced-out stale one is missing).
+    pub(crate) written: Vec<i64>,
+    /// Tasks handed their key and claimed for this worker under the offer's
+    /// token.
+    pub(crate) claimed: Vec<ClaimedTask>,
+    /// Queues of tasks handed their key but not claimed (woken by NOTIFY).
+    pub(crate) woken: Vec<String>,
+}
+
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
-/// `delete` (retention zero); returns the ids written.
+/// `delete` (retention zero), and hands each ordering key let go of to its
+/// next task, claiming that task for this worker if `offer` allows it.
 pub(crate) async fn complete_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     delete: bool,
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<Vec<i64>> {
+    offer: Option<&HandOnOffer>,
+) -> sqlx::Result<Completed> {
     let ids: Vec<i64> = batch.iter().map(|f| f.id).collect();
     let claims: Vec<i32> = batch.iter().map(|f| f.claims).collect();
     let tokens: Vec<&str> = batch.iter().map(|f| &*f.token).collect();
-    let query = if delete {
-        sqlx::query_scalar(include_str!("sql/delete_completed_tasks.sql"))
-            .bind(ids)
-            .bind(claims)
-            .bind(tokens)
+    let sql = if delete {
+        include_str!("sql/delete_completed_tasks.sql")
     } else {
-        sqlx::query_scalar(include_str!("sql/complete_tasks.sql"))
-            .bind(ids)
-            .bind(claims)
-            .bind(tokens)
-            .bind(now)
+        include_str!("sql/complete_tasks.sql")
     };
-    query.fetch_all(conn).await
+    let rows = sqlx::query(sql)
+        .bind(ids)
+        .bind(claims)
+        .bind(tokens)
+        .bind(now)
+        .bind(offer.map(|o| o.queues.as_slice()).unwrap_or_default())
+        .bind(offer.map(|o| o.places.as_slice()).unwrap_or_default())
+        .bind(offer.map(|o| o.token.to_string()))
+        .fetch_all(conn)
+        .await?;
+    let mut completed = Completed::default();
+    for r in &rows {
+        if !r.try_get::<bool, _>("handed")? {
+            completed.written.push(r.try_get("id")?);
+        } else if let Some(offer) = offer
+            && r.try_get::<bool, _>("claimed")?
+        {
+            completed.claimed.push(claimed(r, &offer.token)?);
+        } else {
+            completed.woken.push(r.try_get("queue")?);
+        }
+    }
+    Ok(completed)
 }
 
 /// TX2: writes a batch of outcomes in one statement; returns the ids that

@@ -14,6 +14,7 @@
 //! unwritten then is logged with its task ids and released at exit or, if
 //! the database stays away, left to stuck-task recovery.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +77,9 @@ struct Written {
     rejected: Vec<i64>,
     /// Not written before the flush deadline: the task is still held.
     unwritten: Vec<i64>,
+    /// Queues where a key went on to a task nobody here claimed yet: their
+    /// producer looks for it now rather than at the next poll.
+    wake: HashSet<Arc<str>>,
 }
 
 /// Writes batches, retrying through outages.
@@ -90,12 +94,11 @@ impl Writer {
     /// Writes `batch`: successes through the fast path, anything else
     /// through the general statement.
     async fn write(&self, batch: &[Done]) -> Written {
-        let (successes, others): (Vec<&Finish>, Vec<&Finish>) = batch
+        let (successes, others): (Vec<&Done>, Vec<&Done>) = batch
             .iter()
-            .map(|d| &d.finish)
             // Successes with a result go through the general statement,
             // which stores it.
-            .partition(|f| f.state == NextState::Completed && f.result.is_none());
+            .partition(|d| fast_path(&d.finish));
         let mut written = Written::default();
         for part in [successes, others] {
             if !part.is_empty() {
@@ -106,10 +109,13 @@ impl Writer {
     }
 
     /// Writes outcomes that all go through the same statement.
-    async fn write_part(&self, part: &[&Finish], written: &mut Written) {
+    async fn write_part(&self, part: &[&Done], written: &mut Written) {
         match self.retrying("outcome", || self.statement(part)).await {
-            Some(Ok(ids)) => written.ids.extend(ids),
-            None => written.unwritten.extend(part.iter().map(|f| f.id)),
+            Some(Ok(done)) => {
+                written.ids.extend(done.written);
+                written.wake.extend(done.woken.into_iter().map(Arc::from));
+            }
+            None => written.unwritten.extend(part.iter().map(|d| d.finish.id)),
             // The server refused the statement itself: one outcome must be
             // unwritable. Write them one by one so that it cannot hold back
             // the others.
@@ -119,7 +125,7 @@ impl Writer {
                     Box::pin(self.write_part(std::slice::from_ref(one), written)).await;
                 }
             }
-            Some(Err(error)) => self.reject(part[0], &error, written).await,
+            Some(Err(error)) => self.reject(&part[0].finish, &error, written).await,
         }
     }
 
@@ -184,28 +190,73 @@ impl Writer {
     }
 
     /// One statement for `part`: the fast path when every outcome is a
-    /// success.
-    async fn statement(&self, part: &[&Finish]) -> sqlx::Result<Vec<i64>> {
+    /// success, which may also hand ordering keys straight on to their next
+    /// tasks here (see `hand_on`).
+    async fn statement(&self, part: &[&Done]) -> sqlx::Result<db::Completed> {
         let shared = &self.shared;
         let config = &shared.config;
         shared.counters.finished(part.len());
         let now = config.clock.now();
-        call(&shared.engine, shared.deadline, "outcome", async |conn| {
-            if part
+        if !part.iter().all(|d| fast_path(&d.finish)) {
+            let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
+            let written = call(&shared.engine, shared.deadline, "outcome", async |conn| {
+                db::finish_tasks(conn, &finishes, now).await
+            })
+            .await?;
+            // A failure can let go of a key too (a dead task of a type that
+            // skips them): look for the key's next task at once.
+            let wake = part
                 .iter()
-                .all(|f| f.state == NextState::Completed && f.result.is_none())
-            {
-                db::complete_tasks(conn, part, config.delete_completed, now).await
-            } else {
-                db::finish_tasks(conn, part, now).await
-            }
+                .filter(|d| d.ordered && written.contains(&d.finish.id))
+                .map(|d| d.queue.to_string())
+                .collect();
+            return Ok(db::Completed {
+                written,
+                claimed: Vec::new(),
+                woken: wake,
+            });
+        }
+        let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
+        let offer = shared.hand_on.offer(
+            &shared.holdings,
+            part.iter().filter(|d| d.ordered).map(|d| &*d.queue),
+        );
+        let result = call(&shared.engine, shared.deadline, "outcome", async |conn| {
+            db::complete_tasks(
+                conn,
+                &finishes,
+                config.delete_completed,
+                now,
+                offer.as_ref().map(|o| &o.offer),
+            )
+            .await
         })
-        .await
+        .await;
+        match (result, offer) {
+            (Ok(mut done), Some(offer)) => {
+                let claimed = std::mem::take(&mut done.claimed);
+                let n = offer.deliver(&shared.hand_on, &shared.holdings, claimed);
+                shared.counters.handed_on(n);
+                Ok(done)
+            }
+            (Ok(done), None) => Ok(done),
+            (Err(error), offer) => {
+                if let Some(offer) = offer {
+                    offer.fail(&shared.holdings, is_transient(&error));
+                }
+                Err(error)
+            }
+        }
     }
 
     fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
         self.outage.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Successes without a result go through the fast path.
+fn fast_path(f: &Finish) -> bool {
+    f.state == NextState::Completed && f.result.is_none()
 }
 
 /// Counter of committed outcomes, by task type and outcome.
@@ -219,7 +270,6 @@ fn publish(
     batch: &[Done],
     written: &Written,
 ) {
-    use std::collections::HashSet;
     let ids: HashSet<i64> = written.ids.iter().copied().collect();
     let rejected: HashSet<i64> = written.rejected.iter().copied().collect();
     let unwritten: HashSet<i64> = written.unwritten.iter().copied().collect();
@@ -231,14 +281,6 @@ fn publish(
             continue;
         }
         shared.holdings.done(id, &d.finish.token);
-        if d.ordered
-            && ids.contains(&id)
-            && let Some(waker) = shared.wakers.get(&*d.queue)
-        {
-            // The key may have gone to its next task: look for it now
-            // rather than at the next poll.
-            waker.notify_one();
-        }
         if d.finish.delay_us > 0
             && ids.contains(&id)
             && let Some(waker) = shared.wakers.get(&*d.queue)
@@ -286,6 +328,11 @@ fn publish(
             }
         }),
     );
+    for queue in &written.wake {
+        if let Some(waker) = shared.wakers.get(&**queue) {
+            waker.notify_one();
+        }
+    }
     if !written.unwritten.is_empty() {
         tracing::error!(
             task_ids = ?written.unwritten,

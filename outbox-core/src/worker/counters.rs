@@ -12,6 +12,7 @@ pub struct WorkerCounters {
     finish_queries: AtomicU64,
     outcomes_written: AtomicU64,
     heartbeat_queries: AtomicU64,
+    tasks_handed_on: AtomicU64,
 }
 
 /// A copy of [`WorkerCounters`] at one moment.
@@ -27,6 +28,9 @@ pub struct CountersSnapshot {
     pub outcomes_written: u64,
     /// Heartbeat statements sent.
     pub heartbeat_queries: u64,
+    /// Tasks claimed by an outcome statement that handed their ordering
+    /// key straight on to them (no claim statement of their own).
+    pub tasks_handed_on: u64,
 }
 
 impl CountersSnapshot {
@@ -45,6 +49,7 @@ impl WorkerCounters {
             finish_queries: self.finish_queries.load(Ordering::Relaxed),
             outcomes_written: self.outcomes_written.load(Ordering::Relaxed),
             heartbeat_queries: self.heartbeat_queries.load(Ordering::Relaxed),
+            tasks_handed_on: self.tasks_handed_on.load(Ordering::Relaxed),
         }
     }
 
@@ -58,6 +63,11 @@ impl WorkerCounters {
         self.finish_queries.fetch_add(1, Ordering::Relaxed);
         self.outcomes_written
             .fetch_add(outcomes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn handed_on(&self, tasks: usize) {
+        self.tasks_handed_on
+            .fetch_add(tasks as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn heartbeat(&self) {

@@ -28,6 +28,7 @@ mod config;
 mod counters;
 mod events;
 mod executor;
+mod hand_on;
 mod heartbeat;
 mod holdings;
 mod listener;
@@ -258,6 +259,8 @@ pub(crate) struct Shared {
     pub(crate) throughput: throughput::Throughput,
     /// Periodic tasks the maintenance leader enqueues.
     pub(crate) periodic: Arc<Vec<PeriodicTask>>,
+    /// Where the completer puts the tasks it hands ordering keys on to.
+    pub(crate) hand_on: hand_on::HandOn,
 }
 
 impl Worker {
@@ -332,7 +335,16 @@ impl Worker {
             );
         }
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
+        let stop_claiming = shutdown.child_token();
+        let mut lanes = std::collections::HashMap::new();
+        let mut buffers = Vec::new();
+        for (queue, concurrency) in &self.queues {
+            let (lane, buffer) = producer::lane(*concurrency);
+            buffers.push((Arc::clone(&lane.capacity), lane.to_dispatch.clone(), buffer));
+            lanes.insert(queue.clone(), lane);
+        }
         let shared = Arc::new(Shared {
+            hand_on: hand_on::HandOn::new(lanes, stop_claiming.clone()),
             wakers: Arc::clone(&wakers),
             throughput: throughput::Throughput::default(),
             periodic: Arc::clone(&self.periodic),
@@ -359,7 +371,6 @@ impl Worker {
             give_up.clone(),
         ));
 
-        let stop_claiming = shutdown.child_token();
         let listen_options = listen_options.filter(|_| shared.config.listen);
         let listener = listen_options.map(|listen_options| {
             let held = Arc::clone(&shared);
@@ -411,8 +422,10 @@ impl Worker {
             .collect();
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
-        for (queue, concurrency) in &self.queues {
-            producers.push(tokio::spawn(producer::run(producer::Producer {
+        for ((queue, concurrency), (capacity, to_dispatch, buffer)) in
+            self.queues.iter().zip(buffers)
+        {
+            let producer = producer::Producer {
                 shared: Arc::clone(&shared),
                 queue: queue.clone(),
                 concurrency: *concurrency,
@@ -420,7 +433,10 @@ impl Worker {
                 stop: stop_claiming.clone(),
                 tracker: tracker.clone(),
                 done: done_tx.clone(),
-            })));
+                capacity,
+                to_dispatch,
+            };
+            producers.push(tokio::spawn(producer::run(producer, buffer)));
         }
         drop(done_tx);
 

@@ -51,12 +51,32 @@ pub(crate) struct Producer {
     pub(crate) stop: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) done: mpsc::Sender<Done>,
+    /// Places for running and buffered tasks: the concurrency, plus the
+    /// places the claim-ahead buffer adds. Shared with the completer, which
+    /// takes places for the tasks it hands on (see `hand_on`).
+    pub(crate) capacity: Arc<Semaphore>,
+    /// The dispatcher's buffer, which the completer's hand-ons feed too.
+    pub(crate) to_dispatch: mpsc::UnboundedSender<Buffered>,
 }
 
-pub(crate) async fn run(p: Producer) {
+/// A queue's capacity and dispatcher buffer, made before its producer so the
+/// completer can share them.
+pub(crate) fn lane(
+    concurrency: usize,
+) -> (super::hand_on::Lane, mpsc::UnboundedReceiver<Buffered>) {
+    let (to_dispatch, buffer) = mpsc::unbounded_channel();
+    let lane = super::hand_on::Lane {
+        capacity: Arc::new(Semaphore::new(concurrency)),
+        to_dispatch,
+    };
+    (lane, buffer)
+}
+
+/// Runs the queue's producer and its dispatcher, which reads `buffer`.
+pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) {
     let slots = Arc::new(Semaphore::new(p.concurrency));
     let started = Arc::new(AtomicU64::new(0));
-    let (to_dispatch, buffer) = mpsc::unbounded_channel();
+    let to_dispatch = p.to_dispatch.clone();
     let dispatcher = tokio::spawn(claim_ahead::dispatch(Dispatcher {
         shared: Arc::clone(&p.shared),
         slots,
@@ -85,10 +105,10 @@ async fn claim_loop(
         stop,
         tracker: _,
         done: _,
+        capacity,
+        to_dispatch: _,
     } = p;
-    // Places for running and buffered tasks: the concurrency, plus `ahead`
-    // places that follow the sizer's target.
-    let capacity = Arc::new(Semaphore::new(concurrency));
+    // `ahead` places beyond the concurrency follow the sizer's target.
     let mut ahead = 0;
     let mut sizer = Sizer::new(shared.config.claim_ahead, shared.config.claim_ahead_window);
     let mut outage = Outage::new("producer");

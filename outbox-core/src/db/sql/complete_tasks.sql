@@ -5,6 +5,12 @@
 -- covers COMPLETED stays here, completed, holding its unique key.
 -- $1 id bigint[], $2 claims int[], $3 claim token text[], $4 clock
 -- override (tests).
+--
+-- A key let go of may go straight on to its next task, claimed here for
+-- this worker (migration 17 says when): $5 the queues with free places
+-- text[], $6 how many in each int[], $7 the claim token of that hand-on
+-- (null: none). Rows with handed false are the outcomes written; rows with
+-- handed true are tasks handed their key, claimed says whether for us.
 WITH batch AS (
     -- Locked first, so that what decides a row's fate is its latest version
     -- (a cancel committed meanwhile is seen), and the DELETE and UPDATE
@@ -57,14 +63,25 @@ handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
     -- above is written: the aggregate reads them all first). A task gone to
     -- the history has let go of it.
-    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM (SELECT queue, ordering_key FROM gone
-          UNION ALL
-          SELECT queue, ordering_key FROM kept
-          WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-    WHERE ordering_key IS NOT NULL
-    HAVING count(*) > 0
+    SELECT h.*
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM (SELECT queue, ordering_key FROM gone
+                UNION ALL
+                SELECT queue, ordering_key FROM kept
+                WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
+          WHERE ordering_key IS NOT NULL
+          HAVING count(*) > 0) AS released,
+         LATERAL outbox_keys_hand_on(released.q, released.k, $5::text[], $6::int[], $7::text,
+                                     $4::timestamptz) AS h
 )
-SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
+SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
+       NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
+       NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
+       NULL::text AS trace_context, NULL::bool AS ordered
+FROM gone
 UNION ALL
-SELECT id FROM kept
+SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM kept
+UNION ALL
+SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
+       created_at, trace_context, true
+FROM handed

@@ -2,7 +2,8 @@
 -- once instead of being kept as COMPLETED history. Fenced like
 -- finish_tasks.sql. A task an operator asked to cancel is kept, dead, as
 -- the record of the cancel. $1 id bigint[], $2 claims int[], $3 claim
--- token text[].
+-- token text[], $4 clock override (tests; for the hand-on only). $5-$7 and
+-- the rows returned: the hand-on, as in complete_tasks.sql.
 WITH batch AS (
     SELECT t.id, t.cancel_requested_at IS NOT NULL AS cancelled
     FROM outbox_tasks AS t
@@ -36,11 +37,24 @@ cancelled AS (
 handed AS (
     -- Every one of them let go of its ordering key (a cancelled task is
     -- skipped): the key goes on, after every row above is written.
-    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM (SELECT queue, ordering_key FROM gone UNION ALL SELECT queue, ordering_key FROM cancelled) AS k
-    WHERE ordering_key IS NOT NULL
-    HAVING count(*) > 0
+    SELECT h.*
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM (SELECT queue, ordering_key FROM gone
+                UNION ALL
+                SELECT queue, ordering_key FROM cancelled) AS k
+          WHERE ordering_key IS NOT NULL
+          HAVING count(*) > 0) AS released,
+         LATERAL outbox_keys_hand_on(released.q, released.k, $5::text[], $6::int[], $7::text,
+                                     $4::timestamptz) AS h
 )
-SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
+SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
+       NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
+       NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
+       NULL::text AS trace_context, NULL::bool AS ordered
+FROM gone
 UNION ALL
-SELECT id FROM cancelled
+SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM cancelled
+UNION ALL
+SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
+       created_at, trace_context, true
+FROM handed

@@ -1,0 +1,181 @@
+//! Hand-on: a successful outcome that lets go of an ordering key may claim
+//! the key's next task in the same statement, for this worker (migration 17
+//! says when the database agrees). A hot key then runs at the pace of one
+//! outcome statement per task, instead of an outcome, a wake-up and a claim.
+//!
+//! The completer offers, per queue, as many places as it can take at once
+//! from the queue's capacity (the same places a claim takes: concurrency
+//! plus the claim-ahead buffer) without waiting, so a hand-on never
+//! oversubscribes a queue and never slows an outcome down. What the
+//! statement claims goes to the queue's dispatcher like any claimed task,
+//! in the worker's holdings under the offer's claim token; places not used
+//! go back when the statement returns.
+//!
+//! A task handed on skips the queue's priority order: it takes the place its
+//! key's previous task just left in this worker, and the next claim serves
+//! the queue's priorities as usual. Once claiming stops (shutdown), nothing
+//! is offered.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::claim_ahead::Buffered;
+use super::holdings::Holdings;
+use crate::db::{ClaimedTask, HandOnOffer};
+
+/// One queue's way in: its capacity and its dispatcher's buffer.
+pub(crate) struct Lane {
+    pub(crate) capacity: Arc<Semaphore>,
+    pub(crate) to_dispatch: mpsc::UnboundedSender<Buffered>,
+}
+
+/// The queues a completion can hand tasks on to.
+pub(crate) struct HandOn {
+    lanes: HashMap<String, Lane>,
+    /// Claiming stopped: no more offers.
+    stop: CancellationToken,
+}
+
+/// An offer made, with the places it holds until its statement returns.
+pub(crate) struct Offer {
+    pub(crate) offer: HandOnOffer,
+    places: HashMap<String, Vec<OwnedSemaphorePermit>>,
+}
+
+impl HandOn {
+    pub(crate) fn new(lanes: HashMap<String, Lane>, stop: CancellationToken) -> Self {
+        Self { lanes, stop }
+    }
+
+    /// An offer for successes of ordered tasks in `queues` (one entry per
+    /// success), or `None` when there is nothing to offer.
+    pub(crate) fn offer<'a>(
+        &self,
+        holdings: &Holdings,
+        queues: impl Iterator<Item = &'a str>,
+    ) -> Option<Offer> {
+        if self.stop.is_cancelled() {
+            return None;
+        }
+        let mut wanted: HashMap<&str, usize> = HashMap::new();
+        for queue in queues {
+            *wanted.entry(queue).or_default() += 1;
+        }
+        let mut places = HashMap::new();
+        for (queue, n) in wanted {
+            let Some(lane) = self.lanes.get(queue) else {
+                continue;
+            };
+            let taken: Vec<_> = (0..n)
+                .map_while(|_| Arc::clone(&lane.capacity).try_acquire_owned().ok())
+                .collect();
+            if !taken.is_empty() {
+                places.insert(queue.to_owned(), taken);
+            }
+        }
+        if places.is_empty() {
+            return None;
+        }
+        let (queues, counts) = places
+            .iter()
+            .map(|(q, p)| (q.clone(), i32::try_from(p.len()).unwrap_or(i32::MAX)))
+            .unzip();
+        Some(Offer {
+            offer: HandOnOffer {
+                queues,
+                places: counts,
+                token: holdings.begin_claim(),
+            },
+            places,
+        })
+    }
+}
+
+impl Offer {
+    /// The statement answered: the claimed tasks are held and go to their
+    /// queues' dispatchers, each with one of the offer's places; the rest
+    /// of the places go back. Returns how many were handed on.
+    pub(crate) fn deliver(
+        mut self,
+        hand_on: &HandOn,
+        holdings: &Holdings,
+        claimed: Vec<ClaimedTask>,
+    ) -> usize {
+        holdings.settle(&self.offer.token, &claimed);
+        let n = claimed.len();
+        for task in claimed {
+            let place = self.places.get_mut(&task.queue).and_then(Vec::pop);
+            let lane = hand_on.lanes.get(&task.queue);
+            match (place, lane) {
+                (Some(capacity), Some(lane)) => {
+                    // Only fails when the dispatcher stopped (shutdown): the
+                    // task stays held and is released with the rest.
+                    let _ = lane.to_dispatch.send(Buffered { task, capacity });
+                }
+                // The database claimed more than was offered: it cannot
+                // (it counts places per queue), but if it did, the task
+                // stays held and runs nowhere until shutdown releases it
+                // or recovery returns it. Say so loudly.
+                _ => tracing::error!(
+                    task_id = task.id,
+                    queue = task.queue,
+                    "a hand-on claimed a task beyond the places offered"
+                ),
+            }
+        }
+        n
+    }
+
+    /// The statement failed: if its fate is unknown (`transient`), what it
+    /// may have claimed is released before the next claim, like a lost
+    /// claim's tasks; otherwise nothing was claimed.
+    pub(crate) fn fail(self, holdings: &Holdings, transient: bool) {
+        if transient {
+            holdings.lost(&self.offer.token);
+        } else {
+            holdings.settle(&self.offer.token, &[]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hand_on(places: usize) -> (HandOn, mpsc::UnboundedReceiver<Buffered>, CancellationToken) {
+        let (to_dispatch, buffer) = mpsc::unbounded_channel();
+        let lane = Lane {
+            capacity: Arc::new(Semaphore::new(places)),
+            to_dispatch,
+        };
+        let stop = CancellationToken::new();
+        let lanes = HashMap::from([("q".to_owned(), lane)]);
+        (HandOn::new(lanes, stop.clone()), buffer, stop)
+    }
+
+    #[test]
+    fn an_offer_takes_only_free_places_of_served_queues_and_gives_them_back() {
+        let holdings = Holdings::new("w");
+        let (hand_on, _buffer, stop) = hand_on(2);
+        let first = hand_on
+            .offer(&holdings, ["q", "q", "q", "elsewhere"].into_iter())
+            .expect("an offer");
+        assert_eq!(first.offer.queues, vec!["q".to_owned()]);
+        assert_eq!(first.offer.places, vec![2], "two places free, not three");
+        assert!(
+            hand_on.offer(&holdings, ["q"].into_iter()).is_none(),
+            "no place left"
+        );
+        // Nothing claimed: the places go back.
+        assert_eq!(first.deliver(&hand_on, &holdings, Vec::new()), 0);
+        assert!(hand_on.offer(&holdings, ["q"].into_iter()).is_some());
+        stop.cancel();
+        assert!(
+            hand_on.offer(&holdings, ["q"].into_iter()).is_none(),
+            "no offer once claiming stopped"
+        );
+    }
+}

@@ -1,0 +1,322 @@
+//! Hand-on: the outcome that lets go of an ordering key claims the key's
+//! next task for the worker that wrote it, in the same statement, unless
+//! the queue is paused or has limits.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker, WorkerConfig, admin,
+    outbox_task,
+};
+use outbox_tests::process::wait_until;
+use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use super::ordering::{assert_one_at_a_time, step};
+
+/// A worker that neither listens nor polls within the test's time: only
+/// the worker itself (a hand-on, or the wake-up after its own outcome) can
+/// move a key on.
+fn quiet_config() -> WorkerConfig {
+    WorkerConfig {
+        listen: false,
+        poll_interval: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_hot_key_goes_from_each_outcome_straight_to_its_next_task() {
+    const STEPS: i64 = 40;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        batch.push(&step("hot", n, 0)).unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let worker = Worker::builder(db.pool.clone())
+        .config(quiet_config())
+        .handler::<Step>(IntervalRecorder)
+        .queue("ordered", 4)
+        .build()
+        .unwrap();
+    let counters = worker.counters();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {STEPS} FROM outbox_all_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    running.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key, vec![("hot".to_owned(), (1..=STEPS).collect())]);
+    let c = counters.snapshot();
+    eprintln!(
+        "hand-on: {STEPS} steps of one key, {} handed on, {} claim statements",
+        c.tasks_handed_on, c.claim_queries
+    );
+    // Every step but the first can be handed on; one finds its places
+    // taken only while the producer's own claim is in flight, which is
+    // rare with no poll and no NOTIFY.
+    assert!(
+        c.tasks_handed_on >= (STEPS as u64 - 1) / 2,
+        "most steps were handed on: {c:?}"
+    );
+    assert!(c.tasks_handed_on < STEPS as u64, "{c:?}");
+}
+
+/// A step that waits until the test lets it finish.
+#[derive(Debug, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.hand_on.gated",
+    queue = "hand-on-gated",
+    ordering_key = "key"
+)]
+struct Gated {
+    key: String,
+    n: i64,
+}
+
+/// A gated step's state, blocked flag and claim token.
+fn state_of(n: i64) -> String {
+    format!(
+        "SELECT state::text, blocked, claimed_by FROM outbox_all_tasks \
+         WHERE (payload->>'n')::bigint = {n}"
+    )
+}
+
+/// Holds each key's first step until the test adds a permit; records the
+/// order in which steps start.
+#[derive(Clone)]
+struct Gate(Arc<Semaphore>, Arc<Mutex<Vec<(String, i64)>>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(Semaphore::new(0)), Arc::default())
+    }
+}
+
+impl TaskHandler<Gated> for Gate {
+    async fn handle(&self, _ctx: TaskContext, task: Gated) -> HandlerResult {
+        self.1.lock().unwrap().push((task.key.clone(), task.n));
+        if task.n == 1 {
+            self.0.acquire().await.expect("gate open").forget();
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test]
+async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for n in 1..=2 {
+        let gated = Gated {
+            key: "k".to_owned(),
+            n,
+        };
+        outbox::submit(&mut conn, gated).await.unwrap();
+    }
+    drop(conn);
+    let gate = Gate::default();
+    let worker = Worker::builder(db.pool.clone())
+        .config(WorkerConfig {
+            poll_interval: Duration::from_millis(200),
+            ..WorkerConfig::default()
+        })
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", 4)
+        .build()
+        .unwrap();
+    let counters = worker.counters();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'processing' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Paused while the key's first task runs: its outcome must not claim
+    // the second, which a resume then lets run.
+    admin::pause_queue(&db.pool, "hand-on-gated").await.unwrap();
+    gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(30),
+    )
+    .await;
+    let second: (String, bool, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(state_of(2)))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        second,
+        ("pending".to_owned(), false, None),
+        "handed its key, not claimed"
+    );
+    admin::resume_queue(&db.pool, "hand-on-gated")
+        .await
+        .unwrap();
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(counters.snapshot().tasks_handed_on, 0);
+}
+
+#[tokio::test]
+async fn a_queue_with_a_global_limit_is_woken_not_handed_on_to() {
+    const STEPS: i64 = 10;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let limit = admin::QueueChange {
+        global_concurrency: Some(Some(1)),
+        ..admin::QueueChange::default()
+    };
+    admin::set_queue(&db.pool, "ordered", &limit).await.unwrap();
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        batch.push(&step("limited", n, 0)).unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let worker = Worker::builder(db.pool.clone())
+        .config(quiet_config())
+        .handler::<Step>(IntervalRecorder)
+        .queue("ordered", 4)
+        .build()
+        .unwrap();
+    let counters = worker.counters();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!("SELECT count(*) = {STEPS} FROM outbox_all_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    running.stop().await;
+    let by_key = assert_one_at_a_time(&db).await;
+    assert_eq!(by_key, vec![("limited".to_owned(), (1..=STEPS).collect())]);
+    assert_eq!(
+        counters.snapshot().tasks_handed_on,
+        0,
+        "a queue with limits is claimed under its lock, never by a hand-on"
+    );
+}
+
+#[tokio::test]
+async fn a_hand_on_gives_way_to_a_more_urgent_task_of_its_queue() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for n in 1..=3 {
+        let gated = Gated {
+            key: "k".to_owned(),
+            n,
+        };
+        outbox::submit_with(&mut conn, gated, TaskOptions::new().priority(5))
+            .await
+            .unwrap();
+    }
+    let gate = Gate::default();
+    // Two places and no claim-ahead, and a worker that hears of no new task
+    // by itself: the urgent task is only claimed if the first step's
+    // outcome leaves its place to a claim (and wakes the producer for it)
+    // instead of handing it to the key's next step.
+    let worker = Worker::builder(db.pool.clone())
+        .config(WorkerConfig {
+            claim_ahead: 0,
+            ..quiet_config()
+        })
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", 2)
+        .build()
+        .unwrap();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'processing' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(30),
+    )
+    .await;
+    let urgent = Gated {
+        key: "urgent".to_owned(),
+        n: 99,
+    };
+    outbox::submit_with(&mut conn, urgent, TaskOptions::new().priority(0))
+        .await
+        .unwrap();
+    drop(conn);
+    gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 4 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    running.stop().await;
+    let started = gate.1.lock().unwrap().clone();
+    let order: Vec<(&str, i64)> = started.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(
+        order,
+        vec![("k", 1), ("urgent", 99), ("k", 2), ("k", 3)],
+        "the key's next step waited for the task of higher priority"
+    );
+}
+
+#[tokio::test]
+async fn a_key_whose_lock_row_went_missing_is_still_handed_on() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for n in 1..=2 {
+        let gated = Gated {
+            key: "gone".to_owned(),
+            n,
+        };
+        outbox::submit(&mut conn, gated).await.unwrap();
+    }
+    drop(conn);
+    let gate = Gate::default();
+    let worker = Worker::builder(db.pool.clone())
+        .config(WorkerConfig {
+            poll_interval: Duration::from_millis(200),
+            ..WorkerConfig::default()
+        })
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", 2)
+        .build()
+        .unwrap();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'processing' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(30),
+    )
+    .await;
+    // The key's lock row gone while its first step runs (an operator, or a
+    // prune that raced): the outcome adds it again and hands the key on.
+    sqlx::query("DELETE FROM outbox_keys WHERE ordering_key = 'gone'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(
+        gate.1.lock().unwrap().clone(),
+        vec![("gone".to_owned(), 1), ("gone".to_owned(), 2)],
+        "each step ran once, in order"
+    );
+}
