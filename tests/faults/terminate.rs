@@ -1,7 +1,9 @@
 //! The worker's sessions terminated again and again (as `pg_terminate_backend`
 //! or a failover does) while tasks run their last attempts: every error is
 //! transient, so no outcome is dropped, no task ends dead although its
-//! handler succeeded, and no attempt runs twice.
+//! handler succeeded, and no attempt runs twice; and while hot ordering
+//! keys are handed on from each outcome to the next task, which still runs
+//! each step once, in its key's order.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -73,31 +75,14 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
 
     // Terminate every engine session of this database every 30 ms until
     // the last task is done.
-    let mut terminated = 0_i64;
-    let mut rounds = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
-    loop {
-        let (done, killed): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed' OR dead_at IS NOT NULL), \
-                    (SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                      WHERE datname = current_database() AND application_name LIKE $1 \
-                        AND pid <> pg_backend_pid()) t)",
-        )
-        .bind(format!("{} %", outbox::ENGINE_APPLICATION_NAME))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        terminated += killed;
-        rounds += 1;
-        if done == TASKS as i64 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "only {done} of {TASKS} finished"
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+    let (terminated, rounds) = terminate_until(
+        &db,
+        &format!(
+            "SELECT count(*) = {TASKS} FROM outbox_all_tasks \
+             WHERE state = 'completed' OR dead_at IS NOT NULL"
+        ),
+    )
+    .await;
     // The vacuumer came through: its sessions were terminated with the
     // rest, and it still vacuums the dead versions the drain left.
     wait_until(
@@ -131,4 +116,134 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
         3 * TASKS,
         "every task ran exactly 3 attempts"
     );
+}
+
+/// One run of a step: key, step, runs of its task, start, end.
+type Run = (
+    String,
+    i64,
+    i64,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+/// The hot-key test: its keys, and the steps of each (run one at a time).
+const KEYS: i64 = 3;
+const STEPS: i64 = 150;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
+    use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        for k in 0..KEYS {
+            let step = Step {
+                key: format!("k{k}"),
+                n,
+                ms: 0,
+                fail_first: 0,
+                poison: false,
+            };
+            batch.push(&step).unwrap();
+        }
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let worker = Worker::builder(db.pool.clone())
+        .config(WorkerConfig {
+            poll_interval: Duration::from_millis(50),
+            // Never within the test: a hand-on whose answer was lost must be
+            // released by its claim token, not left to stuck-task recovery
+            // (which would leave the key stalled here until the deadline).
+            heartbeat_timeout: Duration::from_secs(3600),
+            ..WorkerConfig::default()
+        })
+        .handler::<Step>(IntervalRecorder)
+        .queue("ordered", 8)
+        .build()
+        .unwrap();
+    let counters = worker.counters();
+    let running = RunningWorker::start(worker);
+    let total = KEYS * STEPS;
+    let (terminated, rounds) = terminate_until(
+        &db,
+        &format!("SELECT count(*) = {total} FROM outbox_all_tasks WHERE state = 'completed'"),
+    )
+    .await;
+    running.stop().await;
+
+    // Each step ran once, after the one before it of its key had finished.
+    let runs: Vec<Run> = sqlx::query_as(
+        "SELECT key, n, count(*) OVER (PARTITION BY task_id), started_at, finished_at \
+             FROM intervals ORDER BY key, started_at",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let twice: Vec<_> = runs
+        .iter()
+        .filter(|r| r.2 > 1)
+        .map(|r| (&r.0, r.1))
+        .collect();
+    let c = counters.snapshot();
+    eprintln!(
+        "terminate, hot keys: {terminated} sessions terminated over {rounds} rounds; {total} steps \
+         on {KEYS} keys, {} runs, {} handed on, {} run twice",
+        runs.len(),
+        c.tasks_handed_on,
+        twice.len()
+    );
+    assert!(terminated > 0, "the test terminated sessions");
+    assert!(twice.is_empty(), "steps run twice: {twice:?}");
+    assert!(
+        c.tasks_handed_on > 0,
+        "the hand-on ran through the terminations"
+    );
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let of_key: Vec<_> = runs.iter().filter(|r| r.0 == key).collect();
+        let order: Vec<i64> = of_key.iter().map(|r| r.1).collect();
+        assert_eq!(order, (1..=STEPS).collect::<Vec<_>>(), "key {key} in order");
+        for pair in of_key.windows(2) {
+            let end = pair[0].4.expect("every run finished");
+            assert!(
+                end <= pair[1].3,
+                "key {key}: step {} overlapped {}",
+                pair[0].1,
+                pair[1].1
+            );
+        }
+    }
+}
+
+/// Terminates every engine session of the test's database every 30 ms
+/// until `done` (a boolean query) holds; returns the sessions terminated and
+/// the rounds.
+async fn terminate_until(db: &TestDb, done: &str) -> (i64, usize) {
+    let mut terminated = 0_i64;
+    let mut rounds = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let (finished, killed): (bool, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT ({done}), \
+                    (SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                      WHERE datname = current_database() AND application_name LIKE $1 \
+                        AND pid <> pg_backend_pid()) t)"
+        )))
+        .bind(format!("{} %", outbox::ENGINE_APPLICATION_NAME))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        terminated += killed;
+        rounds += 1;
+        if finished {
+            return (terminated, rounds);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not done after {rounds} rounds: {done}"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
 }
