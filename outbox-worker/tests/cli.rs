@@ -883,6 +883,16 @@ async fn bench_smoke_run_prints_every_figure() {
         ],
     );
     assert!(business["p99_overhead_pct"].is_number(), "{report}");
+    let ordering = &report["ordering"];
+    assert_positive(
+        &report,
+        ordering,
+        &[
+            "drain_tasks_per_s",
+            "hot_key_tasks_per_s",
+            "hot_key_handed_on",
+        ],
+    );
     let workflows = &report["workflows"];
     assert_eq!(workflows["steps"], 100, "{report}");
     assert_eq!(workflows["fan_in_parts"], 50, "{report}");
