@@ -3,18 +3,23 @@
 //! says when the database agrees). A hot key then runs at the pace of one
 //! outcome statement per task, instead of an outcome, a wake-up and a claim.
 //!
-//! The completer offers, per queue, as many places as it can take at once
-//! from the queue's capacity (the same places a claim takes: concurrency
-//! plus the claim-ahead buffer) without waiting, so a hand-on never
-//! oversubscribes a queue and never slows an outcome down. What the
-//! statement claims goes to the queue's dispatcher like any claimed task,
-//! in the worker's holdings under the offer's claim token; places not used
-//! go back when the statement returns.
+//! The completer offers, per queue, at most as many places as the queue has
+//! idle executor slots (a free slot means nothing claimed is waiting to
+//! start), taking them from the queue's capacity (the same places a claim
+//! takes: concurrency plus the claim-ahead buffer) without waiting. So a
+//! hand-on never oversubscribes a queue, never slows an outcome down, and
+//! never takes a place the producer is waiting for: the capacity is a fair
+//! semaphore, so a producer that knows of a task to claim gets the next
+//! free place before any offer can. What the statement claims goes to the
+//! queue's dispatcher like any claimed task, in the worker's holdings under
+//! the offer's claim token; places not used go back when the statement
+//! returns.
 //!
-//! A task handed on skips the queue's priority order: it takes the place its
-//! key's previous task just left in this worker, and the next claim serves
-//! the queue's priorities as usual. Once claiming stops (shutdown), nothing
-//! is offered.
+//! The database takes a handed task only if no claimable task of its queue
+//! has a higher priority. An older task of the same priority that the
+//! producer has not heard of yet (a due time passing, no LISTEN) waits for
+//! the producer's next poll, while the key goes on here. Once claiming
+//! stops (shutdown), nothing is offered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +31,15 @@ use super::claim_ahead::Buffered;
 use super::holdings::Holdings;
 use crate::db::{ClaimedTask, HandOnOffer};
 
-/// One queue's way in: its capacity and its dispatcher's buffer.
+/// One queue's way in: its capacity and its dispatcher's buffer (a clone
+/// shares them).
+#[derive(Clone)]
 pub(crate) struct Lane {
     pub(crate) capacity: Arc<Semaphore>,
     pub(crate) to_dispatch: mpsc::UnboundedSender<Buffered>,
+    /// The executor slots of the queue (its concurrency); the dispatcher
+    /// takes one to start each task.
+    pub(crate) slots: Arc<Semaphore>,
 }
 
 /// The queues a completion can hand tasks on to.
@@ -69,7 +79,8 @@ impl HandOn {
             let Some(lane) = self.lanes.get(queue) else {
                 continue;
             };
-            let taken: Vec<_> = (0..n)
+            let idle = lane.slots.available_permits();
+            let taken: Vec<_> = (0..n.min(idle))
                 .map_while(|_| Arc::clone(&lane.capacity).try_acquire_owned().ok())
                 .collect();
             if !taken.is_empty() {
@@ -150,6 +161,7 @@ mod tests {
         let lane = Lane {
             capacity: Arc::new(Semaphore::new(places)),
             to_dispatch,
+            slots: Arc::new(Semaphore::new(places)),
         };
         let stop = CancellationToken::new();
         let lanes = HashMap::from([("q".to_owned(), lane)]);
@@ -172,6 +184,14 @@ mod tests {
         // Nothing claimed: the places go back.
         assert_eq!(first.deliver(&hand_on, &holdings, Vec::new()), 0);
         assert!(hand_on.offer(&holdings, ["q"].into_iter()).is_some());
+        let busy = Arc::clone(&hand_on.lanes["q"].slots)
+            .try_acquire_many_owned(2)
+            .unwrap();
+        assert!(
+            hand_on.offer(&holdings, ["q"].into_iter()).is_none(),
+            "no offer while every slot is busy"
+        );
+        drop(busy);
         stop.cancel();
         assert!(
             hand_on.offer(&holdings, ["q"].into_iter()).is_none(),

@@ -340,7 +340,7 @@ impl Worker {
         let mut buffers = Vec::new();
         for (queue, concurrency) in &self.queues {
             let (lane, buffer) = producer::lane(*concurrency);
-            buffers.push((Arc::clone(&lane.capacity), lane.to_dispatch.clone(), buffer));
+            buffers.push((lane.clone(), buffer));
             lanes.insert(queue.clone(), lane);
         }
         let shared = Arc::new(Shared {
@@ -422,9 +422,7 @@ impl Worker {
             .collect();
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
-        for ((queue, concurrency), (capacity, to_dispatch, buffer)) in
-            self.queues.iter().zip(buffers)
-        {
+        for ((queue, concurrency), (side, buffer)) in self.queues.iter().zip(buffers) {
             let producer = producer::Producer {
                 shared: Arc::clone(&shared),
                 queue: queue.clone(),
@@ -433,8 +431,7 @@ impl Worker {
                 stop: stop_claiming.clone(),
                 tracker: tracker.clone(),
                 done: done_tx.clone(),
-                capacity,
-                to_dispatch,
+                lane: side,
             };
             producers.push(tokio::spawn(producer::run(producer, buffer)));
         }

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 use super::Shared;
 use super::claim_ahead::{self, Buffered, Dispatcher, Sizer};
 use super::executor::Done;
+use super::hand_on::Lane;
 use super::outage::Outage;
 use super::wake::QueueWaker;
 use crate::db::{self, classify::is_transient, session::call};
@@ -51,32 +52,30 @@ pub(crate) struct Producer {
     pub(crate) stop: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) done: mpsc::Sender<Done>,
-    /// Places for running and buffered tasks: the concurrency, plus the
-    /// places the claim-ahead buffer adds. Shared with the completer, which
-    /// takes places for the tasks it hands on (see `hand_on`).
-    pub(crate) capacity: Arc<Semaphore>,
-    /// The dispatcher's buffer, which the completer's hand-ons feed too.
-    pub(crate) to_dispatch: mpsc::UnboundedSender<Buffered>,
+    /// What it shares with the completer's hand-ons: the capacity (places
+    /// for running and buffered tasks: the concurrency, plus the places the
+    /// claim-ahead buffer adds), the executor slots, and the dispatcher's
+    /// buffer.
+    pub(crate) lane: Lane,
 }
 
 /// A queue's capacity and dispatcher buffer, made before its producer so the
 /// completer can share them.
-pub(crate) fn lane(
-    concurrency: usize,
-) -> (super::hand_on::Lane, mpsc::UnboundedReceiver<Buffered>) {
+pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffered>) {
     let (to_dispatch, buffer) = mpsc::unbounded_channel();
-    let lane = super::hand_on::Lane {
+    let lane = Lane {
         capacity: Arc::new(Semaphore::new(concurrency)),
         to_dispatch,
+        slots: Arc::new(Semaphore::new(concurrency)),
     };
     (lane, buffer)
 }
 
 /// Runs the queue's producer and its dispatcher, which reads `buffer`.
 pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) {
-    let slots = Arc::new(Semaphore::new(p.concurrency));
+    let slots = Arc::clone(&p.lane.slots);
     let started = Arc::new(AtomicU64::new(0));
-    let to_dispatch = p.to_dispatch.clone();
+    let to_dispatch = p.lane.to_dispatch.clone();
     let dispatcher = tokio::spawn(claim_ahead::dispatch(Dispatcher {
         shared: Arc::clone(&p.shared),
         slots,
@@ -105,8 +104,7 @@ async fn claim_loop(
         stop,
         tracker: _,
         done: _,
-        capacity,
-        to_dispatch: _,
+        lane: Lane { capacity, .. },
     } = p;
     // `ahead` places beyond the concurrency follow the sizer's target.
     let mut ahead = 0;
