@@ -24,13 +24,7 @@ async fn sql(db: &TestDb, statement: &str) {
 }
 
 fn step(key: &str, n: i64) -> Step {
-    Step {
-        key: key.to_owned(),
-        n,
-        ms: 1,
-        fail_first: 0,
-        poison: false,
-    }
+    Step::new(key, n, 1)
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::{
-    HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker, WorkerConfig, admin,
-    outbox_task,
+    CountersSnapshot, HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker,
+    WorkerConfig, admin, outbox_task,
 };
 use outbox_tests::process::wait_until;
 use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
@@ -28,14 +28,14 @@ fn quiet_config() -> WorkerConfig {
     }
 }
 
-#[tokio::test]
-async fn a_hot_key_goes_from_each_outcome_straight_to_its_next_task() {
-    const STEPS: i64 = 40;
-    let db = TestDb::migrated().await;
+/// Submits `steps` steps of `key` (no work each), drains them with a quiet
+/// worker of concurrency 4, checks they ran one at a time in order, and
+/// returns the worker's counters.
+async fn drain_one_key(db: &TestDb, key: &str, steps: i64) -> CountersSnapshot {
     create_intervals_table(&db.pool).await;
     let mut batch = outbox::Batch::new();
-    for n in 1..=STEPS {
-        batch.push(&step("hot", n, 0)).unwrap();
+    for n in 1..=steps {
+        batch.push(&step(key, n, 0)).unwrap();
     }
     batch.submit(&mut *db.conn().await).await.unwrap();
     let worker = Worker::builder(db.pool.clone())
@@ -48,14 +48,21 @@ async fn a_hot_key_goes_from_each_outcome_straight_to_its_next_task() {
     let running = RunningWorker::start(worker);
     wait_until(
         &db.pool,
-        &format!("SELECT count(*) = {STEPS} FROM outbox_all_tasks WHERE state = 'completed'"),
+        &format!("SELECT count(*) = {steps} FROM outbox_all_tasks WHERE state = 'completed'"),
         Duration::from_secs(60),
     )
     .await;
     running.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
-    assert_eq!(by_key, vec![("hot".to_owned(), (1..=STEPS).collect())]);
-    let c = counters.snapshot();
+    let by_key = assert_one_at_a_time(db).await;
+    assert_eq!(by_key, vec![(key.to_owned(), (1..=steps).collect())]);
+    counters.snapshot()
+}
+
+#[tokio::test]
+async fn a_hot_key_goes_from_each_outcome_straight_to_its_next_task() {
+    const STEPS: i64 = 40;
+    let db = TestDb::migrated().await;
+    let c = drain_one_key(&db, "hot", STEPS).await;
     eprintln!(
         "hand-on: {STEPS} steps of one key, {} handed on, {} claim statements",
         c.tasks_handed_on, c.claim_queries
@@ -175,39 +182,15 @@ async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume
 
 #[tokio::test]
 async fn a_queue_with_a_global_limit_is_woken_not_handed_on_to() {
-    const STEPS: i64 = 10;
     let db = TestDb::migrated().await;
-    create_intervals_table(&db.pool).await;
     let limit = admin::QueueChange {
         global_concurrency: Some(Some(1)),
         ..admin::QueueChange::default()
     };
     admin::set_queue(&db.pool, "ordered", &limit).await.unwrap();
-    let mut batch = outbox::Batch::new();
-    for n in 1..=STEPS {
-        batch.push(&step("limited", n, 0)).unwrap();
-    }
-    batch.submit(&mut *db.conn().await).await.unwrap();
-    let worker = Worker::builder(db.pool.clone())
-        .config(quiet_config())
-        .handler::<Step>(IntervalRecorder)
-        .queue("ordered", 4)
-        .build()
-        .unwrap();
-    let counters = worker.counters();
-    let running = RunningWorker::start(worker);
-    wait_until(
-        &db.pool,
-        &format!("SELECT count(*) = {STEPS} FROM outbox_all_tasks WHERE state = 'completed'"),
-        Duration::from_secs(60),
-    )
-    .await;
-    running.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
-    assert_eq!(by_key, vec![("limited".to_owned(), (1..=STEPS).collect())]);
+    let c = drain_one_key(&db, "limited", 10).await;
     assert_eq!(
-        counters.snapshot().tasks_handed_on,
-        0,
+        c.tasks_handed_on, 0,
         "a queue with limits is claimed under its lock, never by a hand-on"
     );
 }

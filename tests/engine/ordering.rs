@@ -15,13 +15,7 @@ use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
 
 pub(crate) fn step(key: &str, n: i64, ms: u64) -> Step {
-    Step {
-        key: key.to_owned(),
-        n,
-        ms,
-        fail_first: 0,
-        poison: false,
-    }
+    Step::new(key, n, ms)
 }
 
 fn worker(pool: &sqlx::PgPool, concurrency: usize) -> RunningWorker {
@@ -507,13 +501,7 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
 #[tokio::test]
 async fn a_keyed_submit_outside_read_committed_is_refused_and_writes_nothing() {
     let db = TestDb::migrated().await;
-    let step = |n| Step {
-        key: "acct-rr".into(),
-        n,
-        ms: 0,
-        fail_first: 0,
-        poison: false,
-    };
+    let step = |n| Step::new("acct-rr", n, 0);
     for (level, set) in [
         (
             "REPEATABLE READ",

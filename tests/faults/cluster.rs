@@ -26,13 +26,7 @@ const ORDERED: &[&str] = &[
 const LIMITED: &[&str] = &["--queue", "limited=10", "--poll-interval", "100ms"];
 
 fn step(key: &str, n: i64) -> Step {
-    Step {
-        key: key.to_owned(),
-        n,
-        ms: 40,
-        fail_first: 0,
-        poison: false,
-    }
+    Step::new(key, n, 40)
 }
 
 type Attempt = (

@@ -139,14 +139,7 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
     let mut batch = outbox::Batch::new();
     for n in 1..=STEPS {
         for k in 0..KEYS {
-            let step = Step {
-                key: format!("k{k}"),
-                n,
-                ms: 0,
-                fail_first: 0,
-                poison: false,
-            };
-            batch.push(&step).unwrap();
+            batch.push(&Step::new(&format!("k{k}"), n, 0)).unwrap();
         }
     }
     batch.submit(&mut *db.conn().await).await.unwrap();

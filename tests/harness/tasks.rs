@@ -123,6 +123,19 @@ pub struct Step {
     pub poison: bool,
 }
 
+impl Step {
+    /// Step `n` of `key`, working `ms`, succeeding at its first attempt.
+    pub fn new(key: &str, n: i64, ms: u64) -> Self {
+        Self {
+            key: key.to_owned(),
+            n,
+            ms,
+            fail_first: 0,
+            poison: false,
+        }
+    }
+}
+
 /// Work on the `limited` queue for the global concurrency and rate tests,
 /// recorded in `intervals` like [`Step`]. An attempt cut short by a
 /// database outage is retried soon.
