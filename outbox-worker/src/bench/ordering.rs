@@ -59,8 +59,14 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
     let ratio = drain.rate / unordered.max(1e-9);
     bench.say(format!(
         "ordered: {n} tasks over {keys} keys, inserted at {insert:.0} tasks/s, drained at {:.0} tasks/s \
-         ({ratio:.2}x the unordered drain, concurrency {})",
-        drain.rate, bench.args.concurrency
+         ({ratio:.2}x the unordered drain, concurrency {}; {} handed on, {} claims carrying {} tasks, \
+         {} outcome statements)",
+        drain.rate,
+        bench.args.concurrency,
+        drain.counters.tasks_handed_on,
+        drain.counters.claim_queries,
+        drain.counters.tasks_claimed,
+        drain.counters.finish_queries
     ));
 
     let hot = args.hot_key_tasks;
