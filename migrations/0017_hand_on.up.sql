@@ -22,7 +22,7 @@
 --     from idle executor slots, and its producer, when it knows of a task
 --     to claim, waits for a place ahead of any offer. Testing the full
 --     claim order here walked the claimable index's dead entries once per
---     handed task: many keys drained at a third of the speed.)
+--     handed task: many keys drained at a fifth of the speed.)
 -- A claimed task is set PROCESSING under the token exactly as
 -- claim_tasks.sql would set it; the rest are woken with a NOTIFY as before.
 -- Returns every task handed its key, with claimed saying which were taken
