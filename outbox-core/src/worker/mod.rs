@@ -336,11 +336,13 @@ impl Worker {
         }
         let wakers = wake::for_queues(self.queues.iter().map(|(q, _)| q));
         let stop_claiming = shutdown.child_token();
+        // Each queue's lane is shared by its producer and the completer's
+        // hand-ons; the dispatcher's buffer goes to the producer alone.
         let mut lanes = std::collections::HashMap::new();
-        let mut buffers = Vec::new();
+        let mut producer_ends = Vec::new();
         for (queue, concurrency) in &self.queues {
             let (lane, buffer) = producer::lane(*concurrency);
-            buffers.push((lane.clone(), buffer));
+            producer_ends.push((lane.clone(), buffer));
             lanes.insert(queue.clone(), lane);
         }
         let shared = Arc::new(Shared {
@@ -422,7 +424,7 @@ impl Worker {
             .collect();
         let tracker = TaskTracker::new();
         let mut producers = Vec::new();
-        for ((queue, concurrency), (side, buffer)) in self.queues.iter().zip(buffers) {
+        for ((queue, concurrency), (lane, buffer)) in self.queues.iter().zip(producer_ends) {
             let producer = producer::Producer {
                 shared: Arc::clone(&shared),
                 queue: queue.clone(),
@@ -431,7 +433,7 @@ impl Worker {
                 stop: stop_claiming.clone(),
                 tracker: tracker.clone(),
                 done: done_tx.clone(),
-                lane: side,
+                lane,
             };
             producers.push(tokio::spawn(producer::run(producer, buffer)));
         }

@@ -59,8 +59,8 @@ pub(crate) struct Producer {
     pub(crate) lane: Lane,
 }
 
-/// A queue's capacity and dispatcher buffer, made before its producer so the
-/// completer can share them.
+/// A queue's capacity, executor slots and dispatcher buffer, made before
+/// its producer so that the completer can share them.
 pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffered>) {
     let (to_dispatch, buffer) = mpsc::unbounded_channel();
     let lane = Lane {
