@@ -191,18 +191,27 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     assert_eq!(poison[1..], [(false, true, None), (false, true, None)]);
 }
 
-/// Sets the `limited` queue's limits, submits `tasks` slots of `ms` each,
-/// and lets three worker processes run them all.
+/// Sets the `limited` queue's limits, starts three worker processes,
+/// submits `tasks` slots of `ms` each once all three are up, and lets them
+/// run them all.
 async fn three_workers_run(limit: &QueueChange, tasks: usize, ms: u64) -> TestDb {
     let db = TestDb::migrated().await;
     create_intervals_table(&db.pool).await;
     admin::set_queue(&db.pool, "limited", limit).await.unwrap();
-    outbox::submit_batch(&mut *db.conn().await, (0..tasks).map(|_| Slot { ms }))
-        .await
-        .unwrap();
     let mut workers: Vec<WorkerProcess> = (0..3)
         .map(|_| WorkerProcess::spawn(WORKER, &db.url, LIMITED))
         .collect();
+    // All three up before the work arrives: on a loaded machine the first
+    // one up could otherwise run everything before the others start.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_workers WHERE expires_at > now()",
+        Duration::from_secs(60),
+    )
+    .await;
+    outbox::submit_batch(&mut *db.conn().await, (0..tasks).map(|_| Slot { ms }))
+        .await
+        .unwrap();
     wait_until(
         &db.pool,
         &format!("SELECT count(*) = {tasks} FROM outbox_all_tasks WHERE state = 'completed'"),
