@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox::{
     CountersSnapshot, HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker,
-    WorkerConfig, admin, outbox_task,
+    WorkerConfig, WorkerCounters, admin, outbox_task,
 };
 use outbox_tests::process::wait_until;
 use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
@@ -134,26 +134,41 @@ impl TaskHandler<Gated> for Gate {
     }
 }
 
-#[tokio::test]
-async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume() {
-    let db = TestDb::migrated().await;
+/// A worker on the gated queue, the gate that holds each key's first step,
+/// and the worker's counters.
+struct GatedRun {
+    gate: Gate,
+    running: RunningWorker,
+    counters: Arc<WorkerCounters>,
+}
+
+/// Submits steps 1..=`steps` of `key` at `priority`, starts a worker with
+/// `config` and `concurrency` on their queue, and waits until step 1 runs
+/// (held at the gate).
+async fn start_gated(
+    db: &TestDb,
+    key: &str,
+    steps: i64,
+    priority: i16,
+    config: WorkerConfig,
+    concurrency: usize,
+) -> GatedRun {
     let mut conn = db.conn().await;
-    for n in 1..=2 {
+    for n in 1..=steps {
         let gated = Gated {
-            key: "k".to_owned(),
+            key: key.to_owned(),
             n,
         };
-        outbox::submit(&mut conn, gated).await.unwrap();
+        outbox::submit_with(&mut conn, gated, TaskOptions::new().priority(priority))
+            .await
+            .unwrap();
     }
     drop(conn);
     let gate = Gate::default();
     let worker = Worker::builder(db.pool.clone())
-        .config(WorkerConfig {
-            poll_interval: Duration::from_millis(200),
-            ..WorkerConfig::default()
-        })
+        .config(config)
         .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", 4)
+        .queue("hand-on-gated", concurrency)
         .build()
         .unwrap();
     let counters = worker.counters();
@@ -164,10 +179,29 @@ async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume
         Duration::from_secs(30),
     )
     .await;
+    GatedRun {
+        gate,
+        running,
+        counters,
+    }
+}
+
+/// A worker that polls now and then.
+fn polling_config() -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume() {
+    let db = TestDb::migrated().await;
+    let run = start_gated(&db, "k", 2, 0, polling_config(), 4).await;
     // Paused while the key's first task runs: its outcome must not claim
     // the second, which a resume then lets run.
     admin::pause_queue(&db.pool, "hand-on-gated").await.unwrap();
-    gate.0.add_permits(1);
+    run.gate.0.add_permits(1);
     wait_until(
         &db.pool,
         &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
@@ -192,8 +226,8 @@ async fn a_paused_queue_is_not_handed_on_to_and_runs_the_key_on_after_its_resume
         Duration::from_secs(30),
     )
     .await;
-    running.stop().await;
-    assert_eq!(counters.snapshot().tasks_handed_on, 0);
+    run.running.stop().await;
+    assert_eq!(run.counters.snapshot().tasks_handed_on, 0);
 }
 
 #[tokio::test]
@@ -214,54 +248,35 @@ async fn a_queue_with_a_global_limit_is_woken_not_handed_on_to() {
 #[tokio::test]
 async fn a_hand_on_gives_way_to_a_more_urgent_task_of_its_queue() {
     let db = TestDb::migrated().await;
-    let mut conn = db.conn().await;
-    for n in 1..=3 {
-        let gated = Gated {
-            key: "k".to_owned(),
-            n,
-        };
-        outbox::submit_with(&mut conn, gated, TaskOptions::new().priority(5))
-            .await
-            .unwrap();
-    }
-    let gate = Gate::default();
     // Two places and no claim-ahead, and a worker that hears of no new task
     // by itself: the urgent task is only claimed if the first step's
     // outcome leaves its place to a claim (and wakes the producer for it)
     // instead of handing it to the key's next step.
-    let worker = Worker::builder(db.pool.clone())
-        .config(WorkerConfig {
-            claim_ahead: 0,
-            ..quiet_config()
-        })
-        .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", 2)
-        .build()
-        .unwrap();
-    let running = RunningWorker::start(worker);
-    wait_until(
-        &db.pool,
-        &format!("SELECT state = 'processing' FROM ({}) AS s", state_of(1)),
-        Duration::from_secs(30),
-    )
-    .await;
+    let config = WorkerConfig {
+        claim_ahead: 0,
+        ..quiet_config()
+    };
+    let run = start_gated(&db, "k", 3, 5, config, 2).await;
     let urgent = Gated {
         key: "urgent".to_owned(),
         n: 99,
     };
-    outbox::submit_with(&mut conn, urgent, TaskOptions::new().priority(0))
-        .await
-        .unwrap();
-    drop(conn);
-    gate.0.add_permits(1);
+    outbox::submit_with(
+        &mut *db.conn().await,
+        urgent,
+        TaskOptions::new().priority(0),
+    )
+    .await
+    .unwrap();
+    run.gate.0.add_permits(1);
     wait_until(
         &db.pool,
         "SELECT count(*) = 4 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
-    running.stop().await;
-    let started = gate.1.lock().unwrap().clone();
+    run.running.stop().await;
+    let started = run.gate.1.lock().unwrap().clone();
     let order: Vec<(&str, i64)> = started.iter().map(|(k, n)| (k.as_str(), *n)).collect();
     assert_eq!(
         order,
@@ -273,48 +288,23 @@ async fn a_hand_on_gives_way_to_a_more_urgent_task_of_its_queue() {
 #[tokio::test]
 async fn a_key_whose_lock_row_went_missing_is_still_handed_on() {
     let db = TestDb::migrated().await;
-    let mut conn = db.conn().await;
-    for n in 1..=2 {
-        let gated = Gated {
-            key: "gone".to_owned(),
-            n,
-        };
-        outbox::submit(&mut conn, gated).await.unwrap();
-    }
-    drop(conn);
-    let gate = Gate::default();
-    let worker = Worker::builder(db.pool.clone())
-        .config(WorkerConfig {
-            poll_interval: Duration::from_millis(200),
-            ..WorkerConfig::default()
-        })
-        .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", 2)
-        .build()
-        .unwrap();
-    let running = RunningWorker::start(worker);
-    wait_until(
-        &db.pool,
-        &format!("SELECT state = 'processing' FROM ({}) AS s", state_of(1)),
-        Duration::from_secs(30),
-    )
-    .await;
+    let run = start_gated(&db, "gone", 2, 0, polling_config(), 2).await;
     // The key's lock row gone while its first step runs (an operator, or a
     // prune that raced): the outcome adds it again and hands the key on.
     sqlx::query("DELETE FROM outbox_keys WHERE ordering_key = 'gone'")
         .execute(&db.pool)
         .await
         .unwrap();
-    gate.0.add_permits(1);
+    run.gate.0.add_permits(1);
     wait_until(
         &db.pool,
         "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed'",
         Duration::from_secs(30),
     )
     .await;
-    running.stop().await;
+    run.running.stop().await;
     assert_eq!(
-        gate.1.lock().unwrap().clone(),
+        run.gate.1.lock().unwrap().clone(),
         vec![("gone".to_owned(), 1), ("gone".to_owned(), 2)],
         "each step ran once, in order"
     );
