@@ -10,12 +10,12 @@ use outbox::{
     WorkerConfig, WorkerCounters, admin, outbox_task,
 };
 use outbox_tests::process::wait_until;
-use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
+use outbox_tests::tasks::{IntervalRecorder, Step, assert_one_at_a_time, create_intervals_table};
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::ordering::{assert_one_at_a_time, step};
+use super::ordering::step;
 
 /// A worker that neither listens nor polls within the test's time: only
 /// the worker itself (a hand-on, or the wake-up after its own outcome) can
@@ -60,7 +60,7 @@ async fn drain_one_key(db: &TestDb, key: &str, steps: i64, delete: bool) -> Coun
     )
     .await;
     running.stop().await;
-    let by_key = assert_one_at_a_time(db).await;
+    let by_key = assert_one_at_a_time(&db.pool).await;
     assert_eq!(by_key, vec![(key.to_owned(), (1..=steps).collect())]);
     counters.snapshot()
 }

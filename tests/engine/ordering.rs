@@ -10,7 +10,9 @@ use outbox::{
     WorkerConfig, admin, outbox_task,
 };
 use outbox_tests::process::wait_until;
-use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table, max_overlap};
+use outbox_tests::tasks::{
+    IntervalRecorder, Step, assert_one_at_a_time, create_intervals_table, max_overlap,
+};
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
 
@@ -30,49 +32,6 @@ fn worker(pool: &sqlx::PgPool, concurrency: usize) -> RunningWorker {
             .build()
             .unwrap(),
     )
-}
-
-/// One recorded attempt: key, step, attempt, start, end.
-type Attempt = (
-    String,
-    i64,
-    i32,
-    chrono::DateTime<chrono::Utc>,
-    Option<chrono::DateTime<chrono::Utc>>,
-);
-
-/// Checks that no attempt of a key overlapped the next one; returns each
-/// key's steps in the order their attempts started.
-pub(crate) async fn assert_one_at_a_time(db: &TestDb) -> Vec<(String, Vec<i64>)> {
-    let rows: Vec<Attempt> = sqlx::query_as(
-        "SELECT key, n, attempt, started_at, finished_at FROM intervals ORDER BY key, started_at",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let mut by_key: Vec<(String, Vec<i64>)> = Vec::new();
-    for pair in rows.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        if a.0 == b.0 {
-            let end = a.4.expect("every attempt finished");
-            assert!(
-                end <= b.3,
-                "key {}: step {} (attempt {}) ran until {end}, step {} started at {}",
-                a.0,
-                a.1,
-                a.2,
-                b.1,
-                b.3
-            );
-        }
-    }
-    for (key, n, ..) in rows {
-        match by_key.last_mut() {
-            Some((k, ns)) if *k == key => ns.push(n),
-            _ => by_key.push((key, vec![n])),
-        }
-    }
-    by_key
 }
 
 #[tokio::test]
@@ -101,7 +60,7 @@ async fn tasks_of_one_key_run_one_at_a_time_in_order_and_keys_in_parallel() {
     .await;
     a.stop().await;
     b.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
+    let by_key = assert_one_at_a_time(&db.pool).await;
     assert_eq!(by_key.len(), 8);
     for (key, ns) in &by_key {
         assert_eq!(ns, &(1..=8).collect::<Vec<_>>(), "key {key}");
@@ -140,7 +99,7 @@ async fn a_failing_head_delays_its_key_and_no_other() {
     )
     .await;
     w.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
+    let by_key = assert_one_at_a_time(&db.pool).await;
     assert_eq!(by_key[0], ("a".to_owned(), vec![1, 1, 1, 2, 3, 4]));
     assert_eq!(by_key[1], ("b".to_owned(), vec![1, 2, 3, 4]));
     // Key b did not wait for a's retries (300 ms each).
@@ -225,7 +184,7 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     )
     .await;
     w.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
+    let by_key = assert_one_at_a_time(&db.pool).await;
     assert_eq!(by_key[0], ("a".to_owned(), vec![1, 2, 3]));
     let still_dead: bool =
         sqlx::query_scalar("SELECT dead_at IS NOT NULL FROM outbox_all_tasks WHERE id = $1")
@@ -330,7 +289,7 @@ async fn concurrent_submitters_on_one_key_are_handled_in_commit_order() {
     )
     .await;
     w.stop().await;
-    let by_key = assert_one_at_a_time(&db).await;
+    let by_key = assert_one_at_a_time(&db.pool).await;
     assert_eq!(by_key, vec![("one".to_owned(), committed.clone())]);
     let by_seq: Vec<i64> =
         sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM outbox_all_tasks ORDER BY key_seq")

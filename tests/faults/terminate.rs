@@ -118,22 +118,15 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
     );
 }
 
-/// One run of a step: key, step, runs of its task, start, end.
-type Run = (
-    String,
-    i64,
-    i64,
-    chrono::DateTime<chrono::Utc>,
-    Option<chrono::DateTime<chrono::Utc>>,
-);
-
 /// The hot-key test: its keys, and the steps of each (run one at a time).
 const KEYS: i64 = 3;
 const STEPS: i64 = 150;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
-    use outbox_tests::tasks::{IntervalRecorder, Step, create_intervals_table};
+    use outbox_tests::tasks::{
+        IntervalRecorder, Step, assert_one_at_a_time, create_intervals_table,
+    };
     let db = TestDb::migrated().await;
     create_intervals_table(&db.pool).await;
     let mut batch = outbox::Batch::new();
@@ -167,23 +160,16 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
     running.stop().await;
 
     // Each step ran once, after the one before it of its key had finished.
-    let runs: Vec<Run> = sqlx::query_as(
-        "SELECT key, n, count(*) OVER (PARTITION BY task_id), started_at, finished_at \
-             FROM intervals ORDER BY key, started_at",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let twice: Vec<_> = runs
-        .iter()
-        .filter(|r| r.2 > 1)
-        .map(|r| (&r.0, r.1))
-        .collect();
+    let twice: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, n FROM intervals GROUP BY task_id, key, n HAVING count(*) > 1")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let by_key = assert_one_at_a_time(&db.pool).await;
     let c = counters.snapshot();
     eprintln!(
         "terminate, hot keys: {terminated} sessions terminated over {rounds} rounds; {total} steps \
-         on {KEYS} keys, {} runs, {} handed on, {} run twice",
-        runs.len(),
+         on {KEYS} keys, {} handed on, {} run twice",
         c.tasks_handed_on,
         twice.len()
     );
@@ -193,21 +179,10 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
         c.tasks_handed_on > 0,
         "the hand-on ran through the terminations"
     );
-    for k in 0..KEYS {
-        let key = format!("k{k}");
-        let of_key: Vec<_> = runs.iter().filter(|r| r.0 == key).collect();
-        let order: Vec<i64> = of_key.iter().map(|r| r.1).collect();
-        assert_eq!(order, (1..=STEPS).collect::<Vec<_>>(), "key {key} in order");
-        for pair in of_key.windows(2) {
-            let end = pair[0].4.expect("every run finished");
-            assert!(
-                end <= pair[1].3,
-                "key {key}: step {} overlapped {}",
-                pair[0].1,
-                pair[1].1
-            );
-        }
-    }
+    let expected: Vec<(String, Vec<i64>)> = (0..KEYS)
+        .map(|k| (format!("k{k}"), (1..=STEPS).collect()))
+        .collect();
+    assert_eq!(by_key, expected, "each key's steps in order");
 }
 
 /// Terminates every engine session of the test's database every 30 ms

@@ -210,6 +210,50 @@ pub async fn create_intervals_table(pool: &PgPool) {
     .expect("create the intervals table");
 }
 
+/// One recorded attempt: key, step, attempt, start, end.
+type Attempt = (
+    String,
+    i64,
+    i32,
+    sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>,
+    Option<sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>>,
+);
+
+/// Checks in `intervals` that no attempt of a key overlapped the next one
+/// (every attempt must have finished); returns each key's steps in the
+/// order their attempts started.
+pub async fn assert_one_at_a_time(pool: &PgPool) -> Vec<(String, Vec<i64>)> {
+    let rows: Vec<Attempt> = sqlx::query_as(
+        "SELECT key, n, attempt, started_at, finished_at FROM intervals ORDER BY key, started_at",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut by_key: Vec<(String, Vec<i64>)> = Vec::new();
+    for pair in rows.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 {
+            let end = a.4.expect("every attempt finished");
+            assert!(
+                end <= b.3,
+                "key {}: step {} (attempt {}) ran until {end}, step {} started at {}",
+                a.0,
+                a.1,
+                a.2,
+                b.1,
+                b.3
+            );
+        }
+    }
+    for (key, n, ..) in rows {
+        match by_key.last_mut() {
+            Some((k, ns)) if *k == key => ns.push(n),
+            _ => by_key.push((key, vec![n])),
+        }
+    }
+    by_key
+}
+
 /// The most attempts recorded in `intervals` that overlapped at any
 /// instant. An attempt without a recorded end (its process killed) counts
 /// until its task's next attempt started, or until now.

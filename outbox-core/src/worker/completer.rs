@@ -242,7 +242,7 @@ impl Writer {
             (Ok(done), None) => Ok(done),
             (Err(error), offer) => {
                 if let Some(offer) = offer {
-                    offer.fail(&shared.holdings, is_transient(&error));
+                    offer.fail(&shared.holdings, &error);
                 }
                 Err(error)
             }

@@ -140,15 +140,10 @@ impl Offer {
         n
     }
 
-    /// The statement failed: if its fate is unknown (`transient`), what it
-    /// may have claimed is released before the next claim, like a lost
-    /// claim's tasks; otherwise nothing was claimed.
-    pub(crate) fn fail(self, holdings: &Holdings, transient: bool) {
-        if transient {
-            holdings.lost(&self.offer.token);
-        } else {
-            holdings.settle(&self.offer.token, &[]);
-        }
+    /// The statement failed: handled as a failed claim (what it may have
+    /// claimed is released before the next claim).
+    pub(crate) fn fail(self, holdings: &Holdings, error: &sqlx::Error) {
+        holdings.claim_failed(&self.offer.token, error);
     }
 }
 

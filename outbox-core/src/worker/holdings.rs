@@ -82,9 +82,20 @@ impl Holdings {
         }
     }
 
+    /// The claim's statement failed: after a transient error its fate is
+    /// unknown and its token must be released ([`Self::lost`]); a refused
+    /// statement claimed nothing.
+    pub(crate) fn claim_failed(&self, token: &Arc<str>, error: &sqlx::Error) {
+        if crate::db::classify::is_transient(error) {
+            self.lost(token);
+        } else {
+            self.settle(token, &[]);
+        }
+    }
+
     /// The claim failed without a clear answer (a transient error): it may
     /// have committed, so its token must be released.
-    pub(crate) fn lost(&self, token: &Arc<str>) {
+    fn lost(&self, token: &Arc<str>) {
         let mut inner = self.lock();
         inner.claiming.remove(token);
         inner.lost.insert(Arc::clone(token));

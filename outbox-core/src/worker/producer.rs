@@ -33,7 +33,7 @@ use super::executor::Done;
 use super::hand_on::Lane;
 use super::outage::Outage;
 use super::wake::QueueWaker;
-use crate::db::{self, classify::is_transient, session::call};
+use crate::db::{self, session::call};
 use crate::records::QueueSettings;
 
 /// How old the copy of the queue's settings may be when claiming.
@@ -216,12 +216,7 @@ async fn claim_loop(
                 (got, held_back)
             }
             Err(error) => {
-                if is_transient(&error) {
-                    shared.holdings.lost(&token);
-                } else {
-                    // The server refused the statement: nothing was claimed.
-                    shared.holdings.settle(&token, &[]);
-                }
+                shared.holdings.claim_failed(&token, &error);
                 let backoff = outage.failed(&error);
                 drop(permits);
                 tokio::select! {
