@@ -1,6 +1,7 @@
 //! End-to-end tests of the core engine against a real PostgreSQL.
 
 mod cancel;
+mod claim_floor;
 mod crash_safety;
 mod dispatch;
 mod durable;

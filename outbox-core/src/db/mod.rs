@@ -138,22 +138,58 @@ pub(crate) struct ClaimedTask {
     pub(crate) token: Arc<str>,
 }
 
-/// TX1: claims up to `limit` due tasks of `queue` under claim `token`.
+/// A place in the claim order: (priority, execute_at, id), smallest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ClaimPosition {
+    pub(crate) priority: i16,
+    pub(crate) execute_at: DateTime<Utc>,
+    pub(crate) id: i64,
+}
+
+impl ClaimPosition {
+    /// Before every task (priorities start at 0): a claim from here reads
+    /// the claimable index from its front.
+    pub(crate) const START: ClaimPosition = ClaimPosition {
+        priority: -1,
+        execute_at: DateTime::UNIX_EPOCH,
+        id: 0,
+    };
+}
+
+/// TX1: claims up to `limit` due tasks of `queue` under claim `token`,
+/// looking above `floor` first (see claim_tasks.sql). Returns the tasks and
+/// the last of them in the claim order.
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     queue: &str,
     limit: usize,
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<Vec<ClaimedTask>> {
+    floor: ClaimPosition,
+) -> sqlx::Result<(Vec<ClaimedTask>, Option<ClaimPosition>)> {
     let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
         .bind(queue.to_owned())
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(token.to_string())
         .bind(now)
+        .bind(floor.priority)
+        .bind(floor.execute_at)
+        .bind(floor.id)
         .fetch_all(conn)
         .await?;
-    rows.iter().map(|r| claimed(r, token)).collect()
+    let mut last = None;
+    let mut tasks = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let task = claimed(r, token)?;
+        let at = ClaimPosition {
+            priority: r.try_get("priority")?,
+            execute_at: r.try_get("execute_at")?,
+            id: task.id,
+        };
+        last = last.max(Some(at));
+        tasks.push(task);
+    }
+    Ok((tasks, last))
 }
 
 /// One row a claim returned.

@@ -23,6 +23,7 @@
 //! ```
 
 mod claim_ahead;
+mod claim_floor;
 mod completer;
 mod config;
 mod counters;

@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::claim_ahead::{self, Buffered, Dispatcher, Sizer};
+use super::claim_floor::ClaimFloor;
 use super::executor::Done;
 use super::hand_on::Lane;
 use super::outage::Outage;
@@ -111,6 +112,7 @@ async fn claim_loop(
     let mut sizer = Sizer::new(shared.config.claim_ahead, shared.config.claim_ahead_window);
     let mut outage = Outage::new("producer");
     let mut settings: Option<(QueueSettings, Instant)> = None;
+    let mut floor = ClaimFloor::default();
     loop {
         // Wait for at least one free place, then take every free one (up to
         // the batch cap): the claim is sized to what can run now, plus what
@@ -190,20 +192,27 @@ async fn claim_loop(
         }
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
+        let from = floor.position(Instant::now());
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
             if limited {
-                db::queues::claim_limited(conn, &queue, wanted, &token, now).await
+                let (tasks, held_back) =
+                    db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
+                Ok((tasks, held_back, None))
             } else {
-                Ok((
-                    db::claim_tasks(conn, &queue, wanted, &token, now).await?,
-                    false,
-                ))
+                let (tasks, last) =
+                    db::claim_tasks(conn, &queue, wanted, &token, now, from).await?;
+                Ok((tasks, false, last))
             }
         })
         .await;
         let (got, held_back) = match claimed {
-            Ok((tasks, held_back)) => {
+            Ok((tasks, held_back, last)) => {
                 outage.ok();
+                if limited {
+                    floor.forget();
+                } else {
+                    floor.claimed(from, wanted, tasks.len(), last, Instant::now());
+                }
                 shared.holdings.settle(&token, &tasks);
                 shared.counters.claimed(tasks.len());
                 let got = tasks.len();

@@ -31,17 +31,66 @@ open AS (
       AND paused_at IS NULL AND global_concurrency IS NULL AND rate_per_second IS NULL
     FOR SHARE
 ),
+gate AS (
+    SELECT EXISTS (SELECT 1 FROM open)
+           OR NOT EXISTS (SELECT 1 FROM outbox_queues WHERE name = $1) AS claimable
+),
+-- The claim order is (priority, execute_at, id). The producer remembers
+-- where its last claim ended, the floor ($5, $6, $7: a position in that
+-- order), and this claim looks above it before below it: three ranges of
+-- the claimable index that together cover all of it, read one after the
+-- other until $2 tasks are found. Why: a task claimed or finished since the
+-- oldest open snapshot keeps its entry in the index (its old version is
+-- still visible to that snapshot), so a claim that always started at the
+-- front would step over every task claimed since a long report query or
+-- pg_dump began, and a drain beside one would slow with its square. Above
+-- the floor lie only the entries of claims since this producer's last.
+--   1. A higher priority than the floor's: never held back by it.
+--   2. Above the floor.
+--   3. The floor's priority at or below the floor: tasks that became
+--      claimable behind it (a late commit, a retry due earlier, a
+--      recovered task, a key's next task). Read only when the first two
+--      ranges do not fill the claim; the producer also claims with no floor
+--      (the lowest position) once its floor is a second old, so no task
+--      waits behind a long backlog for more than that.
+-- The three ranges are disjoint, so no task is locked twice.
 next AS (
-    SELECT id
-    FROM outbox_tasks
-    WHERE queue = $1
-      AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
-      AND execute_at <= coalesce($4::timestamptz, now())
-      AND (EXISTS (SELECT 1 FROM open)
-           OR NOT EXISTS (SELECT 1 FROM outbox_queues WHERE name = $1))
-    ORDER BY priority, execute_at, id
+    (SELECT id FROM (
+     SELECT id
+     FROM outbox_tasks
+     WHERE queue = $1
+       AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+       AND execute_at <= coalesce($4::timestamptz, now())
+       AND priority < $5
+       AND (SELECT claimable FROM gate)
+     ORDER BY priority, execute_at, id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED) AS r)
+    UNION ALL
+    (SELECT id FROM (
+     SELECT id
+     FROM outbox_tasks
+     WHERE queue = $1
+       AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+       AND execute_at <= coalesce($4::timestamptz, now())
+       AND (priority, execute_at, id) > ($5, $6, $7)
+       AND (SELECT claimable FROM gate)
+     ORDER BY priority, execute_at, id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED) AS r)
+    UNION ALL
+    (SELECT id FROM (
+     SELECT id
+     FROM outbox_tasks
+     WHERE queue = $1
+       AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+       AND execute_at <= coalesce($4::timestamptz, now())
+       AND priority = $5 AND (execute_at, id) <= ($6, $7)
+       AND (SELECT claimable FROM gate)
+     ORDER BY priority, execute_at, id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED) AS r)
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_tasks AS t
 SET state = 'processing',
@@ -54,4 +103,5 @@ FROM next, async_commit
 WHERE t.id = next.id
 RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
           t.retry_count, t.max_attempts, t.claims,
-          t.ordering_key IS NOT NULL AS ordered, t.key_seq, t.created_at, t.trace_context
+          t.ordering_key IS NOT NULL AS ordered, t.key_seq, t.created_at, t.trace_context,
+          t.priority, t.execute_at

@@ -1,0 +1,226 @@
+//! The claim floor: a producer's claims look above the last task it took
+//! before they look behind it (so they do not step over what an open
+//! snapshot keeps in the claimable index), without holding back a higher
+//! priority, and without leaving a task behind the floor for long.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::outbox_task;
+use outbox::{HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker, WorkerConfig};
+use outbox_tests::process::wait_until;
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+/// A task that takes `ms` to run, or waits for the test's gate.
+#[derive(Debug, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.claim_floor.work", queue = "claim-floor")]
+struct Work {
+    label: String,
+    ms: u64,
+    gated: bool,
+}
+
+fn work(label: &str, ms: u64) -> Work {
+    Work {
+        label: label.to_owned(),
+        ms,
+        gated: false,
+    }
+}
+
+/// Runs `Work`: gated ones wait for a permit of the gate.
+#[derive(Clone)]
+struct Runner(Arc<Semaphore>);
+
+impl TaskHandler<Work> for Runner {
+    async fn handle(&self, _ctx: TaskContext, task: Work) -> HandlerResult {
+        if task.gated {
+            self.0.acquire().await.expect("gate open").forget();
+        }
+        tokio::time::sleep(Duration::from_millis(task.ms)).await;
+        Ok(Outcome::Success)
+    }
+}
+
+/// A worker of concurrency 2 that claims only what it can start (no
+/// claim-ahead buffer), so each claim takes the places just freed, and
+/// does not poll within the test. With `listen` off, nothing but a free
+/// place makes it claim.
+fn start(db: &TestDb, gate: &Arc<Semaphore>, listen: bool) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                claim_ahead: 0,
+                listen,
+                poll_interval: Duration::from_secs(3600),
+                ..WorkerConfig::default()
+            })
+            .handler::<Work>(Runner(Arc::clone(gate)))
+            .queue("claim-floor", 2)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Submits `n` tasks labelled "backlog" of `ms` each, at `priority`.
+async fn backlog(db: &TestDb, n: usize, ms: u64, priority: i16) {
+    let mut batch = outbox::Batch::new();
+    for _ in 0..n {
+        batch
+            .push_with(&work("backlog", ms), TaskOptions::new().priority(priority))
+            .unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+}
+
+async fn wait_for(db: &TestDb, condition: &str) {
+    wait_until(
+        &db.pool,
+        &format!("SELECT {condition} FROM outbox_all_tasks"),
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
+async fn attempted_at(db: &TestDb, label: &str) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT attempted_at FROM outbox_all_tasks WHERE payload->>'label' = $1")
+        .bind(label)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// How many backlog tasks were claimed after `after` and before `before`.
+async fn backlog_claimed_between(db: &TestDb, after: DateTime<Utc>, before: DateTime<Utc>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE payload->>'label' = 'backlog' \
+         AND attempted_at > $1 AND attempted_at < $2",
+    )
+    .bind(after)
+    .bind(before)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_task_due_behind_the_floor_waits_at_most_about_a_second_for_a_busy_worker() {
+    let db = TestDb::migrated().await;
+    // 600 tasks of 25 ms on two places: the worker stays busy for 7 s or
+    // more, every claim full.
+    backlog(&db, 600, 25, 0).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let worker = start(&db, &gate, true);
+    wait_for(&db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
+    // Due an hour ago: behind every floor the worker can have.
+    outbox::submit_with(
+        &mut *db.conn().await,
+        work("behind", 0),
+        TaskOptions::new().run_at(Utc::now() - chrono::Duration::hours(1)),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        &db,
+        "bool_or(payload->>'label' = 'behind' AND state = 'completed')",
+    )
+    .await;
+    let behind = attempted_at(&db, "behind").await;
+    worker.stop().await;
+    // Claimed by the first claim from the front, at most a second after the
+    // last: far ahead of the backlog's end. Were the floor never renewed
+    // from the front, it would wait for the last claim of the backlog.
+    let not_before: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE payload->>'label' = 'backlog' \
+         AND (attempted_at IS NULL OR attempted_at > $1)",
+    )
+    .bind(behind)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        not_before >= 100,
+        "only {not_before} backlog tasks were not claimed before the task behind the floor"
+    );
+}
+
+#[tokio::test]
+async fn a_higher_priority_goes_first_whatever_the_floor() {
+    let db = TestDb::migrated().await;
+    backlog(&db, 600, 25, 5).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let worker = start(&db, &gate, true);
+    wait_for(&db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
+    let mut conn = db.conn().await;
+    outbox::submit_with(&mut conn, work("urgent", 0), TaskOptions::new().priority(0))
+        .await
+        .unwrap();
+    let committed: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    wait_for(
+        &db,
+        "bool_or(payload->>'label' = 'urgent' AND state = 'completed')",
+    )
+    .await;
+    let urgent = attempted_at(&db, "urgent").await;
+    worker.stop().await;
+    // Only a claim already under way when it committed (at most two tasks,
+    // the worker's places) can take backlog tasks before it.
+    let before = backlog_claimed_between(&db, committed, urgent).await;
+    assert!(
+        before <= 2,
+        "{before} backlog tasks of a lower priority were claimed before the urgent task"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_with_nothing_above_the_floor_looks_behind_it() {
+    let db = TestDb::migrated().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let mut batch = outbox::Batch::new();
+    for label in ["g1", "g2", "g3"] {
+        batch
+            .push(&Work {
+                label: label.to_owned(),
+                ms: 0,
+                gated: true,
+            })
+            .unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    // Neither NOTIFY nor poll: a claim that found nothing would leave the
+    // task below for an hour.
+    let worker = start(&db, &gate, false);
+    // g1 and g2 run (held by the gate); the floor is g2.
+    wait_for(&db, "count(*) FILTER (WHERE state = 'processing') = 2").await;
+    outbox::submit_with(
+        &mut *db.conn().await,
+        work("behind", 0),
+        TaskOptions::new().run_at(Utc::now() - chrono::Duration::hours(1)),
+    )
+    .await
+    .unwrap();
+    // A place frees: the claim takes g3, above the floor.
+    gate.add_permits(1);
+    wait_for(
+        &db,
+        "bool_or(payload->>'label' = 'g3' AND state = 'processing')",
+    )
+    .await;
+    // Another: nothing is above the floor (now g3), so the same claim reads
+    // behind it and takes the task due an hour ago.
+    gate.add_permits(1);
+    wait_for(
+        &db,
+        "bool_or(payload->>'label' = 'behind' AND state = 'completed')",
+    )
+    .await;
+    gate.add_permits(1);
+    wait_for(&db, "bool_and(state = 'completed')").await;
+    worker.stop().await;
+}
