@@ -22,15 +22,9 @@ pub async fn claim_and_release(
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let token: Arc<str> = Arc::from(format!("bench/{}/{n}", std::process::id()));
     let started = Instant::now();
-    let (claimed, _) = db::claim_tasks(
-        &mut conn,
-        queue,
-        limit,
-        &token,
-        None,
-        db::ClaimPosition::START,
-    )
-    .await?;
+    let claimed = db::claim_tasks(&mut conn, queue, limit, &token, None, db::ClaimStart::FRONT)
+        .await?
+        .tasks;
     let took = started.elapsed();
     db::release_claims(&mut conn, &[token]).await?;
     Ok((claimed.len(), took))

@@ -127,6 +127,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0017_hand_on.up.sql"),
         down: include_str!("../../migrations/0017_hand_on.down.sql"),
     },
+    Migration {
+        version: 18,
+        name: "claim_floor",
+        up: include_str!("../../migrations/0018_claim_floor.up.sql"),
+        down: include_str!("../../migrations/0018_claim_floor.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -280,6 +280,10 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["bench", "--workflow-steps", "10000001"],
             "10000001 is not in 0..=10000000",
         ),
+        (
+            &["bench", "--held-snapshot-seconds", "86401"],
+            "86401 is not in 0..=86400",
+        ),
         (&["run", "--shutdown-grace=-1s"], "is not a duration"),
         (
             &[
@@ -829,6 +833,8 @@ async fn bench_smoke_run_prints_every_figure() {
             "500",
             "--held-snapshot-tasks",
             "200",
+            "--held-snapshot-seconds",
+            "1",
             "--workflow-steps",
             "100",
             "--fan-in",
@@ -857,8 +863,8 @@ async fn bench_smoke_run_prints_every_figure() {
             "ratio_vs_best_peer",
         ],
     );
-    // The drain beside a held snapshot finished, and the snapshot was
-    // open all along.
+    // The drains beside a held snapshot finished, and the snapshot was
+    // open all along: a second at least, over as many drains as that took.
     let held = &report["held_snapshot"];
     assert_positive(
         &report,
@@ -868,7 +874,14 @@ async fn bench_smoke_run_prints_every_figure() {
             "with_snapshot_held_tasks_per_s",
             "ratio",
             "snapshot_held_seconds",
+            "rounds",
+            "free_rounds",
+            "last_round_ratio",
         ],
+    );
+    assert!(
+        held["snapshot_held_seconds"].as_f64() >= Some(1.0),
+        "{report}"
     );
     let business = &report["business_transaction"];
     assert_positive(

@@ -26,6 +26,18 @@ pub(crate) const FAST_RECOVERY: &[&str] = &[
 
 #[tokio::test]
 async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
+    kill_and_recover(false).await;
+}
+
+/// The same beside a snapshot held open from before the first claim to
+/// after the last outcome: the claimable index keeps every entry, the
+/// survivor claims from its floor, and the recovered tasks still run.
+#[tokio::test]
+async fn a_killed_workers_tasks_are_recovered_beside_a_held_snapshot() {
+    kill_and_recover(true).await;
+}
+
+async fn kill_and_recover(hold_snapshot: bool) {
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
     outbox::submit_batch(
@@ -34,6 +46,13 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
     )
     .await
     .unwrap();
+    let mut holder = db.conn().await;
+    if hold_snapshot {
+        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_tasks")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+    }
 
     let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
     let in_flight = first.kill_mid_flight(&db.pool, 8, 4).await;
@@ -69,9 +88,22 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
     .await
     .unwrap();
     let duplicates = executions - TASKS;
+    if hold_snapshot {
+        // Still the one snapshot, from before the first claim: it sees
+        // every task pending.
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_tasks WHERE state = 'pending' AND claims = 0",
+        )
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+        assert_eq!(pending, TASKS, "the snapshot stayed open all along");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+    }
     eprintln!(
-        "kill -9: {in_flight} tasks in flight at the kill; afterwards {TASKS} of {TASKS} COMPLETED, \
-         {recovered} recovered, {executions} executions, {duplicates} duplicate executions"
+        "kill -9 (snapshot held: {hold_snapshot}): {in_flight} tasks in flight at the kill; \
+         afterwards {TASKS} of {TASKS} COMPLETED, {recovered} recovered, {executions} executions, \
+         {duplicates} duplicate executions"
     );
     assert_eq!(never_ran, 0, "every task ran");
     assert_eq!(

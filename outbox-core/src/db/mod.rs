@@ -156,44 +156,74 @@ impl ClaimPosition {
     };
 }
 
+/// Where a claim starts reading the claimable index (see claim_tasks.sql).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimStart {
+    /// Read above this first.
+    pub(crate) floor: ClaimPosition,
+    /// Read below the floor from here only (same priority as the floor).
+    pub(crate) front: Option<ClaimPosition>,
+}
+
+impl ClaimStart {
+    /// The whole index, in claim order.
+    pub(crate) const FRONT: ClaimStart = ClaimStart {
+        floor: ClaimPosition::START,
+        front: None,
+    };
+}
+
+/// What a claim took: the tasks, and the first and last of them in the
+/// claim order.
+pub(crate) struct Claimed {
+    pub(crate) tasks: Vec<ClaimedTask>,
+    pub(crate) first: Option<ClaimPosition>,
+    pub(crate) last: Option<ClaimPosition>,
+}
+
 /// TX1: claims up to `limit` due tasks of `queue` under claim `token`,
-/// looking above `floor` first (see claim_tasks.sql). Returns the tasks and
-/// the last of them in the claim order.
+/// reading from `start` (see claim_tasks.sql).
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     queue: &str,
     limit: usize,
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
-    floor: ClaimPosition,
-) -> sqlx::Result<(Vec<ClaimedTask>, Option<ClaimPosition>)> {
+    start: ClaimStart,
+) -> sqlx::Result<Claimed> {
     let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
         .bind(queue.to_owned())
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(token.to_string())
         .bind(now)
-        .bind(floor.priority)
-        .bind(floor.execute_at)
-        .bind(floor.id)
+        .bind(start.floor.priority)
+        .bind(start.floor.execute_at)
+        .bind(start.floor.id)
+        .bind(start.front.map(|f| f.execute_at))
+        .bind(start.front.map(|f| f.id))
         .fetch_all(conn)
         .await?;
-    let mut last = None;
-    let mut tasks = Vec::with_capacity(rows.len());
+    let mut claimed = Claimed {
+        tasks: Vec::with_capacity(rows.len()),
+        first: None,
+        last: None,
+    };
     for r in &rows {
-        let task = claimed(r, token)?;
+        let task = claimed_task(r, token)?;
         let at = ClaimPosition {
             priority: r.try_get("priority")?,
             execute_at: r.try_get("execute_at")?,
             id: task.id,
         };
-        last = last.max(Some(at));
-        tasks.push(task);
+        claimed.first = Some(claimed.first.map_or(at, |f| f.min(at)));
+        claimed.last = claimed.last.max(Some(at));
+        claimed.tasks.push(task);
     }
-    Ok((tasks, last))
+    Ok(claimed)
 }
 
 /// One row a claim returned.
-fn claimed(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedTask> {
+fn claimed_task(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<ClaimedTask> {
     Ok(ClaimedTask {
         id: r.try_get("id")?,
         task_type: r.try_get("task_type")?,
@@ -304,7 +334,7 @@ pub(crate) async fn complete_tasks(
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
         {
-            completed.claimed.push(claimed(r, &offer.token)?);
+            completed.claimed.push(claimed_task(r, &offer.token)?);
         } else {
             completed.woken.push(r.try_get("queue")?);
         }

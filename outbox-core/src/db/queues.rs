@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
-use super::{ClaimedTask, claimed};
+use super::{ClaimedTask, claimed_task};
 use crate::records::{QueueChange, QueueSettings};
 
 fn settings(r: &PgRow) -> sqlx::Result<QueueSettings> {
@@ -64,7 +64,7 @@ pub(crate) async fn claim_limited(
     let tasks = rows
         .iter()
         .filter(|r| matches!(r.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
-        .map(|r| claimed(r, token))
+        .map(|r| claimed_task(r, token))
         .collect::<sqlx::Result<Vec<_>>>()?;
     // Held back: the limits allowed fewer than asked, and all of those were
     // taken (had the queue run out first, it is simply empty).

@@ -1,4 +1,4 @@
-//! Where a producer's next claim starts looking: above the last task its
+//! Where a producer's next claim starts reading: above the last task its
 //! previous claim took (the floor), so that a claim does not step over the
 //! index entries of every task claimed before it.
 //!
@@ -10,61 +10,108 @@
 //! beside a held snapshot").
 //!
 //! The floor never hides a task: a claim always covers the whole claimable
-//! index (claim_tasks.sql reads a higher priority first, then above the
-//! floor, then below it), it only reads below the floor last. What the
-//! floor changes is which claimable tasks of the floor's priority a full
-//! claim takes first: those that became claimable behind it (a submit that
-//! committed late, a recovered task, a key's next task) wait while the
-//! tasks above fill every claim. So the floor lasts a second
-//! ([`FLOOR_MAX_AGE`]); then one claim reads from the front, in the plain
-//! claim order, and sets a new one.
+//! index (migration 18's `outbox_claim_tasks` reads a higher priority
+//! first, then above the floor, then below it), it only reads below the
+//! floor last. What the floor changes is which claimable tasks of the
+//! floor's priority a full claim takes first: those that became claimable
+//! behind it (a submit that committed late, a recovered task, a key's next
+//! task) wait while the tasks above fill every claim. So the floor lasts a
+//! second ([`FLOOR_MAX_AGE`]); then one claim walks the whole index in the
+//! plain claim order, and sets a new one.
+//!
+//! Beside a snapshot held for minutes, that walk steps over millions of
+//! entries and takes a good part of a second, and so does every claim that
+//! comes up short (it reads below the floor too), as each drain's last
+//! claims do. So while walks are slow ([`SLOW_WALK`]):
+//! - the floor lasts long enough that walks take at most a twentieth of the
+//!   producer's time ([`WALK_SHARE`]), never longer than
+//!   [`FLOOR_MAX_AGE_CAP`];
+//! - below the floor, a claim reads only from the front: the first task the
+//!   last walk found. A task that became claimable before the front (a
+//!   key's next task submitted long ago) waits for the next walk.
 
 use std::time::{Duration, Instant};
 
-use crate::db::ClaimPosition;
+use crate::db::{ClaimPosition, ClaimStart};
 
-/// How long a floor is used before a claim reads from the front again: the
+/// How long a floor lasts before a claim walks the whole index again: the
 /// most a task claimable behind the floor waits while the tasks above it
-/// keep the worker busy.
+/// keep the worker busy, unless walks are slow.
 pub(crate) const FLOOR_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// A walk of the whole index this slow means an open snapshot keeps many
+/// entries in it: claims read below the floor only from the front, and the
+/// floor lasts longer.
+pub(crate) const SLOW_WALK: Duration = Duration::from_millis(100);
+
+/// A floor lasts at least this many times as long as the last walk.
+pub(crate) const WALK_SHARE: u32 = 20;
+
+/// The longest a floor lasts, however slow the walks.
+pub(crate) const FLOOR_MAX_AGE_CAP: Duration = Duration::from_secs(30);
+
+/// What a claim asked for and what it found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim {
+    pub(crate) wanted: usize,
+    pub(crate) got: usize,
+    /// The first and last tasks it took, in the claim order.
+    pub(crate) first: Option<ClaimPosition>,
+    pub(crate) last: Option<ClaimPosition>,
+    /// How long the claim statement took.
+    pub(crate) took: Duration,
+}
 
 /// A producer's floor.
 #[derive(Debug, Default)]
 pub(crate) struct ClaimFloor {
-    /// The floor, and when a claim last covered everything below it.
+    /// The floor, and when a claim last walked the whole index.
     at: Option<(ClaimPosition, Instant)>,
+    /// How long the last walk of the whole index took.
+    walk: Duration,
+    /// The first task the last walk found.
+    front: Option<ClaimPosition>,
 }
 
 impl ClaimFloor {
-    /// Where the next claim looks first.
-    pub(crate) fn position(&self, now: Instant) -> ClaimPosition {
+    /// Where the next claim starts reading.
+    pub(crate) fn start(&self, now: Instant) -> ClaimStart {
         match self.at {
-            Some((at, since)) if now.saturating_duration_since(since) < FLOOR_MAX_AGE => at,
-            _ => ClaimPosition::START,
+            Some((floor, since)) if now.saturating_duration_since(since) < self.max_age() => {
+                ClaimStart {
+                    floor,
+                    front: self
+                        .front
+                        .filter(|f| self.walk >= SLOW_WALK && f.priority == floor.priority),
+                }
+            }
+            _ => ClaimStart::FRONT,
         }
     }
 
-    /// Records a claim made from `from` that wanted `wanted` tasks, got
-    /// `got`, the last of them at `last` in the claim order.
-    pub(crate) fn claimed(
-        &mut self,
-        from: ClaimPosition,
-        wanted: usize,
-        got: usize,
-        last: Option<ClaimPosition>,
-        now: Instant,
-    ) {
-        let Some(last) = last else {
-            // Nothing claimable: the next claim reads from the front.
+    /// How long the floor lasts now.
+    fn max_age(&self) -> Duration {
+        (self.walk * WALK_SHARE).clamp(FLOOR_MAX_AGE, FLOOR_MAX_AGE_CAP)
+    }
+
+    /// Records a claim that started at `start`.
+    pub(crate) fn claimed(&mut self, start: ClaimStart, claim: Claim, now: Instant) {
+        // A claim from the front, or one that came up short having read
+        // all below the floor, walked the whole index: nothing has waited
+        // in it since `now`, and its time is what a walk costs now.
+        let walked =
+            start == ClaimStart::FRONT || (claim.got < claim.wanted && start.front.is_none());
+        if walked {
+            self.walk = claim.took;
+            self.front = claim.first;
+        }
+        let Some(last) = claim.last else {
+            // Nothing claimable: the next claim walks the whole index.
             self.at = None;
             return;
         };
-        // A claim from the front, or one that came up short (it read below
-        // the floor too and found nothing more), has covered everything
-        // behind its last task: nothing has waited there since `now`.
-        let covered = from == ClaimPosition::START || got < wanted;
         let since = match self.at {
-            Some((_, since)) if !covered => since,
+            Some((_, since)) if !walked => since,
             _ => now,
         };
         self.at = Some((last, since));
@@ -90,35 +137,88 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_new_floor_starts_at_the_front() {
-        let floor = ClaimFloor::default();
-        assert_eq!(floor.position(Instant::now()), ClaimPosition::START);
+    fn claim(wanted: usize, ids: Option<(i64, i64)>, ms: u64) -> Claim {
+        Claim {
+            wanted,
+            got: ids.map_or(0, |(first, last)| (last - first + 1) as usize),
+            first: ids.map(|(first, _)| at(first)),
+            last: ids.map(|(_, last)| at(last)),
+            took: Duration::from_millis(ms),
+        }
+    }
+
+    fn floor_at(id: i64) -> ClaimStart {
+        ClaimStart {
+            floor: at(id),
+            front: None,
+        }
     }
 
     #[test]
-    fn full_claims_move_the_floor_and_it_expires_a_second_after_the_front_was_read() {
+    fn a_new_floor_walks_the_whole_index() {
+        let floor = ClaimFloor::default();
+        assert_eq!(floor.start(Instant::now()), ClaimStart::FRONT);
+    }
+
+    #[test]
+    fn full_claims_move_the_floor_and_a_second_after_the_last_walk_the_next_walks() {
         let t0 = Instant::now();
         let mut floor = ClaimFloor::default();
-        floor.claimed(ClaimPosition::START, 10, 10, Some(at(10)), t0);
-        assert_eq!(floor.position(t0), at(10));
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((1, 10)), 1), t0);
+        assert_eq!(floor.start(t0), floor_at(10));
         let t1 = t0 + Duration::from_millis(600);
-        floor.claimed(at(10), 10, 10, Some(at(20)), t1);
-        assert_eq!(floor.position(t1), at(20));
-        // Full claims above the floor do not renew it: one second after the
-        // front was last read, the next claim reads it again.
-        assert_eq!(floor.position(t0 + FLOOR_MAX_AGE), ClaimPosition::START);
+        floor.claimed(floor_at(10), claim(10, Some((11, 20)), 1), t1);
+        assert_eq!(floor.start(t1), floor_at(20));
+        // Full claims above the floor do not renew it.
+        assert_eq!(floor.start(t0 + FLOOR_MAX_AGE), ClaimStart::FRONT);
     }
 
     #[test]
     fn a_short_claim_renews_the_floor_and_an_empty_one_forgets_it() {
         let t0 = Instant::now();
         let mut floor = ClaimFloor::default();
-        floor.claimed(ClaimPosition::START, 10, 10, Some(at(10)), t0);
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((1, 10)), 1), t0);
         let t1 = t0 + Duration::from_millis(900);
-        floor.claimed(at(10), 10, 3, Some(at(13)), t1);
-        assert_eq!(floor.position(t0 + FLOOR_MAX_AGE), at(13));
-        floor.claimed(at(13), 10, 0, None, t1);
-        assert_eq!(floor.position(t1), ClaimPosition::START);
+        floor.claimed(floor_at(10), claim(10, Some((11, 13)), 1), t1);
+        assert_eq!(floor.start(t0 + FLOOR_MAX_AGE), floor_at(13));
+        floor.claimed(floor_at(13), claim(10, None, 1), t1);
+        assert_eq!(floor.start(t1), ClaimStart::FRONT);
+    }
+
+    #[test]
+    fn slow_walks_make_the_floor_last_longer_and_read_below_it_from_the_front() {
+        let t0 = Instant::now();
+        let mut floor = ClaimFloor::default();
+        // A 200 ms walk that found tasks 5 to 14: the floor lasts 4 s, and
+        // below it claims read from task 5.
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 200), t0);
+        let slow = ClaimStart {
+            floor: at(14),
+            front: Some(at(5)),
+        };
+        assert_eq!(floor.start(t0 + Duration::from_millis(3900)), slow);
+        assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
+        // A claim that comes up short reading from the front is no walk: it
+        // neither renews the floor nor moves the front.
+        floor.claimed(slow, claim(10, Some((15, 16)), 5_000), t0);
+        assert_eq!(
+            floor.start(t0 + Duration::from_millis(3900)),
+            ClaimStart {
+                floor: at(16),
+                front: Some(at(5)),
+            }
+        );
+        assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
+        // However slow the walk, the floor lasts 30 s at most.
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((1, 10)), 60_000), t0);
+        assert_eq!(floor.start(t0 + FLOOR_MAX_AGE_CAP), ClaimStart::FRONT);
+    }
+
+    #[test]
+    fn fast_walks_read_all_below_the_floor() {
+        let t0 = Instant::now();
+        let mut floor = ClaimFloor::default();
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 99), t0);
+        assert_eq!(floor.start(t0), floor_at(14));
     }
 }

@@ -13,6 +13,11 @@
 //! here is up to a second old; while the copy says paused, every wake reads
 //! the settings again, so a resume's NOTIFY starts claims at once.
 //!
+//! Each plain claim reads the claimable index from where the producer's
+//! last claim ended, before it reads below (see `claim_floor`): beside a
+//! snapshot held open for minutes, claims do not step over every task
+//! claimed since it began.
+//!
 //! A claim whose answer never arrived (connection lost, deadline missed)
 //! may still have committed: before claiming again, the producer releases
 //! whatever that claim's token took, so a transient error never leaves a
@@ -29,7 +34,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::claim_ahead::{self, Buffered, Dispatcher, Sizer};
-use super::claim_floor::ClaimFloor;
+use super::claim_floor::{Claim, ClaimFloor};
 use super::executor::Done;
 use super::hand_on::Lane;
 use super::outage::Outage;
@@ -192,27 +197,42 @@ async fn claim_loop(
         }
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
-        let from = floor.position(Instant::now());
+        let start = floor.start(Instant::now());
+        let claim_started = Instant::now();
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
             if limited {
                 let (tasks, held_back) =
                     db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
-                Ok((tasks, held_back, None))
+                Ok((
+                    db::Claimed {
+                        tasks,
+                        first: None,
+                        last: None,
+                    },
+                    held_back,
+                ))
             } else {
-                let (tasks, last) =
-                    db::claim_tasks(conn, &queue, wanted, &token, now, from).await?;
-                Ok((tasks, false, last))
+                let claimed = db::claim_tasks(conn, &queue, wanted, &token, now, start).await?;
+                Ok((claimed, false))
             }
         })
         .await;
         let (got, held_back) = match claimed {
-            Ok((tasks, held_back, last)) => {
+            Ok((claimed, held_back)) => {
                 outage.ok();
                 if limited {
                     floor.forget();
                 } else {
-                    floor.claimed(from, wanted, tasks.len(), last, Instant::now());
+                    let claim = Claim {
+                        wanted,
+                        got: claimed.tasks.len(),
+                        first: claimed.first,
+                        last: claimed.last,
+                        took: claim_started.elapsed(),
+                    };
+                    floor.claimed(start, claim, Instant::now());
                 }
+                let tasks = claimed.tasks;
                 shared.holdings.settle(&token, &tasks);
                 shared.counters.claimed(tasks.len());
                 let got = tasks.len();

@@ -96,6 +96,12 @@ pub(crate) struct BenchArgs {
     /// second's rate over the first's (0 skips).
     #[arg(long, default_value_t = 0, value_parser = flags::count(0, 100_000_000))]
     held_snapshot_tasks: usize,
+    /// Keep the held snapshot open at least this many seconds: the drain
+    /// of `--held-snapshot-tasks` repeats (insert them, drain them) until
+    /// it has been open this long, and the drain without it repeats for as
+    /// long, so the rates compare a snapshot this old (0: one drain each).
+    #[arg(long, default_value_t = 0, value_parser = flags::count_u64(0, 86_400))]
+    held_snapshot_seconds: u64,
     /// Also drain with successful tasks deleted at once (retention 0).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     delete_mode: bool,
@@ -241,6 +247,7 @@ impl std::fmt::Display for Latency {
 /// The drain beside a held snapshot (`--held-snapshot-tasks`).
 #[derive(Debug, Serialize)]
 struct HeldSnapshot {
+    /// Tasks of each drain.
     tasks: usize,
     /// The drain with nothing else open.
     tasks_per_s: f64,
@@ -248,8 +255,30 @@ struct HeldSnapshot {
     with_snapshot_held_tasks_per_s: f64,
     /// The second over the first: target 0.8 or more.
     ratio: f64,
-    /// How long the snapshot was open (the drain's time).
+    /// How long the snapshot was open.
     snapshot_held_seconds: f64,
+    /// Drains of `tasks` with the snapshot open (and as many seconds'
+    /// worth without it: `free_rounds`).
+    rounds: usize,
+    free_rounds: usize,
+    /// The last held drain's rate over the last free drain's: how the
+    /// ratio stands at the end, when the snapshot is oldest.
+    last_round_ratio: f64,
+}
+
+/// Drains of the same size, one after the other.
+struct Rounds {
+    rounds: usize,
+    tasks: usize,
+    /// Time spent draining (not inserting).
+    seconds: f64,
+    last_rate: f64,
+}
+
+impl Rounds {
+    fn rate(&self) -> f64 {
+        self.tasks as f64 / self.seconds.max(1e-9)
+    }
 }
 
 /// The running benchmark: where the database is and what it measured.
@@ -748,33 +777,62 @@ impl Bench {
     /// after its last outcome (a long report query, a stuck `pg_dump`).
     async fn held_snapshot(&self) -> Result<HeldSnapshot, Failure> {
         let tasks = self.args.held_snapshot_tasks;
-        self.insert(tasks).await?;
-        let free = self.drain_count(false, tasks).await?;
-        self.insert(tasks).await?;
+        let hold = Duration::from_secs(self.args.held_snapshot_seconds);
+        let free = self.drain_rounds(tasks, hold).await?;
         let mut holder = self.pool.acquire().await.map_err(db)?;
         sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_tasks")
             .execute(&mut *holder)
             .await
             .map_err(db)?;
         let held_since = Instant::now();
-        let held = self.drain_count(false, tasks).await;
+        let held = self.drain_rounds(tasks, hold).await;
         let held_seconds = held_since.elapsed().as_secs_f64();
         let rolled_back = sqlx::query("ROLLBACK").execute(&mut *holder).await;
         let held = held?;
         rolled_back.map_err(db)?;
         let report = HeldSnapshot {
             tasks,
-            tasks_per_s: free.rate,
-            with_snapshot_held_tasks_per_s: held.rate,
-            ratio: held.rate / free.rate.max(1e-9),
+            tasks_per_s: free.rate(),
+            with_snapshot_held_tasks_per_s: held.rate(),
+            ratio: held.rate() / free.rate().max(1e-9),
             snapshot_held_seconds: held_seconds,
+            rounds: held.rounds,
+            free_rounds: free.rounds,
+            last_round_ratio: held.last_rate / free.last_rate.max(1e-9),
         };
         self.say(format!(
-            "drain beside a snapshot held open, history kept: {tasks} tasks: {:.0} tasks/s, against {:.0} \
-             without it ({:.2}x; the snapshot was held {:.1} s)",
-            report.with_snapshot_held_tasks_per_s, report.tasks_per_s, report.ratio, held_seconds
+            "drain beside a snapshot held open, history kept: {} drains of {tasks} tasks: {:.0} tasks/s, \
+             against {:.0} without it in {} ({:.2}x; the last drain {:.2}x; the snapshot was held {:.1} s)",
+            report.rounds,
+            report.with_snapshot_held_tasks_per_s,
+            report.tasks_per_s,
+            report.free_rounds,
+            report.ratio,
+            report.last_round_ratio,
+            held_seconds
         ));
         Ok(report)
+    }
+
+    /// Inserts `tasks` and drains them, again and again until `at_least`
+    /// has passed (once at least).
+    async fn drain_rounds(&self, tasks: usize, at_least: Duration) -> Result<Rounds, Failure> {
+        let started = Instant::now();
+        let mut rounds = Rounds {
+            rounds: 0,
+            tasks: 0,
+            seconds: 0.0,
+            last_rate: 0.0,
+        };
+        while rounds.rounds == 0 || started.elapsed() < at_least {
+            self.insert(tasks).await?;
+            let drained = self.drain_count(false, tasks).await?;
+            rounds.rounds += 1;
+            rounds.tasks += tasks;
+            rounds.seconds += drained.seconds;
+            rounds.last_rate = drained.rate;
+        }
+        Ok(rounds)
     }
 
     /// Submits one probe at a time to an idle worker and times it to the

@@ -1,0 +1,2 @@
+DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
+                                 timestamptz, bigint);
