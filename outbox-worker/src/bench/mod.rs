@@ -801,15 +801,16 @@ impl Bench {
             last_round_ratio: held.last_rate / free.last_rate.max(1e-9),
         };
         self.say(format!(
-            "drain beside a snapshot held open, history kept: {} drains of {tasks} tasks: {:.0} tasks/s, \
-             against {:.0} without it in {} ({:.2}x; the last drain {:.2}x; the snapshot was held {:.1} s)",
-            report.rounds,
+            "drain beside a snapshot held open, history kept, drains of {tasks} tasks: {:.0} tasks/s \
+             over {} with the snapshot held {:.1} s, against {:.0} over {} without it ({:.2}x; \
+             the last drain {:.2}x)",
             report.with_snapshot_held_tasks_per_s,
+            report.rounds,
+            held_seconds,
             report.tasks_per_s,
             report.free_rounds,
             report.ratio,
             report.last_round_ratio,
-            held_seconds
         ));
         Ok(report)
     }
