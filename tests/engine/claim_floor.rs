@@ -85,6 +85,26 @@ async fn wait_for(db: &TestDb, condition: &str) {
     .await;
 }
 
+/// Submits a task labelled "behind", due an hour ago: behind every floor
+/// the worker can have.
+async fn submit_behind(db: &TestDb) {
+    outbox::submit_with(
+        &mut *db.conn().await,
+        work("behind", 0),
+        TaskOptions::new().run_at(Utc::now() - chrono::Duration::hours(1)),
+    )
+    .await
+    .unwrap();
+}
+
+async fn wait_for_completed(db: &TestDb, label: &str) {
+    wait_for(
+        db,
+        &format!("bool_or(payload->>'label' = '{label}' AND state = 'completed')"),
+    )
+    .await;
+}
+
 async fn attempted_at(db: &TestDb, label: &str) -> DateTime<Utc> {
     sqlx::query_scalar("SELECT attempted_at FROM outbox_all_tasks WHERE payload->>'label' = $1")
         .bind(label)
@@ -115,19 +135,8 @@ async fn a_task_due_behind_the_floor_waits_at_most_about_a_second_for_a_busy_wor
     let gate = Arc::new(Semaphore::new(0));
     let worker = start(&db, &gate, true);
     wait_for(&db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
-    // Due an hour ago: behind every floor the worker can have.
-    outbox::submit_with(
-        &mut *db.conn().await,
-        work("behind", 0),
-        TaskOptions::new().run_at(Utc::now() - chrono::Duration::hours(1)),
-    )
-    .await
-    .unwrap();
-    wait_for(
-        &db,
-        "bool_or(payload->>'label' = 'behind' AND state = 'completed')",
-    )
-    .await;
+    submit_behind(&db).await;
+    wait_for_completed(&db, "behind").await;
     let behind = attempted_at(&db, "behind").await;
     worker.stop().await;
     // Claimed by the first claim from the front, at most a second after the
@@ -162,11 +171,7 @@ async fn a_higher_priority_goes_first_whatever_the_floor() {
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-    wait_for(
-        &db,
-        "bool_or(payload->>'label' = 'urgent' AND state = 'completed')",
-    )
-    .await;
+    wait_for_completed(&db, "urgent").await;
     let urgent = attempted_at(&db, "urgent").await;
     worker.stop().await;
     // Only a claim already under way when it committed (at most two tasks,
@@ -198,13 +203,7 @@ async fn a_claim_with_nothing_above_the_floor_looks_behind_it() {
     let worker = start(&db, &gate, false);
     // g1 and g2 run (held by the gate); the floor is g2.
     wait_for(&db, "count(*) FILTER (WHERE state = 'processing') = 2").await;
-    outbox::submit_with(
-        &mut *db.conn().await,
-        work("behind", 0),
-        TaskOptions::new().run_at(Utc::now() - chrono::Duration::hours(1)),
-    )
-    .await
-    .unwrap();
+    submit_behind(&db).await;
     // A place frees: the claim takes g3, above the floor.
     gate.add_permits(1);
     wait_for(
@@ -215,11 +214,7 @@ async fn a_claim_with_nothing_above_the_floor_looks_behind_it() {
     // Another: nothing is above the floor (now g3), so the same claim reads
     // behind it and takes the task due an hour ago.
     gate.add_permits(1);
-    wait_for(
-        &db,
-        "bool_or(payload->>'label' = 'behind' AND state = 'completed')",
-    )
-    .await;
+    wait_for_completed(&db, "behind").await;
     gate.add_permits(1);
     wait_for(&db, "bool_and(state = 'completed')").await;
     worker.stop().await;
