@@ -20,8 +20,12 @@
 --     report query or pg_dump began: a drain beside one slowed with its
 --     square. Above the floor lie only the entries of claims since this
 --     producer's last. The producer claims with no floor (the lowest
---     position) at least once a second, so no task waits behind the floor
---     for long while the tasks above it keep the worker busy.
+--     position) once a second, or while walks are slow often enough to
+--     spend a twentieth of its time on them and at least every 30 s, so no
+--     task waits behind the floor for long while the tasks above it keep
+--     the worker busy. Each range repeats the predicate of
+--     outbox_tasks_claimable_idx word for word, so that it reads that
+--     index.
 --   * Its plan is made once per session, with sequential and bitmap scans
 --     and sorts off: the claim walks the claimable index in claim order
 --     whatever the statistics say. A task table analyzed while empty (a

@@ -28,7 +28,8 @@
 //!   [`FLOOR_MAX_AGE_CAP`];
 //! - below the floor, a claim reads only from the front: the first task the
 //!   last walk found. A task that became claimable before the front (a
-//!   key's next task submitted long ago) waits for the next walk.
+//!   key's next task submitted long ago) waits for the next walk, which a
+//!   producer with nothing to do does not sleep past (`walk_due_in`).
 
 use std::time::{Duration, Instant};
 
@@ -106,8 +107,13 @@ impl ClaimFloor {
             self.front = claim.first;
         }
         let Some(last) = claim.last else {
-            // Nothing claimable: the next claim walks the whole index.
-            self.at = None;
+            if start.front.is_none() {
+                // Nothing claimable: the next claim walks the whole index.
+                self.at = None;
+            }
+            // Read from the front, nothing found: tasks may still wait
+            // before it, so the floor stays and its walk stays due
+            // (`walk_due_in`).
             return;
         };
         let since = match self.at {
@@ -115,6 +121,18 @@ impl ClaimFloor {
             _ => now,
         };
         self.at = Some((last, since));
+    }
+
+    /// How soon a walk of the whole index is due while claims read below
+    /// the floor only from the front: a producer with nothing to do must
+    /// not sleep past it, or a task before the front would wait for the
+    /// next poll instead.
+    pub(crate) fn walk_due_in(&self, now: Instant) -> Option<Duration> {
+        let (_, since) = self.at?;
+        (self.walk >= SLOW_WALK).then(|| {
+            self.max_age()
+                .saturating_sub(now.saturating_duration_since(since))
+        })
     }
 
     /// Forgets the floor (the queue is claimed another way for now).
@@ -220,5 +238,27 @@ mod tests {
         let mut floor = ClaimFloor::default();
         floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 99), t0);
         assert_eq!(floor.start(t0), floor_at(14));
+    }
+
+    #[test]
+    fn an_empty_claim_from_the_front_keeps_the_floor_and_its_walk_due() {
+        let t0 = Instant::now();
+        let mut floor = ClaimFloor::default();
+        assert_eq!(floor.walk_due_in(t0), None);
+        floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 200), t0);
+        let slow = floor.start(t0);
+        assert_eq!(slow.front, Some(at(5)));
+        let t1 = t0 + Duration::from_secs(1);
+        floor.claimed(slow, claim(10, None, 1), t1);
+        assert_eq!(floor.start(t1), slow);
+        assert_eq!(floor.walk_due_in(t1), Some(Duration::from_secs(3)));
+        assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
+        // Fast walks: an empty claim forgets the floor, and no walk is due
+        // but the next claim's.
+        let mut fast = ClaimFloor::default();
+        fast.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 1), t0);
+        assert_eq!(fast.walk_due_in(t0), None);
+        fast.claimed(fast.start(t0), claim(10, None, 1), t0);
+        assert_eq!(fast.start(t0), ClaimStart::FRONT);
     }
 }

@@ -198,27 +198,27 @@ async fn claim_loop(
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
         let start = floor.start(Instant::now());
-        let claim_started = Instant::now();
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
+            // The statement's own time, not the wait for a connection: it
+            // is what tells a walk of a bloated index.
+            let claim_started = Instant::now();
             if limited {
                 let (tasks, held_back) =
                     db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
-                Ok((
-                    db::Claimed {
-                        tasks,
-                        first: None,
-                        last: None,
-                    },
-                    held_back,
-                ))
+                let claimed = db::Claimed {
+                    tasks,
+                    first: None,
+                    last: None,
+                };
+                Ok((claimed, held_back, claim_started.elapsed()))
             } else {
                 let claimed = db::claim_tasks(conn, &queue, wanted, &token, now, start).await?;
-                Ok((claimed, false))
+                Ok((claimed, false, claim_started.elapsed()))
             }
         })
         .await;
         let (got, held_back) = match claimed {
-            Ok((claimed, held_back)) => {
+            Ok((claimed, held_back, took)) => {
                 outage.ok();
                 if limited {
                     floor.forget();
@@ -228,7 +228,7 @@ async fn claim_loop(
                         got: claimed.tasks.len(),
                         first: claimed.first,
                         last: claimed.last,
-                        took: claim_started.elapsed(),
+                        took,
                     };
                     floor.claimed(start, claim, Instant::now());
                 }
@@ -287,6 +287,9 @@ async fn claim_loop(
         } else {
             shared.config.poll_interval
         };
+        let wait = floor
+            .walk_due_in(Instant::now())
+            .map_or(wait, |due| wait.min(due.max(Duration::from_millis(1))));
         tokio::select! {
             () = waker.wait(wait) => {}
             () = stop.cancelled() => return,
