@@ -287,6 +287,8 @@ async fn claim_loop(
         } else {
             shared.config.poll_interval
         };
+        // While claims read below the floor only from the front, a task
+        // before it waits for the next walk: be back for that walk.
         let wait = floor
             .walk_due_in(Instant::now())
             .map_or(wait, |due| wait.min(due.max(Duration::from_millis(1))));
