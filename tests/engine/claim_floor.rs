@@ -65,15 +65,20 @@ fn start(db: &TestDb, gate: &Arc<Semaphore>, listen: bool) -> RunningWorker {
     )
 }
 
-/// Submits `n` tasks labelled "backlog" of `ms` each, at `priority`.
-async fn backlog(db: &TestDb, n: usize, ms: u64, priority: i16) {
+/// Submits 600 tasks labelled "backlog" of 25 ms each at `priority`, and
+/// starts a worker on them (two places: it stays busy for 7 s or more,
+/// every claim full); returns once 20 have run.
+async fn start_busy(db: &TestDb, priority: i16) -> RunningWorker {
     let mut batch = outbox::Batch::new();
-    for _ in 0..n {
+    for _ in 0..600 {
         batch
-            .push_with(&work("backlog", ms), TaskOptions::new().priority(priority))
+            .push_with(&work("backlog", 25), TaskOptions::new().priority(priority))
             .unwrap();
     }
     batch.submit(&mut *db.conn().await).await.unwrap();
+    let worker = start(db, &Arc::new(Semaphore::new(0)), true);
+    wait_for(db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
+    worker
 }
 
 async fn wait_for(db: &TestDb, condition: &str) {
@@ -129,12 +134,7 @@ async fn backlog_claimed_between(db: &TestDb, after: DateTime<Utc>, before: Date
 #[tokio::test]
 async fn a_task_due_behind_the_floor_waits_at_most_about_a_second_for_a_busy_worker() {
     let db = TestDb::migrated().await;
-    // 600 tasks of 25 ms on two places: the worker stays busy for 7 s or
-    // more, every claim full.
-    backlog(&db, 600, 25, 0).await;
-    let gate = Arc::new(Semaphore::new(0));
-    let worker = start(&db, &gate, true);
-    wait_for(&db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
+    let worker = start_busy(&db, 0).await;
     submit_behind(&db).await;
     wait_for_completed(&db, "behind").await;
     let behind = attempted_at(&db, "behind").await;
@@ -159,10 +159,7 @@ async fn a_task_due_behind_the_floor_waits_at_most_about_a_second_for_a_busy_wor
 #[tokio::test]
 async fn a_higher_priority_goes_first_whatever_the_floor() {
     let db = TestDb::migrated().await;
-    backlog(&db, 600, 25, 5).await;
-    let gate = Arc::new(Semaphore::new(0));
-    let worker = start(&db, &gate, true);
-    wait_for(&db, "count(*) FILTER (WHERE state = 'completed') >= 20").await;
+    let worker = start_busy(&db, 5).await;
     let mut conn = db.conn().await;
     outbox::submit_with(&mut conn, work("urgent", 0), TaskOptions::new().priority(0))
         .await

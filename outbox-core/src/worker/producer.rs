@@ -205,34 +205,29 @@ async fn claim_loop(
             if limited {
                 let (tasks, held_back) =
                     db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
-                let claimed = db::Claimed {
-                    tasks,
-                    first: None,
-                    last: None,
-                };
-                Ok((claimed, held_back, claim_started.elapsed()))
+                Ok((tasks, held_back, None))
             } else {
                 let claimed = db::claim_tasks(conn, &queue, wanted, &token, now, start).await?;
-                Ok((claimed, false, claim_started.elapsed()))
+                let claim = Claim {
+                    wanted,
+                    got: claimed.tasks.len(),
+                    first: claimed.first,
+                    last: claimed.last,
+                    took: claim_started.elapsed(),
+                };
+                Ok((claimed.tasks, false, Some(claim)))
             }
         })
         .await;
         let (got, held_back) = match claimed {
-            Ok((claimed, held_back, took)) => {
+            Ok((tasks, held_back, claim)) => {
                 outage.ok();
-                if limited {
-                    floor.forget();
-                } else {
-                    let claim = Claim {
-                        wanted,
-                        got: claimed.tasks.len(),
-                        first: claimed.first,
-                        last: claimed.last,
-                        took,
-                    };
-                    floor.claimed(start, claim, Instant::now());
+                match claim {
+                    Some(claim) => floor.claimed(start, claim, Instant::now()),
+                    // A limited queue is claimed from the front, without a
+                    // floor.
+                    None => floor.forget(),
                 }
-                let tasks = claimed.tasks;
                 shared.holdings.settle(&token, &tasks);
                 shared.counters.claimed(tasks.len());
                 let got = tasks.len();
