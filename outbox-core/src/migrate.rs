@@ -133,6 +133,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0018_claim_floor.up.sql"),
         down: include_str!("../../migrations/0018_claim_floor.down.sql"),
     },
+    Migration {
+        version: 19,
+        name: "hand_over_plans",
+        up: include_str!("../../migrations/0019_hand_over_plans.up.sql"),
+        down: include_str!("../../migrations/0019_hand_over_plans.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
