@@ -75,9 +75,14 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
     let mut tx = db.pool.begin().await.unwrap();
     let first = emit(
         &mut tx,
-        Event::new("order", "7", "order.placed", json!({"total": 990}))
-            .header("tenant", "acme")
-            .traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        Event::new(
+            "order",
+            "7",
+            "order.placed",
+            json!({"total": 990, "note": "a, b: \"c\""}),
+        )
+        .header("tenant", "acme")
+        .traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
     )
     .await
     .unwrap();
@@ -115,7 +120,7 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
             "order".into(),
             "7".into(),
             "order.placed".into(),
-            json!({"total": 990})
+            json!({"total": 990, "note": "a, b: \"c\""})
         )
     );
     assert_eq!(db.task_count().await, 0, "events are no tasks");
@@ -132,7 +137,9 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
         (m.aggregate_type.as_str(), m.aggregate_id.as_str()),
         ("order", "7")
     );
-    assert_eq!(m.payload, br#"{"total":990}"#);
+    // The JSON as PostgreSQL keeps it, without the spaces between tokens
+    // (and only those).
+    assert_eq!(m.payload, br#"{"note":"a, b: \"c\"","total":990}"#);
     assert_eq!(header(m, "tenant"), "acme");
     assert!(header(m, "traceparent").starts_with("00-4bf9"));
     assert_eq!(header(m, "event-type"), "order.placed");

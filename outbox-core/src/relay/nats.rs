@@ -109,9 +109,15 @@ impl NatsSink {
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         self.ensure_stream().await?;
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", message.event_id.as_str());
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            message.event_id.as_str(),
+        );
         for (name, value) in &message.headers {
-            headers.append(name.as_str(), value.as_str());
+            match relay_header(name) {
+                Some(name) => headers.append(name, value.as_str()),
+                None => headers.append(name.as_str(), value.as_str()),
+            }
         }
         let ack = self
             .js
@@ -134,6 +140,15 @@ impl NatsSink {
             }
         }
     }
+}
+
+/// One of the relay's own header names (`RESERVED_HEADERS`) as a static
+/// name: a name given as text is checked and copied at every publish.
+fn relay_header(name: &str) -> Option<async_nats::HeaderName> {
+    crate::events::RESERVED_HEADERS
+        .iter()
+        .find(|own| **own == name)
+        .map(|own| async_nats::HeaderName::from_static(own))
 }
 
 /// Transient unless the message itself is at fault.

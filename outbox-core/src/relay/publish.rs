@@ -249,10 +249,10 @@ pub(crate) fn message(route: &Route, event: &LogEvent) -> Message {
             headers.push((name.clone(), value));
         }
     }
-    let payload = event.payload.as_ref().map_or_else(
-        || b"null".to_vec(),
-        |p| serde_json::to_vec(p).unwrap_or_default(),
-    );
+    let payload = event
+        .payload
+        .as_deref()
+        .map_or_else(|| b"null".to_vec(), compact_json);
     Message {
         destination: route.destination(&event.aggregatetype, &event.event_type),
         event_id: event.id.clone(),
@@ -264,6 +264,31 @@ pub(crate) fn message(route: &Route, event: &LogEvent) -> Message {
         sequence: event.position,
         created_at: event.created_at,
     }
+}
+
+/// `json` without the whitespace between its tokens: PostgreSQL writes a
+/// jsonb value out with a space after each `,` and `:`. Whitespace inside
+/// strings is kept (an escaped quote does not end one); every byte of a
+/// multi-byte UTF-8 character is above ASCII, so it is copied as it is.
+fn compact_json(json: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json.as_bytes() {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            in_string = b == b'"';
+            out.push(b);
+        }
+    }
+    out
 }
 
 /// The wait after the `streak`-th transient failure in a row: 100 ms
@@ -294,6 +319,17 @@ mod tests {
     }
 
     #[test]
+    fn compacting_keeps_every_string_as_it_is() {
+        let pg = r#"{"a": [1, 2.50, null], "p": "c:\\", "q": " x, y: z ", "é": "ü \" }"}"#;
+        assert_eq!(
+            String::from_utf8(compact_json(pg)).unwrap(),
+            r#"{"a":[1,2.50,null],"p":"c:\\","q":" x, y: z ","é":"ü \" }"}"#
+        );
+        assert_eq!(compact_json(r#""just text""#), br#""just text""#);
+        assert_eq!(compact_json("42"), b"42");
+    }
+
+    #[test]
     fn messages_carry_the_relays_headers_then_the_emitters() {
         let event = LogEvent {
             position: 7,
@@ -301,7 +337,10 @@ mod tests {
             aggregatetype: "order".to_owned(),
             aggregateid: "42".to_owned(),
             event_type: "order.placed".to_owned(),
-            payload: Some(serde_json::json!({"total": 990})),
+            payload: Some(
+                r#"{"total": 990, "note": "a \"b\" c", "big": 123456789012345678901234}"#
+                    .to_owned(),
+            ),
             headers: Some(serde_json::json!({"tenant": "acme"})),
             publish_at: None,
             created_at: Utc::now(),
@@ -323,6 +362,11 @@ mod tests {
                 "tenant"
             ]
         );
-        assert_eq!(m.payload, br#"{"total":990}"#);
+        // As PostgreSQL wrote it, less the spaces between tokens: keys in
+        // the same order, a number beyond 64 bits not rounded.
+        assert_eq!(
+            m.payload,
+            br#"{"total":990,"note":"a \"b\" c","big":123456789012345678901234}"#
+        );
     }
 }

@@ -4,9 +4,9 @@
 INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
                                  payload, headers, publish_at, aggregate_hash, created_at,
                                  retry_at, error)
-SELECT $1, u.position, u.id, u.aggregatetype, u.aggregateid, u.type, u.payload, u.headers,
+SELECT $1, u.position, u.id, u.aggregatetype, u.aggregateid, u.type, u.payload::jsonb, u.headers,
        u.publish_at, u.aggregate_hash, u.created_at, u.retry_at, u.error
-FROM unnest($5::bigint[], $6::uuid[], $7::text[], $8::text[], $9::text[], $10::jsonb[],
+FROM unnest($5::bigint[], $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[],
             $11::jsonb[], $12::timestamptz[], $13::integer[], $14::timestamptz[],
             $15::timestamptz[], $16::text[])
      AS u(position, id, aggregatetype, aggregateid, type, payload, headers, publish_at,

@@ -8,7 +8,8 @@ WITH firsts AS (
     ORDER BY aggregatetype, aggregateid, position
 )
 SELECT p.position, p.id::text AS id, p.aggregatetype::text AS aggregatetype,
-       p.aggregateid::text AS aggregateid, p.type::text AS type, p.payload, p.headers,
+       p.aggregateid::text AS aggregateid, p.type::text AS type,
+       p.payload::text AS payload, p.headers,
        p.publish_at, p.created_at, p.aggregate_hash
 FROM outbox_event_parked AS p
 JOIN firsts AS f USING (aggregatetype, aggregateid)

@@ -49,7 +49,7 @@ SELECT cut.xmin, cut.next_xid, e.position, e.mine,
        CASE WHEN e.mine THEN e.aggregatetype::text END AS aggregatetype,
        CASE WHEN e.mine THEN e.aggregateid::text END AS aggregateid,
        CASE WHEN e.mine THEN e.type::text END AS type,
-       CASE WHEN e.mine THEN e.payload END AS payload,
+       CASE WHEN e.mine THEN e.payload::text END AS payload,
        CASE WHEN e.mine THEN e.headers END AS headers,
        e.publish_at, e.created_at, e.aggregate_hash
 FROM cut
