@@ -575,11 +575,36 @@ async fn latency(
         committed.push((id, Instant::now()));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while acked.lock().unwrap_or_else(|p| p.into_inner()).len() < total {
+    loop {
+        let got = acked.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if got >= total {
+            break;
+        }
         if Instant::now() > deadline {
-            return Err(Failure::runtime(
-                "the latency phase's events were not all published within a minute",
-            ));
+            let (first_missing, missing): (Vec<usize>, Vec<String>) = {
+                let acked = acked.lock().unwrap_or_else(|p| p.into_inner());
+                committed
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (id, _))| !acked.contains_key(id))
+                    .map(|(i, (id, _))| (i, id.clone()))
+                    .unzip()
+            };
+            let first_missing = first_missing.first().copied().unwrap_or(total);
+            // Where the relay stands against the events it has not
+            // published, to tell an event passed over from one held up.
+            let state: Option<String> = sqlx::query_scalar(include_str!("sql/latency_missing.sql"))
+                .bind(&missing)
+                .fetch_one(&bench.pool)
+                .await
+                .ok()
+                .flatten();
+            return Err(Failure::runtime(format!(
+                "the latency phase's events were not all published within a minute: {got} of \
+                 {total} acknowledged, the first one missing emitted {first_missing} events into \
+                 the phase; {}",
+                state.unwrap_or_default()
+            )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
