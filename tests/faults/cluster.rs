@@ -25,6 +25,13 @@ const ORDERED: &[&str] = &[
 
 const LIMITED: &[&str] = &["--queue", "limited=10", "--poll-interval", "100ms"];
 
+/// Two places per worker: six in all against a global limit of three, so
+/// the limit binds, and no one worker can hold all three places. One that
+/// could might keep them for the whole run, on a loaded machine, by
+/// claiming again the moment a task ends while the others look again only
+/// every few milliseconds; the test would then not be about a cluster.
+const LIMITED_TWO: &[&str] = &["--queue", "limited=2", "--poll-interval", "100ms"];
+
 fn step(key: &str, n: i64) -> Step {
     Step::new(key, n, 40)
 }
@@ -191,15 +198,15 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     assert_eq!(poison[1..], [(false, true, None), (false, true, None)]);
 }
 
-/// Sets the `limited` queue's limits, starts three worker processes,
-/// submits `tasks` slots of `ms` each once all three are up, and lets them
-/// run them all.
-async fn three_workers_run(limit: &QueueChange, tasks: usize, ms: u64) -> TestDb {
+/// Sets the `limited` queue's limits, starts three worker processes with
+/// `args`, submits `tasks` slots of `ms` each once all three are up, and
+/// lets them run them all.
+async fn three_workers_run(limit: &QueueChange, args: &[&str], tasks: usize, ms: u64) -> TestDb {
     let db = TestDb::migrated().await;
     create_intervals_table(&db.pool).await;
     admin::set_queue(&db.pool, "limited", limit).await.unwrap();
     let mut workers: Vec<WorkerProcess> = (0..3)
-        .map(|_| WorkerProcess::spawn(WORKER, &db.url, LIMITED))
+        .map(|_| WorkerProcess::spawn(WORKER, &db.url, args))
         .collect();
     // All three up before the work arrives: on a loaded machine the first
     // one up could otherwise run everything before the others start.
@@ -228,7 +235,7 @@ async fn three_workers_run(limit: &QueueChange, tasks: usize, ms: u64) -> TestDb
 async fn a_global_concurrency_is_never_exceeded_by_three_workers() {
     const TASKS: usize = 45;
     let limit = QueueChange::new().global_concurrency(3);
-    let db = three_workers_run(&limit, TASKS, 60).await;
+    let db = three_workers_run(&limit, LIMITED_TWO, TASKS, 60).await;
     let overlap = max_overlap(&db.pool).await;
     let pids: i64 = sqlx::query_scalar("SELECT count(DISTINCT pid) FROM intervals")
         .fetch_one(&db.pool)
@@ -266,7 +273,7 @@ async fn a_rate_limit_holds_across_three_workers() {
     const TASKS: i64 = 50;
     const RATE: f64 = 20.0;
     let limit = QueueChange::new().rate_per_second(RATE);
-    let db = three_workers_run(&limit, TASKS as usize, 0).await;
+    let db = three_workers_run(&limit, LIMITED, TASKS as usize, 0).await;
     // Attempts started in any one-second window, by the database clock.
     let (busiest, span): (i64, f64) = sqlx::query_as(
         "SELECT (SELECT max(c) FROM (SELECT (SELECT count(*) FROM outbox_all_tasks b \
