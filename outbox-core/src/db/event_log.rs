@@ -256,10 +256,32 @@ pub(crate) async fn read(
             events.push(LogEvent::from_row(&row)?);
         }
     }
-    Ok(Batch {
-        next: cursor.after(end, xmin, next_xid, &visible),
-        events,
-    })
+    let next = cursor.after(end, xmin, next_xid, &visible);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        log_forgotten(cursor, &next, &visible, xmin);
+    }
+    Ok(Batch { next, events })
+}
+
+/// Logs the gaps a read gave up as rolled back: rare, since a rollback
+/// after an emit is, and the first thing to look at if an event is ever
+/// missed. (Both lists are sorted: the kept gaps come before the new ones.)
+fn log_forgotten(before: &Cursor, after: &Cursor, visible: &[i64], xmin: i64) {
+    let forgotten: Vec<i64> = before
+        .gaps
+        .iter()
+        .copied()
+        .filter(|p| visible.binary_search(p).is_err() && after.gaps.binary_search(p).is_err())
+        .collect();
+    if let (Some(first), Some(last)) = (forgotten.first(), forgotten.last()) {
+        tracing::debug!(
+            count = forgotten.len(),
+            first,
+            last,
+            xmin,
+            "gaps given up: their transactions ended without committing"
+        );
+    }
 }
 
 /// Moves the cursor after `published` events, fenced; false when the

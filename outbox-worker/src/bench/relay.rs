@@ -323,7 +323,7 @@ async fn retention(bench: &Bench, n: usize) -> Result<f64, Failure> {
     sqlx::raw_sql(
         "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('drop', 'events', 1);
          INSERT INTO outbox_event_cursors (subscription, part, position)
-         SELECT 'drop', 0, last_value FROM outbox_event_position_seq;",
+         VALUES ('drop', 0, coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0));",
     )
     .execute(&bench.pool)
     .await

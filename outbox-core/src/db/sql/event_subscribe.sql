@@ -3,7 +3,8 @@
 -- ($4 true: only events emitted from now on); returns the subscription's
 -- stream and partitions as recorded (it keeps what it was created with).
 -- At the head, events of transactions still open are not published (they
--- were emitted before). Two creators at once: the second gets no row (its
+-- were emitted before); the head is read under the sequence's lock (see
+-- event_last_position.sql). Two creators at once: the second gets no row (its
 -- snapshot predates the first's commit) and asks again.
 WITH created AS (
     INSERT INTO outbox_event_subscriptions (name, stream, partitions)
@@ -13,8 +14,7 @@ WITH created AS (
 ), cursors AS (
     INSERT INTO outbox_event_cursors (subscription, part, position)
     SELECT c.name, p,
-           CASE WHEN $4 THEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
-                              FROM outbox_event_position_seq)
+           CASE WHEN $4 THEN coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0)
                 ELSE 0 END
     FROM created AS c, generate_series(0, c.partitions - 1) AS p
 )

@@ -3,8 +3,8 @@
 -- how long the oldest of them has waited, its live relay workers, what it
 -- has published, and the events it holds back.
 WITH head AS (
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS position
-    FROM outbox_event_position_seq
+    -- Under the sequence's lock (see event_last_position.sql).
+    SELECT coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0) AS position
 ), subs AS (
     SELECT s.name, s.stream, s.partitions, min(c.position) AS position,
            count(DISTINCT c.holder) FILTER (WHERE c.lease_until > now()) AS holders,
