@@ -1,8 +1,9 @@
 //! PostgreSQL restarted, and stopped for a while, in the middle of a drain;
 //! and a worker told to stop while its database is down.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::{
@@ -156,6 +157,145 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
         executions, TASKS,
         "no task ran twice because of the outages"
     );
+}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.restart.keyed",
+    queue = "restart_keyed",
+    ordering_key = "key"
+)]
+struct KeyedStep {
+    key: String,
+    n: i64,
+}
+
+/// What ran, kept in memory (not in the database, which goes away): each
+/// key's steps in the order they started, and every start that found its
+/// key already running.
+#[derive(Clone, Default)]
+struct KeyedLog {
+    started: Arc<Mutex<HashMap<String, Vec<i64>>>>,
+    running: Arc<Mutex<HashMap<String, usize>>>,
+    overlaps: Arc<Mutex<Vec<(String, i64)>>>,
+}
+
+impl TaskHandler<KeyedStep> for KeyedLog {
+    async fn handle(&self, _ctx: TaskContext, task: KeyedStep) -> HandlerResult {
+        {
+            let mut running = self.running.lock().unwrap();
+            let now = running.entry(task.key.clone()).or_insert(0);
+            *now += 1;
+            if *now > 1 {
+                self.overlaps
+                    .lock()
+                    .unwrap()
+                    .push((task.key.clone(), task.n));
+            }
+        }
+        self.started
+            .lock()
+            .unwrap()
+            .entry(task.key.clone())
+            .or_default()
+            .push(task.n);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        *self.running.lock().unwrap().get_mut(&task.key).unwrap() -= 1;
+        Ok(Outcome::Success)
+    }
+}
+
+/// Keyed tasks are handed on from one to the next at each outcome (the
+/// outcome's transaction unblocks the key's next task). Through a restart
+/// and an outage, no key may stall, run two at once, skip a step or run
+/// one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_and_an_outage_mid_keyed_drain_keep_each_keys_order_and_lose_nothing() {
+    const KEYS: i64 = 40;
+    const STEPS: i64 = 50;
+    let total = KEYS * STEPS;
+    let (cluster, url) = private_cluster().await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 10).await;
+    outbox::migrate(&pool).await.unwrap();
+    let mut batch = Batch::new();
+    for n in 1..=STEPS {
+        for k in 0..KEYS {
+            batch
+                .push(&KeyedStep {
+                    key: format!("k{k}"),
+                    n,
+                })
+                .unwrap();
+        }
+    }
+    batch
+        .submit(&mut pool.acquire().await.unwrap())
+        .await
+        .unwrap();
+
+    let log = KeyedLog::default();
+    let worker = RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(outage_config())
+            .handler::<KeyedStep>(log.clone())
+            .queue("restart_keyed", 16)
+            .build()
+            .unwrap(),
+    );
+    let completed = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
+        )
+        .fetch_one(&pool)
+        .await
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let (mut restarted, mut was_down) = (false, false);
+    loop {
+        let done = completed().await.unwrap_or(0);
+        if done == total {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out with {done} of {total} completed"
+        );
+        if !restarted && done >= total / 4 {
+            restarted = true;
+            on(&cluster, LocalPostgres::restart).await;
+            eprintln!("restart: PostgreSQL restarted after {done} keyed completions");
+        } else if restarted && !was_down && done >= total / 2 {
+            was_down = true;
+            down_for(&cluster, Duration::from_secs(3)).await;
+            eprintln!("restart: PostgreSQL down for 3 s after {done} keyed completions");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await;
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state::text, count(*) FROM outbox_all_tasks GROUP BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(states, vec![("completed".to_owned(), total)]);
+    assert!(restarted && was_down, "both faults happened mid-drain");
+    let overlaps = log.overlaps.lock().unwrap().clone();
+    assert!(
+        overlaps.is_empty(),
+        "steps started while their key was running: {overlaps:?}"
+    );
+    let started = log.started.lock().unwrap().clone();
+    let runs: usize = started.values().map(Vec::len).sum();
+    eprintln!("restart: {total} keyed tasks over {KEYS} keys completed; {runs} executions");
+    let want: Vec<i64> = (1..=STEPS).collect();
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        assert_eq!(
+            started.get(&key),
+            Some(&want),
+            "{key}'s steps ran once each, in order"
+        );
+    }
 }
 
 #[tokio::test]
