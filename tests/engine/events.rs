@@ -396,6 +396,43 @@ async fn two_subscriptions_each_get_every_event_and_a_new_one_can_start_at_the_h
     assert_eq!(subs[0].behind, 1, "the first has not seen the last event");
 }
 
+/// A subscription from the start of a log whose positions run far past
+/// its events (retention dropped the early ones, or rolled-back emits drew
+/// them) reads the stretch by its events: a batch of positions at a time,
+/// with a gap kept for each, would take a hundred million reads here.
+#[tokio::test]
+async fn a_new_subscription_passes_a_long_stretch_without_a_gap_per_position() {
+    let db = TestDb::migrated().await;
+    sqlx::query("SELECT setval('outbox_event_position_seq', 1000000000000)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut emitted = Vec::new();
+    for i in 0..3 {
+        let e = emit(
+            &mut *db.conn().await,
+            Event::new("order", "1", "e", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+        emitted.push(e.id);
+    }
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("from-start", sink.clone())]);
+    let got = sink.wait_until("the three events", |g| g.len() == 3).await;
+    let ids: Vec<&str> = got.iter().map(|m| m.event_id.as_str()).collect();
+    assert_eq!(ids, emitted.iter().map(String::as_str).collect::<Vec<_>>());
+    // The cursor is saved at the head, with no gap left below it.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT position >= 1000000000003 AND cardinality(gaps) = 0 FROM outbox_event_cursors \
+         WHERE subscription = 'from-start'",
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+}
+
 #[tokio::test]
 async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     let db = TestDb::migrated().await;

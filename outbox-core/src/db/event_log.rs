@@ -1,6 +1,8 @@
 //! Statements about the event log: subscriptions, their partitions'
 //! leases and cursors, batches, held-back (parked) events, retention.
 
+use std::collections::VecDeque;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
@@ -57,8 +59,9 @@ impl Cursor {
     /// The cursor after a read that cut at `end` under a snapshot with
     /// `xmin`, when the next transaction id was `next_xid`, in which
     /// `visible` (sorted) were the positions visible in (position, end] or
-    /// at a gap.
-    fn after(&self, end: i64, xmin: i64, next_xid: i64, visible: &[i64]) -> Cursor {
+    /// at a gap. Positions at or below `settled` (see [`Settled`]) that
+    /// are not visible never will be: no gap is kept for them.
+    fn after(&self, end: i64, xmin: i64, next_xid: i64, visible: &[i64], settled: i64) -> Cursor {
         let seen = |p: i64| visible.binary_search(&p).is_ok();
         let mut next = Cursor {
             position: end,
@@ -66,12 +69,12 @@ impl Cursor {
         };
         for (&p, &bound) in self.gaps.iter().zip(&self.gap_bounds) {
             // Filled now, or its emitter has ended without committing.
-            if !seen(p) && xmin < bound {
+            if !seen(p) && xmin < bound && p > settled {
                 next.gaps.push(p);
                 next.gap_bounds.push(bound);
             }
         }
-        for p in self.position + 1..=end {
+        for p in self.position.max(settled) + 1..=end {
             if !seen(p) {
                 next.gaps.push(p);
                 next.gap_bounds.push(next_xid);
@@ -79,6 +82,69 @@ impl Cursor {
         }
         next
     }
+}
+
+/// How far a relay's partition knows the log to be settled: every
+/// position at or below [`Settled::position`] is either visible to every
+/// snapshot from now on or never will be, so a read may pass any number of
+/// them without keeping a gap for each.
+///
+/// Each read leaves a mark: the sequence's last value (read first) and the
+/// next transaction id (read after the snapshot was taken). Every position
+/// up to that value was drawn by a transaction below that id (it had its
+/// id before it drew), and every transaction from that id on draws above
+/// it (it gets its id after the value was read). So once a later
+/// snapshot's xmin reaches the id, every transaction that could still
+/// write at or below the value has ended. A relay catching up over a long
+/// stretch of positions that hold no event (a new subscription from the
+/// start of a log whose early events retention dropped, or drawn by
+/// rolled-back emits) then reads it by the events there are, a batch of
+/// them at a time, instead of a batch of positions at a time with a gap
+/// for each.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    position: i64,
+    /// (last value, next transaction id) of recent reads, oldest first.
+    marks: VecDeque<(i64, i64)>,
+}
+
+impl Settled {
+    /// Marks kept at most: a later mark is as true as the one it replaces
+    /// and only settles later, so dropping marks is safe.
+    const MARKS: usize = 64;
+
+    /// Every position at or below this one is settled.
+    pub(crate) fn position(&self) -> i64 {
+        self.position
+    }
+
+    /// Takes in a read: its mark, and its snapshot's xmin, which settles
+    /// every mark at or below it.
+    pub(crate) fn observe(&mut self, mark: Mark) {
+        self.marks.push_back((mark.last, mark.next_xid));
+        if self.marks.len() > Self::MARKS {
+            // Keep the oldest marks, which settle first; the newest one
+            // stands for the ones it replaces.
+            let newest = self.marks.pop_back();
+            self.marks.pop_back();
+            self.marks.extend(newest);
+        }
+        while let Some(&(last, next_xid)) = self.marks.front() {
+            if next_xid > mark.xmin {
+                break;
+            }
+            self.position = self.position.max(last);
+            self.marks.pop_front();
+        }
+    }
+}
+
+/// What a read saw of the log as a whole, for [`Settled`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    last: i64,
+    next_xid: i64,
+    xmin: i64,
 }
 
 /// A leased partition.
@@ -205,16 +271,20 @@ pub(crate) async fn release(
 pub(crate) struct Batch {
     pub(crate) next: Cursor,
     pub(crate) events: Vec<LogEvent>,
+    /// For [`Settled::observe`]; none when the read found nothing to do.
+    pub(crate) mark: Option<Mark>,
 }
 
-/// The next batch after `cursor` of partition `part` of `partitions`, at
-/// most `limit` positions further: two statements, the sequence's last
-/// value first, so that every position the batch can cut at was drawn
-/// before the second one's snapshot (see event_read.sql).
+/// The next batch after `cursor` of partition `part` of `partitions`: at
+/// most `limit` positions further, or, over positions at or below
+/// `settled`, at most `limit` events further. Two statements, the
+/// sequence's last value first, so that every position the batch can cut
+/// at was drawn before the second one's snapshot (see event_read.sql).
 pub(crate) async fn read(
     conn: &mut PgConnection,
     cursor: &Cursor,
     limit: i64,
+    settled: i64,
     stream: &str,
     partitions: i32,
     part: i32,
@@ -225,11 +295,13 @@ pub(crate) async fn read(
         .await?;
     let end = last
         .min(cursor.position.saturating_add(limit))
+        .max(settled.min(last))
         .max(cursor.position);
     if end == cursor.position && cursor.gaps.is_empty() {
         return Ok(Batch {
             next: cursor.clone(),
             events: Vec::new(),
+            mark: None,
         });
     }
     let rows = sqlx::query(include_str!("sql/event_read.sql"))
@@ -239,6 +311,7 @@ pub(crate) async fn read(
         .bind(stream)
         .bind(partitions)
         .bind(part)
+        .bind(limit)
         .fetch_all(conn)
         .await?;
     let (mut xmin, mut next_xid) = (0, 0);
@@ -256,11 +329,26 @@ pub(crate) async fn read(
             events.push(LogEvent::from_row(&row)?);
         }
     }
-    let next = cursor.after(end, xmin, next_xid, &visible);
+    // A read over settled positions stops at its `limit`th event: the
+    // rest is for the next one.
+    let past = visible.partition_point(|&p| p <= cursor.position);
+    let end = match visible.get(past..) {
+        Some(new) if new.len() as i64 >= limit => new[new.len() - 1],
+        _ => end,
+    };
+    let next = cursor.after(end, xmin, next_xid, &visible, settled);
     if tracing::enabled!(tracing::Level::DEBUG) {
         log_forgotten(cursor, &next, &visible, xmin);
     }
-    Ok(Batch { next, events })
+    Ok(Batch {
+        next,
+        events,
+        mark: Some(Mark {
+            last,
+            next_xid,
+            xmin,
+        }),
+    })
 }
 
 /// Logs the gaps a read gave up as rolled back: rare, since a rollback
@@ -477,7 +565,7 @@ pub(crate) async fn drop_passed(
 
 #[cfg(test)]
 mod tests {
-    use super::Cursor;
+    use super::{Cursor, Mark, Settled};
 
     #[test]
     fn a_read_fills_keeps_and_forgets_gaps_and_opens_new_ones() {
@@ -489,11 +577,60 @@ mod tests {
         // Visible now: gap 3, and 11, 13 of (10, 14]. xmin 150: every
         // transaction below 150 has ended, so gap 5 (bound 100), still not
         // visible, was rolled back; gap 7 (bound 200) may still be open.
-        let next = cursor.after(14, 150, 300, &[3, 11, 13]);
+        let next = cursor.after(14, 150, 300, &[3, 11, 13], 0);
         assert_eq!(next.position, 14);
         assert_eq!(next.gaps, vec![7, 12, 14]);
         assert_eq!(next.gap_bounds, vec![200, 300, 300]);
         // Nothing new, nothing visible, nothing ended: the same cursor.
-        assert_eq!(next.after(14, 150, 400, &[]), next);
+        assert_eq!(next.after(14, 150, 400, &[], 0), next);
+        // Settled up to 12: gaps 7 and 12 will never fill, 14 still may.
+        let settled = next.after(14, 150, 400, &[], 12);
+        assert_eq!(settled.gaps, vec![14]);
+        assert_eq!(settled.gap_bounds, vec![300]);
+    }
+
+    #[test]
+    fn a_read_over_settled_positions_keeps_no_gap_for_them() {
+        // From 10 to 1,000, settled up to 990: only 991-1,000 can still
+        // fill (995 did).
+        let cursor = Cursor {
+            position: 10,
+            ..Cursor::default()
+        };
+        let next = cursor.after(1000, 150, 300, &[500, 995], 990);
+        assert_eq!(next.position, 1000);
+        assert_eq!(
+            next.gaps,
+            vec![991, 992, 993, 994, 996, 997, 998, 999, 1000]
+        );
+    }
+
+    #[test]
+    fn a_mark_settles_once_a_snapshot_passes_its_transaction_id() {
+        let mut settled = Settled::default();
+        let mark = |last, next_xid, xmin| Mark {
+            last,
+            next_xid,
+            xmin,
+        };
+        // Transaction 90 was open when the first read took its snapshot.
+        settled.observe(mark(1000, 100, 90));
+        assert_eq!(settled.position(), 0);
+        settled.observe(mark(2000, 120, 95));
+        assert_eq!(settled.position(), 0);
+        // Every transaction below 100 has ended; below 120 not yet.
+        settled.observe(mark(2500, 130, 110));
+        assert_eq!(settled.position(), 1000);
+        // Nothing open at all: this read's own mark settles at once.
+        settled.observe(mark(3000, 140, 140));
+        assert_eq!(settled.position(), 3000);
+        // Many reads behind one open transaction: the marks kept are
+        // bounded, and the newest still settles.
+        for i in 0..1000 {
+            settled.observe(mark(4000 + i, 200 + i, 150));
+        }
+        assert!(settled.marks.len() <= Settled::MARKS);
+        settled.observe(mark(6000, 1300, 1300));
+        assert_eq!(settled.position(), 6000);
     }
 }

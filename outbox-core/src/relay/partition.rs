@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::lease_clock::LeaseClock;
 use super::metrics as m;
 use super::publish::{self, Aggregate, Interrupted, Running};
-use crate::db::event_log::{self, Cursor, Holder, Lease};
+use crate::db::event_log::{self, Cursor, Holder, Lease, Settled};
 use crate::db::session::{EnginePool, call};
 use crate::worker::outage::Outage;
 
@@ -116,6 +116,7 @@ impl Partition<'_> {
         let mut saved_at = std::time::Instant::now();
         let mut parked: Option<HashSet<Aggregate>> = None;
         let mut parked_checked: Option<std::time::Instant> = None;
+        let mut settled = Settled::default();
         loop {
             if stop.is_cancelled() {
                 return End::Stopped;
@@ -159,6 +160,7 @@ impl Partition<'_> {
                     conn,
                     &cursor,
                     env.batch,
+                    settled.position(),
                     &env.stream,
                     env.partitions,
                     self.part,
@@ -169,6 +171,9 @@ impl Partition<'_> {
             let batch = match read {
                 Ok(batch) => {
                     outage.ok();
+                    if let Some(mark) = batch.mark {
+                        settled.observe(mark);
+                    }
                     batch
                 }
                 Err(error) => {

@@ -42,11 +42,12 @@ pub(crate) async fn run(
     // point: partitions beyond it wait for a session between statements.
     let sessions = (relay.partitions as usize).min(16) + 1;
     // The relay's statements are all index lookups and short range scans;
-    // its batch read looks up open transactions by id, which statistics
-    // skewed by one large transaction (every row alike) would turn into a
-    // scan of the whole log. Its sessions run nothing else. (No JIT: the
-    // cost that keeps scans off would otherwise make every statement
-    // compile itself for a tenth of a second.)
+    // its batch read looks up a range of positions and its gaps by the
+    // log's position index, which statistics gathered while the log was
+    // empty or just filled could turn into a scan of the whole log. Its
+    // sessions run nothing else. (No JIT: the cost that keeps scans off
+    // would otherwise make every statement compile itself for a tenth of a
+    // second.)
     let engine = EnginePool::new(&pool, &holder, limits, sessions).with_settings(&[
         ("enable_seqscan", "off"),
         ("max_parallel_workers_per_gather", "0"),

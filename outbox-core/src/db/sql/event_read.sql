@@ -3,8 +3,9 @@
 -- events at or below $1 except those at the gaps, which were not visible
 -- when it passed them.
 --
--- $2 is the batch's end, at most the batch size past $1 and at most the
--- sequence's last value as read by the statement before this one. Every
+-- $2 is the batch's end, at most the sequence's last value as read by the
+-- statement before this one, and at most the batch size past $1 unless the
+-- positions up to it are settled (see `Settled` in event_log.rs). Every
 -- position up to $2 was therefore drawn before this statement's snapshot
 -- was taken, by a transaction that already had its id (the log's xid
 -- column comes before its position), so below the next transaction id as
@@ -15,11 +16,12 @@
 -- next id is read through age(), which measures from it: GetStable-
 -- LatestTransactionId, in a statement of a transaction without an id.)
 --
--- Returns every visible event in ($1, $2] or at a gap, of any stream or
--- partition (the caller needs all their positions to know the gaps), with
--- the columns only for the partition's own; and the snapshot's xmin and
--- the next transaction id on every row, or on one row alone when nothing
--- is visible.
+-- Returns the first $7 visible events in ($1, $2] (the caller cuts the
+-- batch at the last of them when there are $7) and every visible event at
+-- a gap, of any stream or partition (the caller needs all their positions
+-- to know the gaps), with the columns only for the partition's own; and
+-- the snapshot's xmin and the next transaction id on every row, or on one
+-- row alone when nothing is visible.
 --
 -- A partition is a share of the aggregates' hashes (the same hash as
 -- their emit lock's key), computed here rather than stored: a stored
@@ -34,9 +36,11 @@ WITH snap AS MATERIALIZED (
 ), cut AS MATERIALIZED (
     SELECT xmin, xmin + age((xmin % 4294967296)::text::xid) AS next_xid FROM snap
 ), e AS (
-    SELECT *, hashtext(aggregatetype::text || '/' || aggregateid::text) AS aggregate_hash
-    FROM outbox_event_log
-    WHERE position > $1 AND position <= $2
+    (SELECT *, hashtext(aggregatetype::text || '/' || aggregateid::text) AS aggregate_hash
+     FROM outbox_event_log
+     WHERE position > $1 AND position <= $2
+     ORDER BY position
+     LIMIT $7)
     UNION ALL
     SELECT *, hashtext(aggregatetype::text || '/' || aggregateid::text) AS aggregate_hash
     FROM outbox_event_log
