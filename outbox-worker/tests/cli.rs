@@ -284,6 +284,10 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["bench", "--held-snapshot-seconds", "86401"],
             "86401 is not in 0..=86400",
         ),
+        (
+            &["bench", "--relay-held-seconds", "0"],
+            "0 is not in 1..=3600",
+        ),
         (&["run", "--shutdown-grace=-1s"], "is not a duration"),
         (
             &[
@@ -778,6 +782,8 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "1",
             "--relay-drop-events",
             "1000",
+            "--relay-held-seconds",
+            "1",
         ],
     )
     .await;
@@ -789,9 +795,17 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "events_per_s",
             "ordered_1000_keys_events_per_s",
             "two_subscriptions_time_ratio",
-            "emit_snapshot_ratio",
-            "drain_snapshot_ratio",
             "drop_ms",
+        ],
+    );
+    assert_positive(
+        &report,
+        &relay["snapshot_held"],
+        &[
+            "emit_ratio",
+            "drain_ratio",
+            "last_drain_ratio",
+            "held_seconds",
         ],
     );
     assert_positive(&report, &relay["commit_to_ack_ms"], &["p50"]);
