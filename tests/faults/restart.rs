@@ -77,6 +77,57 @@ pub(crate) async fn on(
         .expect("pg_ctl");
 }
 
+/// Waits until `total` tasks have completed, restarting PostgreSQL once
+/// `restart_at` have and stopping it for three seconds once `down_at` have
+/// (handlers finish meanwhile; their outcomes wait in the worker until the
+/// server is back). `handled` counts the handlers that finished, for the
+/// log. Waits on the table, not on events: an outcome whose commit was
+/// acknowledged to nobody (the session died right after COMMIT) is
+/// reported as stale by the worker, though the row is right.
+async fn complete_through_a_restart_and_an_outage(
+    cluster: &Arc<LocalPostgres>,
+    pool: &sqlx::PgPool,
+    total: i64,
+    restart_at: i64,
+    down_at: i64,
+    handled: impl Fn() -> usize,
+) {
+    let completed = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
+        )
+        .fetch_one(pool)
+        .await
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let (mut restarted, mut was_down) = (false, false);
+    loop {
+        let done = completed().await.unwrap_or(0);
+        if done == total {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out with {done} of {total} completed"
+        );
+        if !restarted && done >= restart_at {
+            restarted = true;
+            on(cluster, LocalPostgres::restart).await;
+            eprintln!("restart: PostgreSQL restarted after {done} completions");
+        } else if restarted && !was_down && done >= down_at {
+            was_down = true;
+            let before = handled();
+            down_for(cluster, Duration::from_secs(3)).await;
+            eprintln!(
+                "restart: PostgreSQL down for 3 s after {done} completions; {} handlers finished while it was down",
+                handled() - before
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(restarted && was_down, "both faults happened mid-drain");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
     let (cluster, url) = private_cluster().await;
@@ -100,47 +151,10 @@ async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
             .unwrap(),
     );
 
-    // Wait on the table, not on events: an outcome whose commit was
-    // acknowledged to nobody (the session died right after COMMIT) is
-    // reported as stale by the worker, though the row is right.
-    let completed = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
-        )
-        .fetch_one(&pool)
-        .await
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let mut restarted = false;
-    let mut was_down = false;
-    loop {
-        let done = completed().await.unwrap_or(0);
-        if done == TASKS as i64 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out with {done} of {TASKS} completed"
-        );
-        if !restarted && done >= 1000 {
-            restarted = true;
-            on(&cluster, LocalPostgres::restart).await;
-            eprintln!("restart: PostgreSQL restarted after {done} completions");
-        } else if restarted && !was_down && done >= 2500 {
-            // Down for three seconds: handlers finish meanwhile and their
-            // outcomes wait in the worker until the server is back.
-            was_down = true;
-            let before = counter.0.load(Ordering::Relaxed);
-            on(&cluster, LocalPostgres::stop_server).await;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let during = counter.0.load(Ordering::Relaxed) - before;
-            on(&cluster, LocalPostgres::start_again).await;
-            eprintln!(
-                "restart: PostgreSQL down for 3 s after {done} completions; {during} handlers finished while it was down"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    complete_through_a_restart_and_an_outage(&cluster, &pool, TASKS as i64, 1000, 2500, || {
+        counter.0.load(Ordering::Relaxed)
+    })
+    .await;
     let states: Vec<(String, i64)> =
         sqlx::query_as("SELECT state::text, count(*) FROM outbox_all_tasks GROUP BY 1")
             .fetch_all(&pool)
@@ -242,35 +256,9 @@ async fn a_restart_and_an_outage_mid_keyed_drain_keep_each_keys_order_and_lose_n
             .build()
             .unwrap(),
     );
-    let completed = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
-        )
-        .fetch_one(&pool)
-        .await
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let (mut restarted, mut was_down) = (false, false);
-    loop {
-        let done = completed().await.unwrap_or(0);
-        if done == total {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out with {done} of {total} completed"
-        );
-        if !restarted && done >= total / 4 {
-            restarted = true;
-            on(&cluster, LocalPostgres::restart).await;
-            eprintln!("restart: PostgreSQL restarted after {done} keyed completions");
-        } else if restarted && !was_down && done >= total / 2 {
-            was_down = true;
-            down_for(&cluster, Duration::from_secs(3)).await;
-            eprintln!("restart: PostgreSQL down for 3 s after {done} keyed completions");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let started = || log.started.lock().unwrap().values().map(Vec::len).sum();
+    complete_through_a_restart_and_an_outage(&cluster, &pool, total, total / 4, total / 2, started)
+        .await;
     worker.stop().await;
     let states: Vec<(String, i64)> =
         sqlx::query_as("SELECT state::text, count(*) FROM outbox_all_tasks GROUP BY 1")
@@ -278,7 +266,6 @@ async fn a_restart_and_an_outage_mid_keyed_drain_keep_each_keys_order_and_lose_n
             .await
             .unwrap();
     assert_eq!(states, vec![("completed".to_owned(), total)]);
-    assert!(restarted && was_down, "both faults happened mid-drain");
     let overlaps = log.overlaps.lock().unwrap().clone();
     assert!(
         overlaps.is_empty(),
