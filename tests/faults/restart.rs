@@ -194,6 +194,17 @@ struct KeyedLog {
     overlaps: Arc<Mutex<Vec<(String, i64)>>>,
 }
 
+/// A key counted as running until dropped, however the handler ends.
+struct Running<'a>(&'a KeyedLog, String);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(now) = self.0.running.lock().unwrap().get_mut(&self.1) {
+            *now -= 1;
+        }
+    }
+}
+
 impl TaskHandler<KeyedStep> for KeyedLog {
     async fn handle(&self, _ctx: TaskContext, task: KeyedStep) -> HandlerResult {
         {
@@ -207,6 +218,7 @@ impl TaskHandler<KeyedStep> for KeyedLog {
                     .push((task.key.clone(), task.n));
             }
         }
+        let _running = Running(self, task.key.clone());
         self.started
             .lock()
             .unwrap()
@@ -214,7 +226,6 @@ impl TaskHandler<KeyedStep> for KeyedLog {
             .or_default()
             .push(task.n);
         tokio::time::sleep(Duration::from_millis(2)).await;
-        *self.running.lock().unwrap().get_mut(&task.key).unwrap() -= 1;
         Ok(Outcome::Success)
     }
 }
