@@ -778,18 +778,12 @@ impl Bench {
     async fn held_snapshot(&self) -> Result<HeldSnapshot, Failure> {
         let tasks = self.args.held_snapshot_tasks;
         let hold = Duration::from_secs(self.args.held_snapshot_seconds);
-        let free = self.drain_rounds(tasks, hold).await?;
-        let mut holder = self.pool.acquire().await.map_err(db)?;
-        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_tasks")
-            .execute(&mut *holder)
-            .await
-            .map_err(db)?;
-        let held_since = Instant::now();
-        let held = self.drain_rounds(tasks, hold).await;
-        let held_seconds = held_since.elapsed().as_secs_f64();
-        let rolled_back = sqlx::query("ROLLBACK").execute(&mut *holder).await;
-        let held = held?;
-        rolled_back.map_err(db)?;
+        let (free, held, held_seconds) = without_and_with_a_held_snapshot(
+            &self.pool,
+            "SELECT count(*) FROM outbox_tasks",
+            async || self.drain_rounds(tasks, hold).await,
+        )
+        .await?;
         let report = HeldSnapshot {
             tasks,
             tasks_per_s: free.rate(),
@@ -888,6 +882,28 @@ struct Drain {
     rate: f64,
     seconds: f64,
     counters: outbox::CountersSnapshot,
+}
+
+/// Runs `work` once, then again while another session holds a REPEATABLE
+/// READ snapshot, taken by the statement `take` (a long report query, a
+/// stuck `pg_dump`): both results, and how long the snapshot was held.
+async fn without_and_with_a_held_snapshot<T>(
+    pool: &PgPool,
+    take: &'static str,
+    mut work: impl AsyncFnMut() -> Result<T, Failure>,
+) -> Result<(T, T, f64), Failure> {
+    let free = work().await?;
+    let mut holder = pool.begin().await.map_err(db)?;
+    for sql in ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", take] {
+        sqlx::raw_sql(sql).execute(&mut *holder).await.map_err(db)?;
+    }
+    let held_since = Instant::now();
+    let held = work().await;
+    let held_seconds = held_since.elapsed().as_secs_f64();
+    let rolled_back = holder.rollback().await;
+    let held = held?;
+    rolled_back.map_err(db)?;
+    Ok((free, held, held_seconds))
 }
 
 fn db(e: sqlx::Error) -> Failure {

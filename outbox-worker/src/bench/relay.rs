@@ -34,7 +34,7 @@ use outbox::{Worker, WorkerConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Bench, Latency, db};
+use super::{Bench, Latency, db, without_and_with_a_held_snapshot};
 use crate::connect::connect;
 use crate::failure::Failure;
 use crate::flags;
@@ -326,18 +326,12 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
 /// a snapshot open.
 async fn snapshot_held(bench: &Bench, relay: Relay, n: usize) -> Result<SnapshotHeld, Failure> {
     let seconds = Duration::from_secs(bench.args.relay.relay_held_seconds as u64);
-    let free = rounds(bench, &relay, n, seconds).await?;
-    let mut holder = bench.pool.begin().await.map_err(db)?;
-    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_event_cursors")
-        .execute(&mut *holder)
-        .await
-        .map_err(db)?;
-    let held_since = Instant::now();
-    let held = rounds(bench, &relay, n, seconds).await;
-    let held_seconds = held_since.elapsed().as_secs_f64();
-    let rolled_back = holder.rollback().await;
-    let held = held?;
-    rolled_back.map_err(db)?;
+    let (free, held, held_seconds) = without_and_with_a_held_snapshot(
+        &bench.pool,
+        "SELECT count(*) FROM outbox_event_cursors",
+        async || rounds(bench, &relay, n, seconds).await,
+    )
+    .await?;
     let ratio = |a: f64, b: f64| a / b.max(1e-9);
     Ok(SnapshotHeld {
         held_seconds,
