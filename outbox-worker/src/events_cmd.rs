@@ -167,7 +167,7 @@ async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
         "PARKED",
         "AGGREGATES"
     );
-    for r in rows {
+    for r in &rows {
         println!(
             "{:<20} {:<12} {:>5} {:>10} {:>9.1} {:>8} {:>12} {:>8} {:>10}",
             r.name,
@@ -180,6 +180,11 @@ async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
             r.parked,
             r.parked_aggregates
         );
+    }
+    for r in rows {
+        if let Some(problem) = r.problem {
+            println!("\n{}: its relay reads nothing: {problem}", r.name);
+        }
     }
     Ok(())
 }

@@ -433,6 +433,146 @@ async fn a_new_subscription_passes_a_long_stretch_without_a_gap_per_position() {
     worker.stop().await;
 }
 
+/// What this test's thread logs (every task of a `#[tokio::test]` runs on
+/// it), as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Captures this thread's logs until the guard is dropped.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// Waits (at most a minute) until a line contains `what`, unless
+    /// `instead` says something else happened first.
+    async fn wait_for(&self, what: &str, instead: impl Fn() -> Option<String>) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.text().contains(what) {
+            if let Some(other) = instead() {
+                panic!("{other} before the log said {what:?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the log never said {what:?}:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn execute(pool: &PgPool, sql: &'static str) {
+    sqlx::raw_sql(sql).execute(pool).await.unwrap();
+}
+
+/// A position sequence that hands sessions cached runs (a DBA's tuning) or
+/// was set back (setval, a restore, a logical replica that left it
+/// behind) would make a relay pass over committed events without a word:
+/// it reads nothing until the sequence is put right, says why in its log
+/// and in `events subscriptions`, and then publishes what waited, in
+/// order.
+#[tokio::test]
+async fn a_relay_reads_nothing_while_the_position_sequence_caches_or_went_back() {
+    let db = TestDb::migrated().await;
+    let (logs, _capture) = Logs::capture();
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    let order = |n: i32| Event::new("order", "1", "order.step", json!({"n": n}));
+    let mut ids = vec![emit(&mut *db.conn().await, order(0)).await.unwrap().id];
+    sink.wait_until("the first event", |g| g.len() == 1).await;
+
+    // Cached: one session draws a run of positions, its later emits come
+    // from that run.
+    execute(
+        &db.pool,
+        "ALTER SEQUENCE outbox_event_position_seq CACHE 20",
+    )
+    .await;
+    let mut session = db.pool.acquire().await.unwrap();
+    ids.push(emit(&mut session, order(1)).await.unwrap().id);
+    let published = || {
+        let n = sink.messages().len();
+        (n > 1).then(|| format!("{n} events were published"))
+    };
+    logs.wait_for("caches 20 positions per session", published)
+        .await;
+    let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
+    let problem = sub.problem.as_deref().unwrap_or_default();
+    assert!(problem.contains("CACHE 1"), "{sub:?}");
+    ids.push(emit(&mut session, order(2)).await.unwrap().id);
+    assert_eq!(sink.messages().len(), 1, "nothing read while it caches");
+    execute(&db.pool, "ALTER SEQUENCE outbox_event_position_seq CACHE 1").await;
+    // The session's cached positions end with it.
+    session.close().await.unwrap();
+    let got = sink
+        .wait_until("the events that waited", |g| g.len() == 3)
+        .await;
+    let got: Vec<&str> = got.iter().map(|m| m.event_id.as_str()).collect();
+    assert_eq!(
+        got,
+        ids.iter().map(String::as_str).collect::<Vec<_>>(),
+        "in order"
+    );
+    assert!(
+        outbox::relay::subscriptions(&db.pool).await.unwrap()[0]
+            .problem
+            .is_none()
+    );
+
+    // Set back behind the relay's cursor.
+    execute(&db.pool, "SELECT setval('outbox_event_position_seq', 1)").await;
+    emit(&mut *db.conn().await, order(3)).await.unwrap();
+    logs.wait_for("is at 2, behind position", || {
+        let n = sink.messages().len();
+        (n > 3).then(|| format!("{n} events were published"))
+    })
+    .await;
+    let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
+    assert!(
+        sub.problem
+            .as_deref()
+            .unwrap_or_default()
+            .contains("setval"),
+        "{sub:?}"
+    );
+    // Put right as the message says, the relay goes on with what comes
+    // next (the event emitted meanwhile sits below its cursor).
+    execute(
+        &db.pool,
+        "SELECT setval('outbox_event_position_seq', greatest( \
+         (SELECT max(position) FROM outbox_event_log), \
+         (SELECT max(position) FROM outbox_event_cursors)))",
+    )
+    .await;
+    let next = emit(&mut *db.conn().await, order(4)).await.unwrap().id;
+    let got = sink.wait_until("the next event", |g| g.len() == 4).await;
+    assert_eq!(got[3].event_id, next);
+    worker.stop().await;
+}
+
 #[tokio::test]
 async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     let db = TestDb::migrated().await;

@@ -104,6 +104,8 @@ impl Cursor {
 #[derive(Debug, Default)]
 pub(crate) struct Settled {
     position: i64,
+    /// The highest last value seen: the sequence never goes below it.
+    seen: i64,
     /// (last value, next transaction id) of recent reads, oldest first.
     marks: VecDeque<(i64, i64)>,
 }
@@ -121,6 +123,7 @@ impl Settled {
     /// Takes in a read: its mark, and its snapshot's xmin, which settles
     /// every mark at or below it.
     pub(crate) fn observe(&mut self, mark: Mark) {
+        self.seen = self.seen.max(mark.last);
         self.marks.push_back((mark.last, mark.next_xid));
         if self.marks.len() > Self::MARKS {
             // Keep the oldest marks, which settle first; the newest one
@@ -280,19 +283,29 @@ pub(crate) struct Batch {
 /// `settled`, at most `limit` events further. Two statements, the
 /// sequence's last value first, so that every position the batch can cut
 /// at was drawn before the second one's snapshot (see event_read.sql).
+///
+/// Refuses to read (a permanent error, which the relay logs and retries
+/// with backoff) while the sequence is not what every cut relies on (see
+/// [`head_problem`]), or when it went below what this partition's reads
+/// have seen.
 pub(crate) async fn read(
     conn: &mut PgConnection,
     cursor: &Cursor,
     limit: i64,
-    settled: i64,
+    settled: &Settled,
     stream: &str,
     partitions: i32,
     part: i32,
 ) -> sqlx::Result<Batch> {
     use sqlx::{FromRow, Row};
-    let last: i64 = sqlx::query_scalar(include_str!("sql/event_last_position.sql"))
-        .fetch_one(&mut *conn)
-        .await?;
+    let (last, cache, increment): (i64, i64, i64) =
+        sqlx::query_as(include_str!("sql/event_last_position.sql"))
+            .fetch_one(&mut *conn)
+            .await?;
+    if let Some(problem) = head_problem(last, cache, increment, cursor.position.max(settled.seen)) {
+        return Err(sqlx::Error::Configuration(problem.into()));
+    }
+    let settled = settled.position();
     let end = last
         .min(cursor.position.saturating_add(limit))
         .max(settled.min(last))
@@ -370,6 +383,57 @@ fn log_forgotten(before: &Cursor, after: &Cursor, visible: &[i64], xmin: i64) {
             "gaps given up: their transactions ended without committing"
         );
     }
+}
+
+/// Why a relay must not read the log as it stands, if it must not: the
+/// position sequence's `last` value, `cache` and `increment`, and the
+/// highest position a reader has already passed (`passed`).
+///
+/// Every cut assumes that a position at or below the sequence's last value
+/// was drawn by a transaction that already had its id (see event_read.sql)
+/// and that positions only grow:
+/// - A cache above 1 hands each session a run of positions to draw later,
+///   by transactions that start after a read cut past them: the read keeps
+///   them as gaps bounded by the wrong transaction id, and gives them up as
+///   rolled back while their events are still to come. It also breaks the
+///   aggregates' commit order, which the emit lock draws positions in.
+/// - Another increment leaves every other position empty, a gap each.
+/// - A sequence behind a reader (setval, or a restore or a logical
+///   replica that left it behind) draws positions the reader has passed:
+///   their events would never be published.
+///
+/// The relay reads nothing while one of these holds, rather than lose
+/// events without a word; `events subscriptions` shows the same text.
+pub(crate) fn head_problem(last: i64, cache: i64, increment: i64, passed: i64) -> Option<String> {
+    const SEQ: &str = "outbox_event_position_seq";
+    if cache != 1 {
+        return Some(format!(
+            "the event log's position sequence caches {cache} positions per session \
+             (it must be 1): sessions would draw positions after a relay cut past them, \
+             and their events would be passed over. Relays read nothing until \
+             `ALTER SEQUENCE {SEQ} CACHE 1`; then end every session that emitted since \
+             it changed (they keep handing out the positions they cached)"
+        ));
+    }
+    if increment != 1 {
+        return Some(format!(
+            "the event log's position sequence increments by {increment} (it must be 1). \
+             Relays read nothing until `ALTER SEQUENCE {SEQ} INCREMENT BY 1`"
+        ));
+    }
+    if last < passed {
+        return Some(format!(
+            "the event log's position sequence is at {last}, behind position {passed} \
+             that a relay has read past: it was set back (setval, or a restore or a \
+             logical replica that left it behind), and events emitted now would be \
+             passed over. Relays read nothing until it is past every position in \
+             the log and every relay's cursor: `SELECT setval('{SEQ}', \
+             greatest((SELECT max(position) FROM outbox_event_log), \
+             (SELECT max(position) FROM outbox_event_cursors)))`; events emitted \
+             meanwhile sit below the cursors and are not published"
+        ));
+    }
+    None
 }
 
 /// Moves the cursor after `published` events, fenced; false when the
@@ -565,7 +629,7 @@ pub(crate) async fn drop_passed(
 
 #[cfg(test)]
 mod tests {
-    use super::{Cursor, Mark, Settled};
+    use super::{Cursor, Mark, Settled, head_problem};
 
     #[test]
     fn a_read_fills_keeps_and_forgets_gaps_and_opens_new_ones() {
@@ -587,6 +651,18 @@ mod tests {
         let settled = next.after(14, 150, 400, &[], 12);
         assert_eq!(settled.gaps, vec![14]);
         assert_eq!(settled.gap_bounds, vec![300]);
+    }
+
+    #[test]
+    fn a_read_is_refused_while_the_sequence_caches_steps_or_went_back() {
+        assert_eq!(head_problem(100, 1, 1, 100), None);
+        assert_eq!(head_problem(100, 1, 1, 0), None);
+        let cached = head_problem(100, 20, 1, 0).expect("a cache is refused");
+        assert!(cached.contains("caches 20 positions") && cached.contains("CACHE 1"));
+        let stepped = head_problem(100, 1, 2, 0).expect("a step of 2 is refused");
+        assert!(stepped.contains("INCREMENT BY 1"));
+        let back = head_problem(5, 1, 1, 100).expect("a sequence behind is refused");
+        assert!(back.contains("is at 5, behind position 100") && back.contains("setval"));
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct Subscription {
     pub parked_aggregates: i64,
     /// The log's last position.
     pub head: i64,
+    /// Why its relay reads nothing, if the log's position sequence is not
+    /// as every relay needs it: caching, stepping by more than one, or set
+    /// back behind a partition's position. It says how to put it right.
+    pub problem: Option<String>,
 }
 
 impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
@@ -48,6 +52,12 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
             parked: row.try_get("parked")?,
             parked_aggregates: row.try_get("parked_aggregates")?,
             head: row.try_get("head")?,
+            problem: crate::db::event_log::head_problem(
+                row.try_get("head")?,
+                row.try_get("sequence_cache")?,
+                row.try_get("sequence_increment")?,
+                row.try_get("furthest")?,
+            ),
         })
     }
 }

@@ -160,7 +160,7 @@ impl Partition<'_> {
                     conn,
                     &cursor,
                     env.batch,
-                    settled.position(),
+                    &settled,
                     &env.stream,
                     env.partitions,
                     self.part,

@@ -1,12 +1,18 @@
 -- Every subscription with how far behind it is: its slowest partition's
 -- position, the events of its stream past it (counted up to a million),
 -- how long the oldest of them has waited, its live relay workers, what it
--- has published, and the events it holds back.
+-- has published, and the events it holds back; with the log's head, the
+-- sequence's cache and increment, and its furthest partition's position,
+-- for what would stop its relay (head_problem in event_log.rs).
 WITH head AS (
     -- Under the sequence's lock (see event_last_position.sql).
-    SELECT coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0) AS position
+    SELECT coalesce(pg_sequence_last_value(q.seqrelid), 0) AS position,
+           q.seqcache AS cache, q.seqincrement AS increment
+    FROM pg_sequence AS q
+    WHERE q.seqrelid = 'outbox_event_position_seq'::regclass
 ), subs AS (
     SELECT s.name, s.stream, s.partitions, min(c.position) AS position,
+           max(c.position) AS furthest,
            count(DISTINCT c.holder) FILTER (WHERE c.lease_until > now()) AS holders,
            sum(c.published)::bigint AS published,
            max(c.advanced_at) AS advanced_at,
@@ -26,6 +32,9 @@ SELECT s.name, s.stream, s.partitions, s.position,
        (SELECT count(*) FROM outbox_event_parked AS p WHERE p.subscription = s.name) AS parked,
        (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
         WHERE p.subscription = s.name) AS parked_aggregates,
-       (SELECT position FROM head) AS head
+       (SELECT position FROM head) AS head,
+       (SELECT cache FROM head) AS sequence_cache,
+       (SELECT increment FROM head) AS sequence_increment,
+       s.furthest
 FROM subs AS s
 ORDER BY s.name
