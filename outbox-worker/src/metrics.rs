@@ -78,20 +78,25 @@ pub fn install() -> Result<PrometheusHandle, String> {
     );
     metrics::describe_gauge!(
         "outbox_relay_backlog",
-        "Events of the relay's queue not yet published (not dead)"
+        "Events of the relay's stream past its slowest partition's cursor"
     );
     metrics::describe_gauge!(
         "outbox_relay_oldest_unpublished_age_seconds",
         metrics::Unit::Seconds,
-        "How long the oldest unpublished event of the relay's queue has waited"
+        "How long the oldest unpublished event of the relay's stream has waited"
     );
     metrics::describe_gauge!(
-        "outbox_relay_dead_events",
-        "Dead events of the relay's queue"
+        "outbox_relay_parked_events",
+        "Events the relay holds back (parked aggregates' events)"
     );
     metrics::describe_gauge!(
-        "outbox_relay_blocked_keys",
-        "Aggregates of the relay's queue held back by a dead event"
+        "outbox_relay_parked_aggregates",
+        "Aggregates the relay holds back"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_stopped",
+        "1 while the relay reads nothing because the event log's position sequence \
+         caches, steps by more than one or went back (`events subscriptions` says how to fix it)"
     );
     metrics::describe_gauge!(
         "outbox_database_up",
@@ -176,6 +181,9 @@ async fn relay_gauges(state: &AppState) {
         let (behind, age, parked, aggregates) = row.map_or((0, 0.0, 0, 0), |r| {
             (r.behind, r.lag_s, r.parked, r.parked_aggregates)
         });
+        let stopped = row.is_some_and(|r| r.problem.is_some());
+        metrics::gauge!("outbox_relay_stopped", "relay" => relay.clone())
+            .set(f64::from(u8::from(stopped)));
         metrics::gauge!("outbox_relay_backlog", "relay" => relay.clone()).set(behind as f64);
         metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds", "relay" => relay.clone())
             .set(age);
