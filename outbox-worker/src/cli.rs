@@ -85,7 +85,7 @@ enum Command {
     /// List the workers of the cluster.
     #[command(subcommand)]
     Workers(crate::queues_cmd::WorkersCommand),
-    /// Emit an event, show the relays' backlog, switch the Debezium mirror.
+    /// Emit an event; show, retry and skip what relays hold back; list and delete subscriptions.
     #[command(subcommand)]
     Events(crate::events_cmd::EventsCommand),
     /// List, show and cancel workflows.

@@ -27,6 +27,18 @@ pub(crate) enum EventsCommand {
     /// Drop a parked aggregate's first held-back event (the refused one)
     /// and publish the rest.
     Skip(AggregateArgs),
+    /// Delete a relay's subscription (its cursors and held-back events), so
+    /// that retention stops waiting for it: for a relay taken out of
+    /// service. Refused while a relay worker runs it.
+    DeleteSubscription(DeleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The subscription (the relay's name).
+    subscription: String,
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +115,26 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
         EventsCommand::Parked(args) => parked(args).await,
         EventsCommand::Retry(args) => act(args, false).await,
         EventsCommand::Skip(args) => act(args, true).await,
+        EventsCommand::DeleteSubscription(args) => delete_subscription(args).await,
+    }
+}
+
+async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
+    let pool = connect_migrated(&args.db, 2).await?;
+    let name = &args.subscription;
+    match outbox::relay::delete_subscription(&pool, name).await? {
+        outbox::relay::Deleted::Deleted => {
+            println!("deleted subscription {name:?}: retention no longer waits for it");
+            Ok(())
+        }
+        outbox::relay::Deleted::Live => Err(Failure::runtime(format!(
+            "relay {name:?} is running (a worker is alive on it or holds a partition's \
+             lease): stop it first, or it creates the subscription again and publishes \
+             the log from the start"
+        ))),
+        outbox::relay::Deleted::NotFound => Err(Failure::runtime(format!(
+            "there is no subscription {name:?} (see `events subscriptions`)"
+        ))),
     }
 }
 
@@ -141,6 +173,15 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     match emitted {
         Some(e) => println!("emitted event {} at position {}", e.id, e.position),
         None => println!("event {id} was emitted before: nothing written"),
+    }
+    // A relay that reads nothing (see `events subscriptions`) will not
+    // publish this event as things stand: say so, the write stands.
+    if let Ok(subscriptions) = outbox::relay::subscriptions(&pool).await {
+        for s in subscriptions {
+            if let Some(problem) = s.problem {
+                eprintln!("warning: relay {} reads nothing: {problem}", s.name);
+            }
+        }
     }
     Ok(())
 }

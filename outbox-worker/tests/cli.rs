@@ -1369,6 +1369,20 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     ])
     .await);
     assert!(skipped.starts_with("skipped event "), "{skipped}");
+    let delete = [
+        "events",
+        "delete-subscription",
+        "hooks",
+        "--database-url",
+        &db.url,
+    ];
+    let refused = cli(&delete).await;
+    assert!(!refused.status.success(), "deleted while its relay runs");
+    assert!(
+        stderr(&refused).contains("is running"),
+        "{}",
+        stderr(&refused)
+    );
     worker.signal("TERM");
     assert_eq!(
         worker.wait(Duration::from_secs(20)).await.code(),
@@ -1377,4 +1391,19 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         worker.log()
     );
     server.abort();
+    // A relay that stopped says so and hands its leases back: its
+    // subscription can go at once.
+    let deleted = ok(&cli(&delete).await);
+    assert!(
+        deleted.starts_with("deleted subscription \"hooks\""),
+        "{deleted}"
+    );
+    let subs = ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
+    assert!(subs.starts_with("no subscriptions"), "{subs}");
+    let again = cli(&delete).await;
+    assert!(
+        stderr(&again).contains("there is no subscription"),
+        "{}",
+        stderr(&again)
+    );
 }

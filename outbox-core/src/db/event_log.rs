@@ -186,6 +186,20 @@ pub(crate) async fn subscribe(
         .await
 }
 
+/// Says `member` has stopped.
+pub(crate) async fn leave(
+    conn: &mut PgConnection,
+    subscription: &str,
+    member: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(include_str!("sql/event_leave.sql"))
+        .bind(subscription)
+        .bind(member)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
 /// Says `member` is alive for `ttl_us`; returns how many members are.
 pub(crate) async fn member(
     conn: &mut PgConnection,
@@ -411,8 +425,8 @@ pub(crate) fn head_problem(last: i64, cache: i64, increment: i64, passed: i64) -
             "the event log's position sequence caches {cache} positions per session \
              (it must be 1): sessions would draw positions after a relay cut past them, \
              and their events would be passed over. Relays read nothing until \
-             `ALTER SEQUENCE {SEQ} CACHE 1`; then end every session that emitted since \
-             it changed (they keep handing out the positions they cached)"
+             `ALTER SEQUENCE {SEQ} CACHE 1` (which also makes every session drop the \
+             positions it cached)"
         ));
     }
     if increment != 1 {

@@ -171,3 +171,35 @@ async fn parked_action(
     })
     .await?)
 }
+
+/// What [`delete_subscription`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// The subscription, its cursors and its held-back events are gone.
+    Deleted,
+    /// A relay worker is on it (alive, or holding a partition's lease):
+    /// nothing was deleted. Stop that relay first; it would create the
+    /// subscription again and publish the log from where a new one starts.
+    Live,
+    /// There is no subscription of that name.
+    NotFound,
+}
+
+/// Deletes the subscription `name` (a relay's, by its name) with its
+/// cursors and held-back events, so that retention no longer waits for it:
+/// for a relay taken out of service, or moved to Debezium. Refused while a
+/// relay worker is on it.
+pub async fn delete_subscription(pool: &PgPool, name: &str) -> Result<Deleted> {
+    let live: Option<bool> = crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(include_str!("../db/sql/event_unsubscribe.sql"))
+            .bind(name)
+            .fetch_optional(conn)
+            .await
+    })
+    .await?;
+    Ok(match live {
+        None => Deleted::NotFound,
+        Some(true) => Deleted::Live,
+        Some(false) => Deleted::Deleted,
+    })
+}

@@ -63,7 +63,10 @@ pub mod webhook;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use admin::{ParkedEvent, Subscription, parked, retry_parked, skip_parked, subscriptions};
+pub use admin::{
+    Deleted, ParkedEvent, Subscription, delete_subscription, parked, retry_parked, skip_parked,
+    subscriptions,
+};
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
 

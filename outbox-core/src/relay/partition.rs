@@ -24,6 +24,10 @@ const PARKED_CHECK: Duration = Duration::from_secs(1);
 /// events) at most this often.
 const IDLE_SAVE: Duration = Duration::from_secs(1);
 
+/// How often a relay stopped by the position sequence (see
+/// `event_log::head_problem`) looks again whether it was put right.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
 /// What a partition's relay worker shares with its partitions.
 pub(crate) struct Env {
     pub(crate) relay: Running,
@@ -117,6 +121,8 @@ impl Partition<'_> {
         let mut parked: Option<HashSet<Aggregate>> = None;
         let mut parked_checked: Option<std::time::Instant> = None;
         let mut settled = Settled::default();
+        // Why the last read was refused (event_log::head_problem), if it was.
+        let mut stopped: Option<String> = None;
         loop {
             if stop.is_cancelled() {
                 return End::Stopped;
@@ -171,10 +177,30 @@ impl Partition<'_> {
             let batch = match read {
                 Ok(batch) => {
                     outage.ok();
+                    if stopped.take().is_some() {
+                        tracing::info!(
+                            relay = %env.relay.name,
+                            part = self.part,
+                            "relay reading again: the event log's position sequence is as it must be"
+                        );
+                    }
                     if let Some(mark) = batch.mark {
                         settled.observe(mark);
                     }
                     batch
+                }
+                Err(sqlx::Error::Configuration(problem)) => {
+                    // Not an outage: the database answered, and the relay
+                    // waits for an operator. Said once, not at every look.
+                    let problem = problem.to_string();
+                    if stopped.as_deref() != Some(&problem) {
+                        tracing::error!(relay = %env.relay.name, part = self.part, "relay stopped: {problem}");
+                    }
+                    stopped = Some(problem);
+                    if self.pause(LOOK_AGAIN, stop).await {
+                        return End::Stopped;
+                    }
+                    continue;
                 }
                 Err(error) => {
                     let wait = outage.failed(&error);

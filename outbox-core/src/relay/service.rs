@@ -136,6 +136,15 @@ pub(crate) async fn run(
     for (_, h) in held {
         let _ = h.task.await;
     }
+    // Gone now rather than when its word runs out: the others take its
+    // share at once, and an operator may delete the subscription.
+    let left = call(&env.engine, deadline, "relay leave", async |conn| {
+        event_log::leave(conn, &env.subscription, &holder).await
+    })
+    .await;
+    if let Err(error) = left {
+        tracing::info!(relay = %env.relay.name, %error, "could not say the relay stopped; its word runs out by itself");
+    }
     env.engine.close(Duration::from_millis(200)).await;
     tracing::info!(relay = %env.relay.name, "relay stopped");
 }
