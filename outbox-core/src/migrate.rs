@@ -139,6 +139,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0019_hand_over_plans.up.sql"),
         down: include_str!("../../migrations/0019_hand_over_plans.down.sql"),
     },
+    Migration {
+        version: 20,
+        name: "log_maintenance_locks",
+        up: include_str!("../../migrations/0020_log_maintenance_locks.up.sql"),
+        down: include_str!("../../migrations/0020_log_maintenance_locks.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -930,3 +930,134 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
         assert!(err.contains(needle), "{url}: {err}");
     }
 }
+
+/// Waits (at most a minute) until a session of this database runs a
+/// statement containing `what` and waits for a lock. (pg_stat_activity
+/// keeps a statement's first kilobyte: `what` must come early in it.)
+async fn wait_for_lock_wait(pool: &PgPool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND pid <> pg_backend_pid()
+                              AND wait_event_type = 'Lock' AND strpos(query, $1) > 0)",
+        )
+        .bind(what)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no statement with {what:?} ever waited for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Making a partition moves the rows the default partition holds for its
+/// range (maintenance down for days): a relay's read running meanwhile
+/// must see them in their new place, not miss them in both. It waits for
+/// the move before it plans (migration 20).
+#[tokio::test]
+async fn a_read_while_a_partition_is_made_sees_the_rows_moved_into_it() {
+    let db = TestDb::migrated().await;
+    // Five events where no partition covers their day: in the default one.
+    execute(
+        &db.pool,
+        "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
+         SELECT gen_random_uuid(), 'order', g::text, 'e', '{}', now() + interval '10 days'
+         FROM generate_series(1, 5) AS g",
+    )
+    .await;
+    let mut maker = db.pool.begin().await.unwrap();
+    let made: bool = sqlx::query_scalar(
+        "SELECT outbox_event_log_cover(now() + interval '10 days', interval '1 day')",
+    )
+    .fetch_one(&mut *maker)
+    .await
+    .unwrap();
+    assert!(made);
+    let pool = db.pool.clone();
+    let read = tokio::spawn(async move {
+        sqlx::query(include_str!("../../outbox-core/src/db/sql/event_read.sql"))
+            .bind(0_i64)
+            .bind(5_i64)
+            .bind(Vec::<i64>::new())
+            .bind("events")
+            .bind(1_i32)
+            .bind(0_i32)
+            .bind(10_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    });
+    wait_for_lock_wait(&db.pool, "The next batch of one partition").await;
+    maker.commit().await.unwrap();
+    let rows = read.await.unwrap();
+    let mine = rows
+        .iter()
+        .filter(|r| sqlx::Row::try_get::<Option<bool>, _>(*r, "mine").unwrap() == Some(true))
+        .count();
+    assert_eq!(mine, 5, "the read saw every moved event");
+}
+
+/// Retention looks at a partition only once it holds it: an event whose
+/// transaction was still open when the drop began (a long or prepared
+/// transaction) keeps its partition, even when it commits while the drop
+/// waits (migration 20).
+#[tokio::test]
+async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_waits() {
+    let db = TestDb::migrated().await;
+    execute(
+        &db.pool,
+        "SELECT outbox_event_log_cover(now() - interval '3 days', interval '1 day');
+         INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('r', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('r', 0, 0);
+         INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
+         VALUES (gen_random_uuid(), 'order', 'a', 'first', '{}',
+                 date_trunc('day', now() - interval '3 days') + interval '1 hour')",
+    )
+    .await;
+    // The partition's last event, its transaction still open.
+    let mut open = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
+         VALUES (gen_random_uuid(), 'order', 'a', 'last', '{}',
+                 date_trunc('day', now() - interval '3 days') + interval '23 hours')",
+    )
+    .execute(&mut *open)
+    .await
+    .unwrap();
+    // A relay passed the day, with the open event's position a gap.
+    execute(
+        &db.pool,
+        "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload)
+         VALUES (gen_random_uuid(), 'order', 'b', 'today', '{}');
+         UPDATE outbox_event_cursors SET position = 3, gaps = '{2}', gap_bounds = '{9223372036854775807}'",
+    )
+    .await;
+    let pool = db.pool.clone();
+    let drop = tokio::spawn(async move {
+        sqlx::query_as::<_, (Option<String>, Option<bool>)>(
+            "SELECT dropped, forced FROM outbox_event_log_drop(now() - interval '1 hour', now() - interval '14 days')",
+        )
+        .fetch_one(&pool)
+        .await
+    });
+    wait_for_lock_wait(&db.pool, "outbox_event_log_drop").await;
+    open.commit().await.unwrap();
+    match drop.await.unwrap() {
+        // It looked after the commit: the cursor has not passed the event.
+        Ok((dropped, _)) => assert_eq!(dropped, None, "dropped with an unpublished event"),
+        // Or it gave up waiting (lock_timeout), for a later round.
+        Err(e) => assert!(e.to_string().contains("lock timeout"), "{e}"),
+    }
+    let last: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log WHERE type = 'last'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(last, 1, "the event is kept until a relay publishes it");
+}
