@@ -227,6 +227,11 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
             Some(_) => applied_before.push(version),
         }
     }
+    // The migrations' notices ("... does not exist, skipping" from their
+    // IF EXISTS clauses) are noise to whoever runs them; warnings stay.
+    sqlx::raw_sql("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     let mut applied = Vec::new();
     for m in MIGRATIONS
         .iter()

@@ -148,10 +148,19 @@ pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failu
     } else {
         "\"$DATABASE_URL\""
     };
+    // Run from a cargo build (the README's `cargo run`), the binary is not
+    // on PATH: suggest the command that reaches it.
+    let from_cargo = std::env::current_exe()
+        .is_ok_and(|exe| exe.components().any(|c| c.as_os_str() == "target"));
+    let bin = if from_cargo {
+        "cargo run -p outbox-worker --"
+    } else {
+        "outbox-worker"
+    };
     println!("\nDead tasks wait for an operator. To inspect and retry them:");
-    println!("  outbox-worker tasks list --dead --database-url {shown_url}");
-    println!("  outbox-worker tasks show <ID> --database-url {shown_url}");
-    println!("  outbox-worker tasks retry --dead --type outbox.fail --database-url {shown_url}");
+    println!("  {bin} tasks list --dead --database-url {shown_url}");
+    println!("  {bin} tasks show <ID> --database-url {shown_url}");
+    println!("  {bin} tasks retry --dead --type outbox.fail --database-url {shown_url}");
     if cluster.is_some() {
         println!(
             "(This run's private database is removed now; run the demo with DATABASE_URL=postgres://... \

@@ -205,20 +205,24 @@ fn split_host_list(url: &str) -> (String, Option<String>) {
 
 /// The error for a scheme this build has no sink for.
 fn unknown_scheme(name: &str, scheme: &str) -> String {
-    let known: Vec<String> = sink_kinds()
-        .into_iter()
-        .map(|(scheme, feature, built)| {
-            if built {
-                scheme.to_owned()
-            } else {
-                format!("{scheme} (not built: cargo feature {feature:?})")
-            }
-        })
+    let (built, missing): (Vec<_>, Vec<_>) =
+        sink_kinds().into_iter().partition(|(_, _, built)| *built);
+    let built: Vec<&str> = built.iter().map(|(scheme, _, _)| *scheme).collect();
+    let missing: Vec<String> = missing
+        .iter()
+        .map(|(scheme, feature, _)| format!("{scheme} (cargo feature {feature:?})"))
         .collect();
-    format!(
-        "relay {name:?}: no sink for URL scheme {scheme:?}; this build has: {}",
-        known.join(", ")
-    )
+    let built = if built.is_empty() {
+        "none".to_owned()
+    } else {
+        built.join(", ")
+    };
+    let missing = if missing.is_empty() {
+        String::new()
+    } else {
+        format!("; not built: {}", missing.join(", "))
+    };
+    format!("relay {name:?}: no sink for URL scheme {scheme:?}; this build has: {built}{missing}")
 }
 
 /// `url` without its query, with the relay's secret (see
