@@ -298,10 +298,10 @@ pub(crate) struct Batch {
 /// sequence's last value first, so that every position the batch can cut
 /// at was drawn before the second one's snapshot (see event_read.sql).
 ///
-/// Refuses to read (a permanent error, which the relay logs and retries
-/// with backoff) while the sequence is not what every cut relies on (see
-/// [`head_problem`]), or when it went below what this partition's reads
-/// have seen.
+/// Refuses to read (`sqlx::Error::Configuration`, on which the relay
+/// stops until the sequence is put right) while the sequence is not what
+/// every cut relies on (see [`head_problem`]), or when it went below what
+/// this partition's reads have seen.
 pub(crate) async fn read(
     conn: &mut PgConnection,
     cursor: &Cursor,
