@@ -12,7 +12,7 @@
 -- * outbox_event_log_drop checked that every cursor had passed a
 --   partition before it took the partition's lock: an emitter's event
 --   committed while the DROP waited for that lock was dropped unseen. It
---   now locks first and looks after.
+--   now looks again once it holds the lock.
 --
 -- Both keep their signatures; only their bodies change.
 
@@ -100,34 +100,42 @@ DECLARE
     p record;
     last_position bigint;
     passed boolean;
+    look integer;
 BEGIN
     PERFORM pg_advisory_xact_lock(7310582910364481892);
     FOR p IN SELECT * FROM outbox_event_log_partitions() AS l
              WHERE l.upper_bound <= quiet ORDER BY l.lower_bound
     LOOP
-        -- The log and the partition are locked first, and what the
-        -- partition holds is looked at after: an emitter still writing
-        -- there (an open or prepared transaction) holds them, so the lock
-        -- waits for it (and gives up after lock_timeout, for a later
-        -- round), and once it is held every event the partition will ever
-        -- hold is visible. Looked at first, an event whose transaction
-        -- committed while the DROP waited for its lock was dropped unseen.
-        EXECUTE format('LOCK TABLE %I.outbox_event_log, %I.%I IN ACCESS EXCLUSIVE MODE',
-                       p.schema_name, p.schema_name, p.table_name);
-        EXECUTE format('SELECT max(position) FROM %I.%I', p.schema_name, p.table_name)
-            INTO last_position;
-        SELECT coalesce(bool_and(last_position IS NULL
-                                 OR (c.position >= last_position
-                                     AND NOT last_position >= ANY (c.gaps))), false)
-            INTO passed
-        FROM outbox_event_cursors AS c;
-        IF passed OR p.upper_bound <= max_age THEN
-            EXECUTE format('DROP TABLE %I.%I', p.schema_name, p.table_name);
-            dropped := p.table_name;
-            forced := NOT passed;
-            RETURN;
-        END IF;
-        -- Later partitions cannot have been passed either.
+        -- Looked at twice. First without a lock, where most rounds end (a
+        -- subscription has not passed the oldest partition yet), so that
+        -- emitters do not wait for a round that drops nothing. Then, for a
+        -- drop, again once the log and the partition are locked: an
+        -- emitter still writing there (an open or prepared transaction)
+        -- holds them, so the lock waits for it (and gives up after
+        -- lock_timeout, for a later round), and once it is held every
+        -- event the partition will ever hold is visible. Looked at only
+        -- before the lock, an event whose transaction committed while the
+        -- DROP waited was dropped unseen.
+        FOR look IN 1..2 LOOP
+            IF look = 2 THEN
+                EXECUTE format('LOCK TABLE %I.outbox_event_log, %I.%I IN ACCESS EXCLUSIVE MODE',
+                               p.schema_name, p.schema_name, p.table_name);
+            END IF;
+            EXECUTE format('SELECT max(position) FROM %I.%I', p.schema_name, p.table_name)
+                INTO last_position;
+            SELECT coalesce(bool_and(last_position IS NULL
+                                     OR (c.position >= last_position
+                                         AND NOT last_position >= ANY (c.gaps))), false)
+                INTO passed
+            FROM outbox_event_cursors AS c;
+            IF NOT passed AND p.upper_bound > max_age THEN
+                -- Later partitions cannot have been passed either.
+                RETURN;
+            END IF;
+        END LOOP;
+        EXECUTE format('DROP TABLE %I.%I', p.schema_name, p.table_name);
+        dropped := p.table_name;
+        forced := NOT passed;
         RETURN;
     END LOOP;
 END

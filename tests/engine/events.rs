@@ -1061,3 +1061,33 @@ async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_wai
         .unwrap();
     assert_eq!(last, 1, "the event is kept until a relay publishes it");
 }
+
+/// A retention round that has nothing to drop (a subscription has not
+/// passed the oldest partition) takes no lock on the log, so emitters
+/// never wait for it, and an open emitter does not make it fail.
+#[tokio::test]
+async fn a_retention_round_with_nothing_to_drop_does_not_wait_for_emitters() {
+    let db = TestDb::migrated().await;
+    execute(
+        &db.pool,
+        "SELECT outbox_event_log_cover(now() - interval '3 days', interval '1 day');
+         INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('r', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('r', 0, 0);
+         INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
+         VALUES (gen_random_uuid(), 'order', 'a', 'old', '{}',
+                 date_trunc('day', now() - interval '3 days') + interval '1 hour')",
+    )
+    .await;
+    let mut open = db.pool.begin().await.unwrap();
+    emit(&mut open, Event::new("order", "b", "e", json!({})))
+        .await
+        .unwrap();
+    let (dropped, _): (Option<String>, Option<bool>) = sqlx::query_as(
+        "SELECT dropped, forced FROM outbox_event_log_drop(now() - interval '1 hour', now() - interval '14 days')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("no lock taken, so no lock timeout");
+    assert_eq!(dropped, None, "the subscription has not passed it");
+    open.commit().await.unwrap();
+}
