@@ -1004,15 +1004,11 @@ async fn a_read_while_a_partition_is_made_sees_the_rows_moved_into_it() {
     assert_eq!(mine, 5, "the read saw every moved event");
 }
 
-/// Retention looks at a partition only once it holds it: an event whose
-/// transaction was still open when the drop began (a long or prepared
-/// transaction) keeps its partition, even when it commits while the drop
-/// waits (migration 20).
-#[tokio::test]
-async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_waits() {
-    let db = TestDb::migrated().await;
+/// A partition three days old with one event (type `first`), and
+/// subscription `r` whose cursor has not passed it.
+async fn a_day_past_with_a_subscription_at_its_start(pool: &PgPool) {
     execute(
-        &db.pool,
+        pool,
         "SELECT outbox_event_log_cover(now() - interval '3 days', interval '1 day');
          INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('r', 'events', 1);
          INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('r', 0, 0);
@@ -1021,6 +1017,16 @@ async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_wai
                  date_trunc('day', now() - interval '3 days') + interval '1 hour')",
     )
     .await;
+}
+
+/// Retention looks at a partition only once it holds it: an event whose
+/// transaction was still open when the drop began (a long or prepared
+/// transaction) keeps its partition, even when it commits while the drop
+/// waits (migration 20).
+#[tokio::test]
+async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_waits() {
+    let db = TestDb::migrated().await;
+    a_day_past_with_a_subscription_at_its_start(&db.pool).await;
     // The partition's last event, its transaction still open.
     let mut open = db.pool.begin().await.unwrap();
     sqlx::query(
@@ -1068,16 +1074,7 @@ async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_wai
 #[tokio::test]
 async fn a_retention_round_with_nothing_to_drop_does_not_wait_for_emitters() {
     let db = TestDb::migrated().await;
-    execute(
-        &db.pool,
-        "SELECT outbox_event_log_cover(now() - interval '3 days', interval '1 day');
-         INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('r', 'events', 1);
-         INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('r', 0, 0);
-         INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
-         VALUES (gen_random_uuid(), 'order', 'a', 'old', '{}',
-                 date_trunc('day', now() - interval '3 days') + interval '1 hour')",
-    )
-    .await;
+    a_day_past_with_a_subscription_at_its_start(&db.pool).await;
     let mut open = db.pool.begin().await.unwrap();
     emit(&mut open, Event::new("order", "b", "e", json!({})))
         .await
