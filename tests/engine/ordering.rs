@@ -195,6 +195,57 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
     assert!(still_dead, "skipping keeps the dead task as the record");
 }
 
+/// An operator's skip (a cancel of a dead head) lets the key go on for
+/// that death only: retried, the task is its type's again, and dying again
+/// it holds its key like any dead head of a type that does not skip.
+#[tokio::test]
+async fn a_skipped_dead_head_that_is_retried_holds_its_key_when_it_dies_again() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut poison = step("a", 1, 1);
+    poison.poison = true;
+    let head = outbox::submit(&mut *db.conn().await, poison).await.unwrap();
+    let w = worker(&db.pool, 2);
+    let dead = format!(
+        "SELECT dead_at IS NOT NULL FROM outbox_all_tasks WHERE id = {}",
+        head.0
+    );
+    wait_until(&db.pool, &dead, Duration::from_secs(30)).await;
+    admin::cancel_tasks(&db.pool, &[head]).await.unwrap();
+    let claims: i32 = sqlx::query_scalar("SELECT claims FROM outbox_tasks WHERE id = $1")
+        .bind(head.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        admin::retry_tasks(&db.pool, &[head]).await.unwrap(),
+        vec![head]
+    );
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT dead_at IS NOT NULL AND claims > {claims} FROM outbox_tasks WHERE id = {}",
+            head.0
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Dead again: the key waits for an operator once more.
+    let next = outbox::submit(&mut *db.conn().await, step("a", 2, 1))
+        .await
+        .unwrap();
+    let blocked: bool = sqlx::query_scalar("SELECT blocked FROM outbox_tasks WHERE id = $1")
+        .bind(next.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        blocked,
+        "the next task of the key waits behind the dead head"
+    );
+    w.stop().await;
+}
+
 /// A type whose dead tasks let their key go on.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[outbox_task(

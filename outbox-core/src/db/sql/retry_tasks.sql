@@ -14,6 +14,13 @@ WITH done AS (
         -- A task that had let its ordering key go on (skipped) queues for it
         -- again; one that held it (a dead head) holds it still.
         blocked = (ordering_key IS NOT NULL AND dead_at IS NOT NULL AND skip_dead),
+        -- An operator's cancel set skip_dead to let the key go on past this
+        -- death; retried, the task is its type's again (`on_dead = "skip"`
+        -- as the workers declared it), so that dying again it holds its key
+        -- unless its type skips. A type no worker declared holds it: the
+        -- operator can skip it again.
+        skip_dead = coalesce((SELECT d.skip_dead FROM outbox_task_types AS d
+                              WHERE d.task_type = outbox_tasks.task_type), false),
         updated_at = now()
     WHERE state = 'failed'
       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
