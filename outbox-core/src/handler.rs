@@ -269,6 +269,12 @@ impl TaskContext {
     /// commit, whatever the handler returns leaves the row alone; if `tx`
     /// rolls back instead, the handler's return value is written as usual.
     ///
+    /// A task with an ordering key hands its key on in `conn`'s
+    /// transaction: complete it at READ COMMITTED. At REPEATABLE READ or
+    /// SERIALIZABLE the hand-over sees only the transaction's snapshot, and
+    /// a task of the key committed after it waits for maintenance (about a
+    /// minute) instead of running next.
+    ///
     /// ```no_run
     /// # use outbox::{HandlerResult, Outcome, TaskContext};
     /// # async fn handle(ctx: TaskContext, order_id: i64) -> HandlerResult {
