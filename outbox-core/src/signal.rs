@@ -21,7 +21,8 @@ pub const WAIT_RECHECK: Duration = Duration::from_secs(60);
 /// Sends signal `name` with `value` to task `task`, in whatever transaction
 /// is open on `conn`: the signal exists, and the task is woken to read it,
 /// only if that transaction commits. The first signal of a name wins:
-/// returns false (and changes nothing) if the task was already sent one.
+/// returns false (and changes nothing) if the task was already sent one,
+/// and also if it has finished or does not exist (nothing would read it).
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool, task: outbox::TaskId) -> outbox::Result<()> {

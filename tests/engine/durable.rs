@@ -342,10 +342,17 @@ async fn a_waiting_task_frees_its_slot_and_only_a_committed_signal_wakes_it() {
             .unwrap();
     assert!(still, "a rolled-back signal woke the task");
 
-    // A committed one does, well before the recheck.
+    // A committed one does, well before the recheck. The first signal of
+    // a name wins.
     let mut tx = db.pool.begin().await.unwrap();
     assert!(
         outbox::signal(&mut tx, waiting, "approved", &approval)
+            .await
+            .unwrap()
+    );
+    let again = Approval { by: "bob".into() };
+    assert!(
+        !outbox::signal(&mut tx, waiting, "approved", &again)
             .await
             .unwrap()
     );
@@ -357,10 +364,10 @@ async fn a_waiting_task_frees_its_slot_and_only_a_committed_signal_wakes_it() {
         .await
         .unwrap();
     assert_eq!(by.as_deref(), Some("ada"));
-    // The first signal of a name wins.
-    let again = Approval { by: "bob".into() };
+    // A finished task takes no signal: nothing would read it (and
+    // maintenance deletes the signals of tasks that left).
     assert!(
-        !outbox::signal(&mut *db.conn().await, waiting, "approved", &again)
+        !outbox::signal(&mut *db.conn().await, waiting, "later", &again)
             .await
             .unwrap()
     );

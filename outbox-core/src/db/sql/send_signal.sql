@@ -2,10 +2,14 @@
 -- transaction; the first signal of a name wins. A task that ran and is
 -- pending again (suspended in wait_for or sleep, or snoozed) becomes due
 -- now and its queue's workers are woken at commit; one that never ran
--- keeps its run-at. Returns whether it was recorded.
+-- keeps its run-at. Returns whether it was recorded: not when the task has
+-- finished (completed, or gone from outbox_tasks) or does not exist, since
+-- nothing would read it and maintenance deletes the signals of tasks that
+-- left (prune_durable_steps.sql). A dead task takes signals, for a retry.
 WITH sent AS (
     INSERT INTO outbox_task_signals (task_id, name, value)
-    VALUES ($1, $2, $3::jsonb)
+    SELECT $1, $2, $3::jsonb
+    WHERE EXISTS (SELECT 1 FROM outbox_tasks AS t WHERE t.id = $1 AND t.state <> 'completed')
     ON CONFLICT (task_id, name) DO NOTHING
     RETURNING task_id
 ),
