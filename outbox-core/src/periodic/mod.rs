@@ -264,6 +264,12 @@ pub(crate) async fn enqueue_due(
 ) -> sqlx::Result<Vec<(String, usize)>> {
     let mut enqueued = Vec::new();
     for t in tasks {
+        // One transaction per task: the tick that moves last_tick and the
+        // removal of the ticks missed before it commit together, so that
+        // neither a leader that dies between them nor a reader between them
+        // sees missed ticks left to run.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let conn = &mut *tx;
         let mut n = 0;
         // The latest tick so far. A leader that enqueued ahead has it
         // already (last_tick is past it, so this is a no-op); otherwise no
@@ -325,6 +331,7 @@ pub(crate) async fn enqueue_due(
                     .await?;
             n += ids.len();
         }
+        tx.commit().await?;
         if n > 0 {
             enqueued.push((t.name.clone(), n));
         }
