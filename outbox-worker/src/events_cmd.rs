@@ -174,14 +174,10 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
         Some(e) => println!("emitted event {} at position {}", e.id, e.position),
         None => println!("event {id} was emitted before: nothing written"),
     }
-    // A relay that reads nothing (see `events subscriptions`) will not
+    // Relays that read nothing (see `events subscriptions`) will not
     // publish this event as things stand: say so, the write stands.
-    if let Ok(subscriptions) = outbox::relay::subscriptions(&pool).await {
-        for s in subscriptions {
-            if let Some(problem) = s.problem {
-                eprintln!("warning: relay {} reads nothing: {problem}", s.name);
-            }
-        }
+    if let Ok(Some(problem)) = outbox::relay::sequence_problem(&pool).await {
+        eprintln!("warning: relays read nothing: {problem}");
     }
     Ok(())
 }

@@ -522,6 +522,8 @@ async fn a_relay_reads_nothing_while_the_position_sequence_caches_or_went_back()
     let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
     let problem = sub.problem.as_deref().unwrap_or_default();
     assert!(problem.contains("CACHE 1"), "{sub:?}");
+    let light = outbox::relay::sequence_problem(&db.pool).await.unwrap();
+    assert_eq!(light.as_deref(), Some(problem), "the same message");
     ids.push(emit(&mut session, order(2)).await.unwrap().id);
     assert_eq!(sink.messages().len(), 1, "nothing read while it caches");
     execute(&db.pool, "ALTER SEQUENCE outbox_event_position_seq CACHE 1").await;
@@ -540,6 +542,10 @@ async fn a_relay_reads_nothing_while_the_position_sequence_caches_or_went_back()
         outbox::relay::subscriptions(&db.pool).await.unwrap()[0]
             .problem
             .is_none()
+    );
+    assert_eq!(
+        outbox::relay::sequence_problem(&db.pool).await.unwrap(),
+        None
     );
 
     // Set back behind the relay's cursor.
@@ -932,29 +938,20 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
 }
 
 /// Waits (at most a minute) until a session of this database runs a
-/// statement containing `what` and waits for a lock. (pg_stat_activity
-/// keeps a statement's first kilobyte: `what` must come early in it.)
+/// statement containing `what` (no quotes in it) and waits for a lock.
+/// (pg_stat_activity keeps a statement's first kilobyte: `what` must come
+/// early in it.)
 async fn wait_for_lock_wait(pool: &PgPool, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let waiting: bool = sqlx::query_scalar(
+    outbox_tests::process::wait_until(
+        pool,
+        &format!(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
                             WHERE datname = current_database() AND pid <> pg_backend_pid()
-                              AND wait_event_type = 'Lock' AND strpos(query, $1) > 0)",
-        )
-        .bind(what)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no statement with {what:?} ever waited for a lock"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+                              AND wait_event_type = 'Lock' AND strpos(query, '{what}') > 0)"
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
 }
 
 /// Making a partition moves the rows the default partition holds for its

@@ -172,6 +172,27 @@ async fn parked_action(
     .await?)
 }
 
+/// Why every relay reads nothing, if they do: the log's position sequence
+/// caches, steps by more than one, or is behind a cursor (the message of
+/// [`Subscription::problem`], with its fix). Two index lookups, for a
+/// caller that wants only this and not [`subscriptions`]' counts.
+pub async fn sequence_problem(pool: &PgPool) -> Result<Option<String>> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        let (last, cache, increment): (i64, i64, i64) =
+            sqlx::query_as(include_str!("../db/sql/event_last_position.sql"))
+                .fetch_one(&mut *conn)
+                .await?;
+        let furthest: i64 =
+            sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM outbox_event_cursors")
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(crate::db::event_log::head_problem(
+            last, cache, increment, furthest,
+        ))
+    })
+    .await?)
+}
+
 /// What [`delete_subscription`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

@@ -64,8 +64,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use admin::{
-    Deleted, ParkedEvent, Subscription, delete_subscription, parked, retry_parked, skip_parked,
-    subscriptions,
+    Deleted, ParkedEvent, Subscription, delete_subscription, parked, retry_parked,
+    sequence_problem, skip_parked, subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
