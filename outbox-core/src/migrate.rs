@@ -145,6 +145,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0020_log_maintenance_locks.up.sql"),
         down: include_str!("../../migrations/0020_log_maintenance_locks.down.sql"),
     },
+    Migration {
+        version: 21,
+        name: "workflow_step_writes",
+        up: include_str!("../../migrations/0021_workflow_step_writes.up.sql"),
+        down: include_str!("../../migrations/0021_workflow_step_writes.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -329,6 +329,132 @@ async fn a_dead_step_cancels_skips_or_runs_its_dependents_and_a_retry_resumes() 
     assert_eq!(labels.iter().filter(|l| *l == "a").count(), 2);
 }
 
+/// Waits (60 s at most) until step `step` of workflow `id` is in `state`,
+/// and returns the workflow.
+async fn wait_step(pool: &PgPool, id: WorkflowId, step: &str, state: &str) -> WorkflowStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = workflow_status(pool, id).await.unwrap().expect("workflow");
+        if step_states(&status).contains(&(step.to_owned(), state.to_owned())) {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "step {step} of workflow {id} never reached {state}: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn state_of(status: &WorkflowStatus, step: &str) -> String {
+    let s = status.step_list.iter().find(|s| s.name == step).unwrap();
+    s.state.clone()
+}
+
+/// A child that runs anyway counts its parent's death once: when an
+/// operator's retry of that parent completes, the child must not count it
+/// again and run before its other parent.
+#[tokio::test]
+async fn a_retried_parent_that_completes_is_not_counted_twice_by_a_child_that_runs_anyway() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("a", true);
+    let mut w = Workflow::new("counted-once");
+    w.add("a", &work("a", 1))
+        .unwrap()
+        // Open until the test makes its task due.
+        .add_step(
+            "hold",
+            &work("hold", 2),
+            Step::new().options(outbox::TaskOptions::new().delay(Duration::from_secs(3600))),
+        )
+        .unwrap()
+        .add_step(
+            "anyway",
+            &work("anyway", 4),
+            Step::new()
+                .after(["a", "hold"])
+                .on_parent_dead(OnParentDead::Run),
+        )
+        .unwrap();
+    let id = submit(&db, w).await;
+    let worker = start(&db, &shared);
+    let status = wait_step(&db.pool, id, "a", "dead").await;
+    assert_eq!(state_of(&status, "anyway"), "waiting");
+
+    shared.fail("a", false);
+    outbox::admin::retry_tasks(&db.pool, &[task_of(&status, "a")])
+        .await
+        .unwrap();
+    // a's completion and whatever it releases commit together.
+    let status = wait_step(&db.pool, id, "a", "completed").await;
+    assert_eq!(
+        state_of(&status, "anyway"),
+        "waiting",
+        "a counted twice: {status:#?}"
+    );
+
+    sqlx::query("UPDATE outbox_tasks SET execute_at = now() WHERE id = $1")
+        .bind(task_of(&status, "hold").0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    assert_eq!(result_of(&status, "anyway"), Some(4 + 1 + 2));
+    let labels = shared.labels();
+    assert_eq!(
+        labels.iter().filter(|l| *l == "anyway").count(),
+        1,
+        "{labels:?}"
+    );
+}
+
+/// Migration 21 moved each step's dependencies onto the step: a workflow
+/// submitted before it finishes after it, its join reading both parents.
+#[tokio::test]
+async fn a_workflow_submitted_before_the_upgrade_to_parent_names_finishes_after_it() {
+    let db = TestDb::empty().await;
+    outbox::migrate_to(&db.pool, 20).await.unwrap();
+    let mut w = Workflow::new("upgrade");
+    w.add("root", &work("root", 1))
+        .unwrap()
+        .add_after("left", &["root"], &work("left", 2))
+        .unwrap()
+        .add_after("right", &["root"], &work("right", 3))
+        .unwrap()
+        .add_after("join", &["right", "left"], &work("join", 4))
+        .unwrap();
+    let id = submit(&db, w).await;
+    outbox::migrate(&db.pool).await.unwrap();
+    let shared = Arc::new(Shared::default());
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    // root 1; left 2 + 1; right 3 + 1; join 4 + 3 + 4.
+    assert_eq!(result_of(&status, "join"), Some(11));
+    let join = status.step_list.iter().find(|s| s.name == "join").unwrap();
+    assert_eq!(join.after, ["left", "right"]);
+}
+
+/// A settle finds a completed step's edges by the primary key (workflow,
+/// parent). Another index on the edges that starts with the workflow could
+/// be taken for it by a planner whose statistics saw the table nearly
+/// empty, and then every edge of a wide fan-in is read for each completion
+/// (migration 21 says more): the edges keep their primary key alone.
+#[tokio::test]
+async fn the_workflow_edges_keep_their_primary_key_alone() {
+    let db = TestDb::migrated().await;
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes
+         WHERE schemaname = current_schema() AND tablename = 'outbox_workflow_edges'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(indexes, ["outbox_workflow_edges_pkey"]);
+}
+
 /// charge -> reserve -> ship, where charge and reserve declare
 /// compensations.
 fn checkout() -> Workflow {

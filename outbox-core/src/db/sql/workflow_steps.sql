@@ -3,9 +3,7 @@
 -- completed its result (from the history).
 SELECT s.name, s.state, s.task_type, s.task_id, s.compensates,
        s.compensation IS NOT NULL AS has_compensation, s.finished_at, h.result,
-       coalesce((SELECT array_agg(e.parent ORDER BY e.parent)
-                 FROM outbox_workflow_edges AS e
-                 WHERE e.workflow_id = s.workflow_id AND e.child = s.name), '{}') AS after,
+       s.parent_names AS after,
        t.state::text AS task_state, t.retry_count, t.last_error
 FROM outbox_workflow_steps AS s
 LEFT JOIN outbox_tasks AS t ON t.id = s.task_id
