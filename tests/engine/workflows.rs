@@ -105,15 +105,29 @@ async fn submit(db: &TestDb, workflow: Workflow) -> WorkflowId {
 /// Waits (60 s at most) until workflow `id` is in `state` with no open
 /// step, and returns it.
 async fn wait_state(pool: &PgPool, id: WorkflowId, state: &str) -> WorkflowStatus {
+    wait_for(pool, id, &format!("state {state}"), |status| {
+        status.workflow.state == state && status.workflow.open_steps == 0
+    })
+    .await
+}
+
+/// Waits (60 s at most) until workflow `id` is as `done` says (`what` for
+/// the message), and returns it.
+async fn wait_for(
+    pool: &PgPool,
+    id: WorkflowId,
+    what: &str,
+    done: impl Fn(&WorkflowStatus) -> bool,
+) -> WorkflowStatus {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let status = workflow_status(pool, id).await.unwrap().expect("workflow");
-        if status.workflow.state == state && status.workflow.open_steps == 0 {
+        if done(&status) {
             return status;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "workflow {id} never reached {state}: {status:#?}"
+            "workflow {id} never reached {what}: {status:#?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -332,18 +346,11 @@ async fn a_dead_step_cancels_skips_or_runs_its_dependents_and_a_retry_resumes() 
 /// Waits (60 s at most) until step `step` of workflow `id` is in `state`,
 /// and returns the workflow.
 async fn wait_step(pool: &PgPool, id: WorkflowId, step: &str, state: &str) -> WorkflowStatus {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let status = workflow_status(pool, id).await.unwrap().expect("workflow");
-        if step_states(&status).contains(&(step.to_owned(), state.to_owned())) {
-            return status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "step {step} of workflow {id} never reached {state}: {status:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pair = (step.to_owned(), state.to_owned());
+    wait_for(pool, id, &format!("step {step} {state}"), |status| {
+        step_states(status).contains(&pair)
+    })
+    .await
 }
 
 fn state_of(status: &WorkflowStatus, step: &str) -> String {
