@@ -311,3 +311,22 @@ BEGIN
     END IF;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION outbox_workflow_note() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.dead_at IS NULL THEN
+        -- An operator's retry: rare, done at once.
+        PERFORM outbox_workflow_revive(NEW.workflow_id, NEW.workflow_step, NEW.id);
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('outbox.workflow_notes',
+                       coalesce(current_setting('outbox.workflow_notes', true), '')
+                       || OLD.workflow_id || '/' || OLD.id || '/'
+                       || CASE WHEN TG_OP = 'DELETE' THEN 'c' ELSE 'd' END || '/'
+                       || OLD.workflow_step || ';',
+                       true);
+    RETURN NULL;
+END
+$$;

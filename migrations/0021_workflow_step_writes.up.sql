@@ -96,9 +96,14 @@ BEGIN
             UNION ALL
             SELECT workflow_id, child, good FROM marked
         ),
+        -- n: the parents counted now; bad: those of them that died or were
+        -- cancelled. Every counted parent leaves the child's count: a child
+        -- that runs anyway waits for the rest, and one a dead parent
+        -- cancels or skips is final (its count is not read again; an
+        -- operator's retry recounts it).
         hits AS (
             SELECT workflow_id, child,
-                   count(*) FILTER (WHERE good) AS good,
+                   count(*) AS n,
                    count(*) FILTER (WHERE NOT good) AS bad
             FROM counted
             GROUP BY workflow_id, child
@@ -109,19 +114,13 @@ BEGIN
         -- outbox_workflow_release_steps, which inserts in key order.
         changed AS (
             UPDATE outbox_workflow_steps AS s
-            SET waiting_on = s.waiting_on - h.good
-                             - CASE WHEN s.on_parent_dead = 'run' THEN h.bad ELSE 0 END,
+            SET waiting_on = s.waiting_on - h.n,
                 state = CASE WHEN h.bad > 0 AND s.on_parent_dead = 'cancel' THEN 'cancelled'
                              WHEN h.bad > 0 AND s.on_parent_dead = 'skip' THEN 'skipped'
-                             WHEN s.ordering_key IS NULL
-                                  AND s.waiting_on - h.good
-                                      - CASE WHEN s.on_parent_dead = 'run' THEN h.bad ELSE 0 END = 0
-                             THEN 'released'
+                             WHEN s.ordering_key IS NULL AND s.waiting_on = h.n THEN 'released'
                              ELSE s.state END,
                 task_id = CASE WHEN (h.bad = 0 OR s.on_parent_dead = 'run')
-                                    AND s.ordering_key IS NULL
-                                    AND s.waiting_on - h.good
-                                        - CASE WHEN s.on_parent_dead = 'run' THEN h.bad ELSE 0 END = 0
+                                    AND s.ordering_key IS NULL AND s.waiting_on = h.n
                                THEN nextval(task_ids) END,
                 finished_at = CASE WHEN h.bad > 0 AND s.on_parent_dead <> 'run'
                                    THEN clock_timestamp() END
@@ -255,6 +254,25 @@ BEGIN
     END IF;
     PERFORM set_config('outbox.workflow_notes', '', true);
     PERFORM outbox_workflow_settle_notes(notes);
+    RETURN NULL;
+END
+$$;
+
+-- Deaths only, now that completions come from the transition table: an
+-- operator's retry (dead_at cleared) revives the step at once; a death
+-- (dead_at set) is noted for the statement trigger.
+CREATE OR REPLACE FUNCTION outbox_workflow_note() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NEW.dead_at IS NULL THEN
+        PERFORM outbox_workflow_revive(NEW.workflow_id, NEW.workflow_step, NEW.id);
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('outbox.workflow_notes',
+                       coalesce(current_setting('outbox.workflow_notes', true), '')
+                       || OLD.workflow_id || '/' || OLD.id || '/d/' || OLD.workflow_step || ';',
+                       true);
     RETURN NULL;
 END
 $$;
