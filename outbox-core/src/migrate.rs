@@ -151,6 +151,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0021_workflow_step_writes.up.sql"),
         down: include_str!("../../migrations/0021_workflow_step_writes.down.sql"),
     },
+    Migration {
+        version: 22,
+        name: "outcome_lanes",
+        up: include_str!("../../migrations/0022_outcome_lanes.up.sql"),
+        down: include_str!("../../migrations/0022_outcome_lanes.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

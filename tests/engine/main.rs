@@ -12,6 +12,7 @@ mod hand_on;
 mod history;
 mod migrations;
 mod ordering;
+mod outcome_lanes;
 mod periodic;
 mod poison;
 mod results;

@@ -132,6 +132,10 @@ pub(crate) struct ClaimedTask {
         expect(dead_code, reason = "only the otel feature continues traces")
     )]
     pub(crate) trace_context: Option<String>,
+    /// The workflow it is a step of: its outcome goes down that workflow's
+    /// outcome lane (see worker/completer.rs). Unknown (None) for a task a
+    /// key was handed on to, which is then routed as a plain task.
+    pub(crate) workflow_id: Option<i64>,
     /// The claim token written to claimed_by: unique to the claim statement
     /// that took the task, and the fence of everything written about this
     /// attempt afterwards.
@@ -236,6 +240,7 @@ fn claimed_task(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<Cla
         key_seq: r.try_get("key_seq")?,
         created_at: r.try_get("created_at")?,
         trace_context: r.try_get("trace_context")?,
+        workflow_id: r.try_get("workflow_id")?,
         token: Arc::clone(token),
     })
 }

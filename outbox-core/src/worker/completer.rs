@@ -1,18 +1,24 @@
 //! Writes outcomes (TX2) in batches: whatever has queued up since the last
 //! write goes in one statement, so batches grow with load and latency stays
-//! low when idle. Up to `finish_lanes` writes are in flight at once, so the
-//! wait for one commit's WAL flush overlaps the next batch (and PostgreSQL
-//! can flush them together).
+//! low when idle. Outcomes are written in `finish_lanes` lanes, each one
+//! statement at a time, so the wait for one commit's WAL flush overlaps
+//! another lane's batch (and PostgreSQL can flush them together).
+//!
+//! Every outcome of one workflow goes down the same lane. Its statement
+//! settles the workflow, which locks the workflow's row until the commit:
+//! two lanes holding steps of the same workflows (the parts of a group end
+//! together) would each wait for the other's commit, and the lanes would
+//! run one after the other. Other outcomes are spread by task id.
 //!
 //! An outcome is never dropped for a transient error: its write is retried
 //! with backoff on a fresh connection for as long as the worker runs, its
 //! task stays in the worker's holdings (and so keeps being heartbeated),
-//! and while every lane is busy retrying no more outcomes are taken in,
-//! which stops the executor and so the claims (backpressure). Only a
-//! permanent error for one outcome ends it, as a visible failure on the
-//! row. At shutdown the writes get until the flush deadline; what is still
-//! unwritten then is logged with its task ids and released at exit or, if
-//! the database stays away, left to stuck-task recovery.
+//! and once a lane busy retrying has a full backlog no more outcomes are
+//! taken in, which stops the executor and so the claims (backpressure).
+//! Only a permanent error for one outcome ends it, as a visible failure on
+//! the row. At shutdown the writes get until the flush deadline; what is
+//! still unwritten then is logged with its task ids and released at exit
+//! or, if the database stays away, left to stuck-task recovery.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -43,29 +49,64 @@ pub(crate) async fn run(
         give_up,
     });
     let mut writes = JoinSet::new();
+    let mut senders = Vec::with_capacity(lanes);
+    for _ in 0..lanes {
+        // A lane's backlog is one batch: a lane that cannot write (an
+        // outage) soon stops the intake here.
+        let (sender, backlog) = mpsc::channel(cap);
+        senders.push(sender);
+        writes.spawn(lane(Arc::clone(&writer), backlog, events.clone(), cap));
+    }
     loop {
-        while writes.len() >= lanes {
-            let _ = writes.join_next().await;
-        }
-        let mut buffer: Vec<Done> = Vec::with_capacity(cap);
-        let received = tokio::select! {
-            n = done.recv_many(&mut buffer, cap) => n,
+        let next = tokio::select! {
+            d = done.recv() => d,
             // A handler that never returns keeps its sender alive: at the
             // flush deadline stop waiting for it (its task is still held
             // and is released at exit).
+            () = writer.give_up.cancelled() => None,
+        };
+        // None: every sender is gone and the queue is empty.
+        let Some(d) = next else { break };
+        let to = lane_of(d.workflow_id, d.finish.id, lanes);
+        // Refused only once the lane gave up at the flush deadline; the
+        // task is still held and is released at exit.
+        if senders[to].send(d).await.is_err() {
+            break;
+        }
+    }
+    // Each lane writes what it has left, then ends.
+    drop(senders);
+    while writes.join_next().await.is_some() {}
+}
+
+/// One lane: writes whatever its backlog holds, one statement at a time.
+async fn lane(
+    writer: Arc<Writer>,
+    mut backlog: mpsc::Receiver<Done>,
+    events: broadcast::Sender<TaskEvent>,
+    cap: usize,
+) {
+    loop {
+        let mut buffer: Vec<Done> = Vec::with_capacity(cap);
+        let received = tokio::select! {
+            n = backlog.recv_many(&mut buffer, cap) => n,
             () = writer.give_up.cancelled() => 0,
         };
         if received == 0 {
-            break; // every sender is gone and the queue is empty
+            break;
         }
-        let writer = Arc::clone(&writer);
-        let events = events.clone();
-        writes.spawn(async move {
-            let parts = writer.write(&buffer).await;
-            publish(&writer.shared, &events, &buffer, &parts);
-        });
+        let parts = writer.write(&buffer).await;
+        publish(&writer.shared, &events, &buffer, &parts);
     }
-    while writes.join_next().await.is_some() {}
+}
+
+/// The lane an outcome is written in: its workflow's, so that no two lanes
+/// wait for each other on one workflow's locks; otherwise its task's, which
+/// spreads plain outcomes evenly.
+fn lane_of(workflow_id: Option<i64>, task_id: i64, lanes: usize) -> usize {
+    let key = workflow_id.unwrap_or(task_id);
+    let lanes = i64::try_from(lanes.max(1)).unwrap_or(i64::MAX);
+    usize::try_from(key.rem_euclid(lanes)).unwrap_or(0)
 }
 
 /// What became of each outcome of a batch.
@@ -338,5 +379,36 @@ fn publish(
             task_ids = ?written.unwritten,
             "outcomes not written before the flush deadline; these tasks run again (released at exit, or recovered after the heartbeat timeout)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_of;
+
+    #[test]
+    fn a_workflows_outcomes_share_a_lane_and_plain_ones_spread() {
+        for lanes in 1..=4 {
+            let of_one: Vec<usize> = (100..120).map(|id| lane_of(Some(7), id, lanes)).collect();
+            assert!(
+                of_one.iter().all(|&l| l == of_one[0]),
+                "{lanes} lanes: {of_one:?}"
+            );
+            let plain: Vec<usize> = (100..100 + lanes as i64)
+                .map(|id| lane_of(None, id, lanes))
+                .collect();
+            let mut sorted = plain.clone();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..lanes).collect::<Vec<_>>(),
+                "{lanes} lanes: {plain:?}"
+            );
+        }
+        // Any id (and no lanes at all) gives a lane that exists.
+        for id in [i64::MIN, -1, 0, i64::MAX] {
+            assert!(lane_of(Some(id), id, 3) < 3);
+            assert_eq!(lane_of(None, id, 0), 0);
+        }
     }
 }

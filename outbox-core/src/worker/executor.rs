@@ -34,6 +34,8 @@ pub(crate) struct Done {
     /// The task has an ordering key: once its outcome is written, the
     /// next task of the key may be claimable.
     pub(crate) ordered: bool,
+    /// The workflow the task is a step of, if known: picks its outcome lane.
+    pub(crate) workflow_id: Option<i64>,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -107,6 +109,7 @@ pub(crate) async fn execute(
             queue,
             completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
             ordered: task.ordered,
+            workflow_id: task.workflow_id,
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");

@@ -67,7 +67,8 @@ claimed AS (
     WHERE t.id = next.id
     RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
               t.retry_count, t.max_attempts, t.claims,
-          t.ordering_key IS NOT NULL AS ordered, t.key_seq, t.created_at, t.trace_context
+          t.ordering_key IS NOT NULL AS ordered, t.key_seq, t.created_at, t.trace_context,
+              t.workflow_id
 ),
 spent AS (
     UPDATE outbox_queues

@@ -30,5 +30,5 @@
 -- is claimed by claim_limited.sql). A queue without a row has no limits:
 -- workers add the row before they claim.
 SELECT id, task_type, queue, payload, retry_count, max_attempts, claims, ordered, key_seq,
-       created_at, trace_context, priority, execute_at
+       created_at, trace_context, priority, execute_at, workflow_id
 FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9)

@@ -77,11 +77,12 @@ handed AS (
 SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
        NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
        NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
-       NULL::text AS trace_context, NULL::bool AS ordered
+       NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id
 FROM gone
 UNION ALL
-SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM kept
+SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM kept
 UNION ALL
 SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
-       created_at, trace_context, true
+       created_at, trace_context, true, NULL
 FROM handed
