@@ -351,7 +351,7 @@ async fn run_round(
                 let customer = (c * 1_000_003 + i) as i64 % 10_000;
                 let t = Instant::now();
                 let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                insert_order(&mut tx, customer).await?;
+                let order = insert_order(&mut tx, customer).await?;
                 match extra {
                     Extra::None => {}
                     Extra::Submit => {
@@ -362,13 +362,13 @@ async fn run_round(
                         )
                         .await?;
                     }
-                    Extra::SecondRow => insert_order(&mut tx, customer).await?,
-                    Extra::EventRow => event_row(&mut tx, customer).await?,
-                    Extra::Emit => emit_one(&mut tx, customer).await?,
+                    Extra::SecondRow => drop(insert_order(&mut tx, customer).await?),
+                    Extra::EventRow => event_row(&mut tx, order).await?,
+                    Extra::Emit => emit_one(&mut tx, order).await?,
                     Extra::Lines => lines(&mut tx, customer, i).await?,
                     Extra::LinesEmit => {
                         lines(&mut tx, customer, i).await?;
-                        emit_one(&mut tx, customer).await?;
+                        emit_one(&mut tx, order).await?;
                     }
                 }
                 tx.commit().await?;
@@ -384,24 +384,30 @@ async fn run_round(
     Ok((started.elapsed().as_secs_f64(), all))
 }
 
-pub(crate) async fn insert_order(conn: &mut sqlx::PgConnection, customer: i64) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO bench_orders (customer_id, amount_cents) VALUES ($1, $2)")
-        .bind(customer)
-        .bind(1999_i64)
-        .execute(conn)
-        .await
-        .map(drop)
+/// Inserts an order; returns its id.
+pub(crate) async fn insert_order(
+    conn: &mut sqlx::PgConnection,
+    customer: i64,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO bench_orders (customer_id, amount_cents) VALUES ($1, $2) RETURNING id",
+    )
+    .bind(customer)
+    .bind(1999_i64)
+    .fetch_one(conn)
+    .await
 }
 
-/// The control: a plain row of an event's columns.
-async fn event_row(conn: &mut sqlx::PgConnection, customer: i64) -> sqlx::Result<()> {
+/// The control: a plain row of an event's columns, for the order just
+/// inserted.
+async fn event_row(conn: &mut sqlx::PgConnection, order: i64) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO bench_event_control (id, aggregatetype, aggregateid, type, payload, headers)
          VALUES ($1::uuid, $2, $3, $4, $5, $6)",
     )
     .bind(outbox::bench_support::new_event_id())
     .bind("order")
-    .bind(customer.to_string())
+    .bind(order.to_string())
     .bind("order.placed")
     .bind(serde_json::json!({"amount_cents": 1999}))
     .bind(None::<serde_json::Value>)
@@ -411,12 +417,12 @@ async fn event_row(conn: &mut sqlx::PgConnection, customer: i64) -> sqlx::Result
 }
 
 /// The same event, emitted.
-async fn emit_one(conn: &mut sqlx::PgConnection, customer: i64) -> outbox::Result<()> {
+async fn emit_one(conn: &mut sqlx::PgConnection, order: i64) -> outbox::Result<()> {
     outbox::emit(
         conn,
         outbox::Event::new(
             "order",
-            customer.to_string(),
+            order.to_string(),
             "order.placed",
             serde_json::json!({"amount_cents": 1999}),
         ),

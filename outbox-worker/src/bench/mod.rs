@@ -697,7 +697,7 @@ impl Bench {
                                 AUTOCOMMIT => {
                                     outbox::submit_with(&mut conn, Noop {}, options()).await?;
                                 }
-                                _ => business::insert_order(&mut conn, i as i64).await?,
+                                _ => drop(business::insert_order(&mut conn, i as i64).await?),
                             }
                         }
                         Ok::<_, outbox::Error>(())
