@@ -77,10 +77,8 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
     // the last task is done.
     let (terminated, rounds) = terminate_until(
         &db,
-        &format!(
-            "SELECT count(*) = {TASKS} FROM outbox_all_tasks \
-             WHERE state = 'completed' OR dead_at IS NOT NULL"
-        ),
+        "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed' OR dead_at IS NOT NULL",
+        TASKS as i64,
     )
     .await;
     // The vacuumer came through: its sessions were terminated with the
@@ -154,7 +152,8 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
     let total = KEYS * STEPS;
     let (terminated, rounds) = terminate_until(
         &db,
-        &format!("SELECT count(*) = {total} FROM outbox_all_tasks WHERE state = 'completed'"),
+        "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
+        total,
     )
     .await;
     running.stop().await;
@@ -186,15 +185,19 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
 }
 
 /// Terminates every engine session of the test's database every 30 ms
-/// until `done` (a boolean query) holds; returns the sessions terminated and
-/// the rounds.
-async fn terminate_until(db: &TestDb, done: &str) -> (i64, usize) {
+/// until `count` (a bigint query: tasks finished) reaches `target`; returns
+/// the sessions terminated and the rounds. Fails when the count stands
+/// still for two minutes: how fast the worker gets through depends on the
+/// machine (each termination costs it a reconnect and a backoff), whereas a
+/// lost outcome or a key that never goes on stops it for good.
+async fn terminate_until(db: &TestDb, count: &str, target: i64) -> (i64, usize) {
+    const STALL: Duration = Duration::from_secs(120);
     let mut terminated = 0_i64;
     let mut rounds = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    let (mut last, mut moved_at) = (-1_i64, tokio::time::Instant::now());
     loop {
-        let (finished, killed): (bool, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT ({done}), \
+        let (done, killed): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT ({count}), \
                     (SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                       WHERE datname = current_database() AND application_name LIKE $1 \
                         AND pid <> pg_backend_pid()) t)"
@@ -205,12 +208,15 @@ async fn terminate_until(db: &TestDb, done: &str) -> (i64, usize) {
         .unwrap();
         terminated += killed;
         rounds += 1;
-        if finished {
+        if done >= target {
             return (terminated, rounds);
         }
+        if done != last {
+            (last, moved_at) = (done, tokio::time::Instant::now());
+        }
         assert!(
-            tokio::time::Instant::now() < deadline,
-            "not done after {rounds} rounds: {done}"
+            moved_at.elapsed() < STALL,
+            "stuck at {done} of {target} for {STALL:?} after {rounds} rounds: {count}"
         );
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
