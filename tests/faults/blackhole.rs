@@ -13,7 +13,9 @@ use outbox_tests::TestDb;
 use outbox_tests::pooler::Pgbouncer;
 use outbox_tests::process::{WorkerProcess, wait_until};
 use outbox_tests::proxy::FaultProxy;
-use outbox_tests::tasks::{Record, create_executions_table};
+use outbox_tests::tasks::{
+    Guarded, Record, assert_one_at_a_time, create_executions_table, create_intervals_table,
+};
 
 use crate::WORKER;
 
@@ -294,4 +296,113 @@ async fn sigterm_to_a_silent_worker_exits_within_the_bound() {
     eprintln!("black-holed worker: SIGTERM to exit took {took:?} (bound {bound:?})");
     worker.assert_left_behind(&ids);
     proxy.pass();
+}
+
+/// A worker cut off from the database lets go of its tasks before anyone
+/// may take them over: its handlers are told to stop (and aborted after
+/// the cancel grace) once three quarters of the heartbeat timeout less
+/// the cancel grace passed without a confirmed heartbeat. Otherwise the
+/// keyed task recovered by another worker runs twice at once, and the
+/// key's next task may start beside the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_stops_its_keyed_handler_before_its_task_is_taken_over() {
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let (proxy, proxied) = FaultProxy::start(&db.url).await;
+    // The hold is let go of 4 x 3/4 - 1 s (cancel grace) = 2 s after the
+    // last heartbeat; recovery may take the task 4 s after it.
+    let args: &[&str] = &[
+        "--queue",
+        "guarded=2",
+        "--poll-interval",
+        "100ms",
+        "--maintenance-interval",
+        "200ms",
+        "--heartbeat-interval",
+        "200ms",
+        "--heartbeat-timeout",
+        "4s",
+        "--statement-timeout",
+        "1s",
+        "--keepalive",
+        "2s",
+    ];
+    let a = WorkerProcess::spawn(WORKER, &proxied, args);
+    until(Instant::now(), Duration::from_secs(30), "A to lead", || {
+        leads(&db, a.pid())
+    })
+    .await;
+    let mut batch = Batch::new();
+    batch
+        .push(&Guarded {
+            key: "k".into(),
+            n: 1,
+            ms: 6000,
+        })
+        .unwrap();
+    batch
+        .push(&Guarded {
+            key: "k".into(),
+            n: 2,
+            ms: 100,
+        })
+        .unwrap();
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM intervals WHERE n = 1",
+        Duration::from_secs(30),
+    )
+    .await;
+    let b = WorkerProcess::spawn(WORKER, &db.url, args);
+
+    proxy.blackhole();
+    let silent_at = Instant::now();
+    // B leads, recovers step 1 (attempt 2), runs it, then step 2.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(60),
+    )
+    .await;
+    let took_over = silent_at.elapsed();
+    proxy.pass();
+    // A's record of when its handler stopped arrives once it can.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 0 FROM intervals WHERE finished_at IS NULL",
+        Duration::from_secs(60),
+    )
+    .await;
+    let order = assert_one_at_a_time(&db.pool).await;
+    assert_eq!(order, vec![("k".to_owned(), vec![1, 1, 2])]);
+    let (a_stopped, b_started): (f64, f64) = sqlx::query_as(
+        "SELECT extract(epoch FROM (SELECT finished_at FROM intervals WHERE attempt = 1 AND n = 1))::float8, \
+                extract(epoch FROM (SELECT started_at FROM intervals WHERE attempt = 2 AND n = 1))::float8",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let (claims, retries): (i32, i32) =
+        sqlx::query_as("SELECT claims, retry_count FROM outbox_all_tasks WHERE id = $1")
+            .bind(ids[0].0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (claims, retries),
+        (2, 1),
+        "recovered once, A's release fenced out"
+    );
+    assert!(
+        a.log().contains("letting go of tasks"),
+        "A never said it let go:\n{}",
+        a.log()
+    );
+    eprintln!(
+        "black-holed keyed worker: A's handler stopped {:.2} s before B started the task again; \
+         both steps done {took_over:?} after A went silent",
+        b_started - a_stopped
+    );
+    drop(b);
 }

@@ -198,6 +198,68 @@ impl TaskHandler<Slot> for IntervalRecorder {
     }
 }
 
+/// A keyed attempt recorded in `intervals` like [`Step`], whose end is
+/// recorded even when its worker is cut off from the database: the
+/// worker's own clock when the handler stopped (its work done, or told to
+/// stop), written by a task of its own that tries until the database
+/// takes it. For the test that a cut-off worker stops its handlers before
+/// their tasks are taken over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.guarded", queue = "guarded", ordering_key = "key")]
+pub struct Guarded {
+    /// The ordering key.
+    pub key: String,
+    /// Its place in the key's sequence.
+    pub n: i64,
+    /// How long the handler works.
+    pub ms: u64,
+}
+
+/// Runs [`Guarded`].
+#[derive(Debug, Clone, Copy)]
+pub struct GuardedRecorder;
+
+impl TaskHandler<Guarded> for GuardedRecorder {
+    async fn handle(&self, ctx: TaskContext, task: Guarded) -> HandlerResult {
+        let row: i64 = sqlx::query_scalar(
+            "INSERT INTO intervals (task_id, key, n, attempt, pid) VALUES ($1, $2, $3, $4, $5) \
+             RETURNING row_id",
+        )
+        .bind(ctx.id().0)
+        .bind(&task.key)
+        .bind(task.n)
+        .bind(ctx.attempt())
+        .bind(i64::from(std::process::id()))
+        .fetch_one(ctx.pool())
+        .await?;
+        let result = tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(task.ms)) => Ok(Outcome::Success),
+            () = ctx.cancellation().cancelled() => Err(HandlerError::msg("told to stop")),
+        };
+        let ended = sqlx::types::chrono::Utc::now();
+        let pool = ctx.pool().clone();
+        // Not aborted with the handler, and not bound by the database's
+        // reachability now.
+        tokio::spawn(async move {
+            for _ in 0..1200 {
+                let written = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    sqlx::query("UPDATE intervals SET finished_at = $1 WHERE row_id = $2")
+                        .bind(ended)
+                        .bind(row)
+                        .execute(&pool),
+                )
+                .await;
+                if matches!(written, Ok(Ok(_))) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        result
+    }
+}
+
 /// Creates the table [`Step`] and [`Slot`] write to.
 pub async fn create_intervals_table(pool: &PgPool) {
     sqlx::raw_sql(
@@ -335,4 +397,5 @@ pub fn register(builder: WorkerBuilder) -> WorkerBuilder {
         .handler::<Ship>(Shipper)
         .handler::<Step>(IntervalRecorder)
         .handler::<Slot>(IntervalRecorder)
+        .handler::<Guarded>(GuardedRecorder)
 }

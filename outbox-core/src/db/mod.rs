@@ -393,27 +393,38 @@ pub(crate) async fn fail_unwritable(
     Ok(done.is_some())
 }
 
-/// Bumps heartbeat_at of `ids` still held under one of `tokens`; returns
-/// those an operator asked to cancel.
+/// What a heartbeat found.
+#[derive(Debug, Default)]
+pub(crate) struct Beat {
+    /// The tasks still held under one of the tokens: the rest of those
+    /// asked about are no longer this worker's.
+    pub(crate) kept: Vec<i64>,
+    /// Held tasks an operator asked to cancel.
+    pub(crate) cancel: Vec<i64>,
+}
+
+/// Bumps heartbeat_at of `ids` still held under one of `tokens`.
 pub(crate) async fn heartbeat(
     conn: &mut PgConnection,
     ids: &[i64],
     tokens: &[Arc<str>],
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<Vec<i64>> {
+) -> sqlx::Result<Beat> {
     let rows = sqlx::query(include_str!("sql/heartbeat.sql"))
         .bind(ids)
         .bind(tokens.iter().map(|t| &**t).collect::<Vec<_>>())
         .bind(now)
         .fetch_all(conn)
         .await?;
-    let mut cancel = Vec::new();
+    let mut beat = Beat::default();
     for r in &rows {
+        let id = r.try_get("id")?;
+        beat.kept.push(id);
         if r.try_get::<bool, _>("cancel")? {
-            cancel.push(r.try_get("id")?);
+            beat.cancel.push(id);
         }
     }
-    Ok(cancel)
+    Ok(beat)
 }
 
 /// Puts every task still held under one of `tokens` back to PENDING without

@@ -56,7 +56,9 @@ pub struct WorkerConfig {
     pub heartbeat_interval: Duration,
     /// A PROCESSING task whose heartbeat is older than this is presumed
     /// lost and made claimable again (counting an attempt). Keep it several
-    /// heartbeat intervals long.
+    /// heartbeat intervals long. A worker that has not had a heartbeat
+    /// confirmed for three quarters of it, less `cancel_grace`, stops its
+    /// handlers and puts their tasks back (see worker/heartbeat.rs).
     pub heartbeat_timeout: Duration,
     /// Whether this worker takes part in maintenance (recovery, cleanup).
     /// One worker of the cluster leads at a time.

@@ -72,22 +72,32 @@ pub(crate) async fn execute(
         let queue: Arc<str> = Arc::from(task.queue.as_str());
         let started = std::time::Instant::now();
         let completed_in = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let result = run_handler(
-            &shared,
-            &task,
-            Arc::clone(&task_type),
-            Arc::clone(&queue),
-            attempt,
-            &completed_in,
-        )
-        .await;
+        // A task claimed ahead and let go of before its slot came never
+        // starts (see worker/heartbeat.rs).
+        let result = if shared.holdings.was_let_go(task.id, &task.token) {
+            None
+        } else {
+            run_handler(
+                &shared,
+                &task,
+                Arc::clone(&task_type),
+                Arc::clone(&queue),
+                attempt,
+                &completed_in,
+            )
+            .await
+        };
         metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());
         shared.holdings.ran(task.id, &task.token);
-        let Some(result) = result else {
+        let let_go = shared.holdings.was_let_go(task.id, &task.token);
+        let result = match result {
+            Some(result) => result,
+            // Let go of: put back below, whether it was aborted or never ran.
+            None if let_go => Err(LET_GO.to_owned()),
             // Aborted at the end of a shutdown: the task stays held and is
             // released with the rest.
-            return;
+            None => return,
         };
         // An operator's cancel wins over whatever the handler said.
         let result = if shared.holdings.cancel_requested(task.id) {
@@ -95,10 +105,13 @@ pub(crate) async fn execute(
         } else {
             result
         };
-        let (finish, kind) = outcome_to_finish(&shared, &task, result);
+        let (finish, kind) = outcome_to_finish(&shared, &task, result, let_go);
         match kind {
             TaskEventKind::Completed => tracing::debug!("task completed"),
             TaskEventKind::Snoozed => tracing::debug!("task snoozed"),
+            TaskEventKind::Released if let_go => {
+                tracing::warn!("task stopped: this worker let go of it; releasing it");
+            }
             TaskEventKind::Released => tracing::info!("task stopped at shutdown; releasing it"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
@@ -164,9 +177,13 @@ async fn run_handler(
     // Its own tokio task, so a panic fails this attempt instead of the
     // worker, and shutdown can abort it.
     let mut handle = tokio::spawn(future.instrument(tracing::Span::current()));
-    shared
-        .holdings
-        .running(task.id, &task.token, handle.abort_handle(), cancel.clone());
+    shared.holdings.running(
+        task.id,
+        &task.token,
+        handle.abort_handle(),
+        cancel.clone(),
+        Arc::clone(completed_in),
+    );
     let joined = match entry.timeout {
         None => handle.await,
         Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
@@ -218,10 +235,13 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
+/// The outcome of `result`; `let_go`: the worker let go of the attempt
+/// (its hold could not be vouched for).
 fn outcome_to_finish(
     shared: &Shared,
     task: &ClaimedTask,
     result: Result<Outcome, String>,
+    let_go: bool,
 ) -> (Finish, TaskEventKind) {
     let base = Finish {
         id: task.id,
@@ -234,11 +254,13 @@ fn outcome_to_finish(
         error: None,
         result: None,
     };
-    if shared.handler_cancel.is_cancelled()
+    if (shared.handler_cancel.is_cancelled() || let_go)
         && !matches!(result, Ok(Outcome::Success | Outcome::SuccessWith(_)))
     {
-        // The handler stopped because shutdown cancelled it, not because
-        // the task failed: put it back without counting an attempt.
+        // The handler stopped because shutdown cancelled it or the worker
+        // let go of the task, not because the task failed: put it back
+        // without counting an attempt (a task taken over meanwhile fences
+        // this out).
         let finish = Finish {
             state: NextState::Pending,
             ..base
@@ -299,6 +321,10 @@ fn outcome_to_finish(
 /// The last error of a task an operator cancelled (the database writes the
 /// same when it finds the request first).
 const CANCELLED: &str = "cancelled by an operator";
+
+/// Why an attempt the worker let go of ended (never written: the task is
+/// put back, see `outcome_to_finish`).
+const LET_GO: &str = "let go of: this worker could not vouch for its hold";
 
 /// Longest error message kept on a row.
 const MAX_ERROR_BYTES: usize = 16 * 1024;

@@ -4,9 +4,13 @@
 //! claim may have committed although the connection broke before the
 //! reply; such tasks are released by claim token, not left to the
 //! heartbeat timeout).
+//!
+//! An attempt whose hold the worker can no longer vouch for (see
+//! worker/heartbeat.rs) is let go: its handler is asked to stop and then
+//! aborted, one not started yet never starts, and its task is put back.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::task::AbortHandle;
@@ -14,12 +18,42 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::ClaimedTask;
 
+/// Where an attempt's handler is.
+enum Handler {
+    /// Not started (claimed ahead, waiting for a slot).
+    Waiting,
+    /// Running: the first aborts it; the second says whether it completed
+    /// the task in its own transaction (`TaskContext::complete_in`), after
+    /// which the task is done whatever becomes of the handler.
+    Running(AbortHandle, Arc<AtomicBool>),
+    /// Returned (or aborted): the outcome is decided.
+    Ended,
+}
+
+impl Handler {
+    /// Aborts a running handler (it has ended then); returns whether one
+    /// ran.
+    fn abort(&mut self) -> bool {
+        match std::mem::replace(self, Self::Ended) {
+            Self::Running(abort, _) => {
+                abort.abort();
+                true
+            }
+            other => {
+                *self = other;
+                false
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// By (task id, claim token): the same task can be held twice when a
-    /// claim was lost in a server crash and the task claimed again. The
-    /// value aborts the handler while it runs.
-    attempts: HashMap<(i64, Arc<str>), Option<AbortHandle>>,
+    /// claim was lost in a server crash and the task claimed again.
+    attempts: HashMap<(i64, Arc<str>), Handler>,
+    /// Attempts let go of: their hold could not be vouched for.
+    let_go: HashSet<(i64, Arc<str>)>,
     /// Claims sent and not answered yet.
     claiming: HashSet<Arc<str>>,
     /// Claims that failed in a way that leaves their fate unknown: they may
@@ -78,7 +112,7 @@ impl Holdings {
         for task in tasks {
             inner
                 .attempts
-                .insert((task.id, Arc::clone(&task.token)), None);
+                .insert((task.id, Arc::clone(&task.token)), Handler::Waiting);
         }
     }
 
@@ -115,18 +149,21 @@ impl Holdings {
     }
 
     /// The handler of an attempt started; shutdown may abort it, and an
-    /// operator's cancel fires `cancel`.
+    /// operator's cancel fires `cancel`. `completed_in` turns true once it
+    /// completed the task in its own transaction.
     pub(crate) fn running(
         &self,
         id: i64,
         token: &Arc<str>,
         abort: AbortHandle,
         cancel: CancellationToken,
+        completed_in: Arc<AtomicBool>,
     ) {
         let mut inner = self.lock();
-        if let Some(a) = inner.attempts.get_mut(&(id, Arc::clone(token))) {
-            *a = Some(abort);
-            if inner.cancel_requested.contains(&id) {
+        let key = (id, Arc::clone(token));
+        if let Some(a) = inner.attempts.get_mut(&key) {
+            *a = Handler::Running(abort, completed_in);
+            if inner.cancel_requested.contains(&id) || inner.let_go.contains(&key) {
                 cancel.cancel();
             }
             inner.tokens.insert(id, cancel);
@@ -137,9 +174,62 @@ impl Holdings {
     pub(crate) fn ran(&self, id: i64, token: &Arc<str>) {
         let mut inner = self.lock();
         if let Some(a) = inner.attempts.get_mut(&(id, Arc::clone(token))) {
-            *a = None;
+            *a = Handler::Ended;
         }
         inner.tokens.remove(&id);
+    }
+
+    /// Lets go of every attempt whose handler has not ended (`only`: of
+    /// those among these task ids): running handlers are asked to stop
+    /// (their cancellation token fires), waiting ones will not start. A
+    /// handler that completed its task in its own transaction is left to
+    /// finish: the task is done. Returns how many were newly let go of.
+    pub(crate) fn let_go(&self, only: Option<&HashSet<i64>>) -> usize {
+        let mut inner = self.lock();
+        let Inner {
+            attempts,
+            let_go,
+            tokens,
+            ..
+        } = &mut *inner;
+        let mut n = 0;
+        for (key, handler) in attempts.iter() {
+            let done = match handler {
+                Handler::Ended => true,
+                Handler::Running(_, completed_in) => completed_in.load(Ordering::SeqCst),
+                Handler::Waiting => false,
+            };
+            if done || only.is_some_and(|ids| !ids.contains(&key.0)) || !let_go.insert(key.clone())
+            {
+                continue;
+            }
+            n += 1;
+            if let Some(token) = tokens.get(&key.0) {
+                token.cancel();
+            }
+        }
+        n
+    }
+
+    /// Whether this attempt was let go of ([`Self::let_go`]).
+    pub(crate) fn was_let_go(&self, id: i64, token: &Arc<str>) -> bool {
+        self.lock().let_go.contains(&(id, Arc::clone(token)))
+    }
+
+    /// Aborts the handlers of attempts let go of that still run; returns
+    /// how many.
+    pub(crate) fn abort_let_go(&self) -> usize {
+        let mut inner = self.lock();
+        let Inner {
+            attempts, let_go, ..
+        } = &mut *inner;
+        let mut aborted = 0;
+        for key in let_go.iter() {
+            if let Some(handler) = attempts.get_mut(key) {
+                aborted += usize::from(handler.abort());
+            }
+        }
+        aborted
     }
 
     /// An operator asked to cancel task `id`: if this worker holds it, its
@@ -166,7 +256,9 @@ impl Holdings {
     /// worker no longer holds the task.
     pub(crate) fn done(&self, id: i64, token: &Arc<str>) {
         let mut inner = self.lock();
-        inner.attempts.remove(&(id, Arc::clone(token)));
+        let key = (id, Arc::clone(token));
+        inner.attempts.remove(&key);
+        inner.let_go.remove(&key);
         // Called for every task: look through the attempts only in the rare
         // case that a cancel is pending.
         if inner.cancel_requested.contains(&id)
@@ -189,11 +281,8 @@ impl Holdings {
     pub(crate) fn abort_running(&self) -> usize {
         let mut inner = self.lock();
         let mut aborted = 0;
-        for attempt in inner.attempts.values_mut() {
-            if let Some(abort) = attempt.take() {
-                abort.abort();
-                aborted += 1;
-            }
+        for handler in inner.attempts.values_mut() {
+            aborted += usize::from(handler.abort());
         }
         aborted
     }
@@ -217,6 +306,7 @@ impl Holdings {
     pub(crate) fn clear(&self) {
         let mut inner = self.lock();
         inner.attempts.clear();
+        inner.let_go.clear();
         inner.claiming.clear();
         inner.lost.clear();
     }
@@ -224,5 +314,73 @@ impl Holdings {
     /// Held attempts.
     pub(crate) fn len(&self) -> usize {
         self.lock().attempts.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Handler, Holdings};
+
+    /// Holds task `id` under `token`, its handler not started.
+    fn hold(h: &Holdings, id: i64, token: &Arc<str>) {
+        h.lock()
+            .attempts
+            .insert((id, Arc::clone(token)), Handler::Waiting);
+    }
+
+    #[tokio::test]
+    async fn letting_go_stops_what_runs_or_waits_and_spares_what_ended_or_completed_itself() {
+        let h = Holdings::new("w");
+        let token: Arc<str> = Arc::from("w/1");
+        for id in 1..=5 {
+            hold(&h, id, &token);
+        }
+        // 1 waits; 2 runs; 3 runs and completed its task itself; 4 ended;
+        // 5 runs but is not among the ids let go of below.
+        let mut running = Vec::new();
+        for (id, completed) in [(2, false), (3, true), (5, false)] {
+            let handler = tokio::spawn(std::future::pending::<()>());
+            let cancel = CancellationToken::new();
+            h.running(
+                id,
+                &token,
+                handler.abort_handle(),
+                cancel.clone(),
+                Arc::new(AtomicBool::new(completed)),
+            );
+            running.push((id, handler, cancel));
+        }
+        h.ran(4, &token);
+
+        let only: HashSet<i64> = (1..=4).collect();
+        assert_eq!(h.let_go(Some(&only)), 2, "1 and 2");
+        assert_eq!(h.let_go(Some(&only)), 0, "once each");
+        let let_go: Vec<bool> = (1..=5).map(|id| h.was_let_go(id, &token)).collect();
+        assert_eq!(let_go, [true, true, false, false, false]);
+        let told: Vec<(i64, bool)> = running
+            .iter()
+            .map(|(id, _, cancel)| (*id, cancel.is_cancelled()))
+            .collect();
+        assert_eq!(told, [(2, true), (3, false), (5, false)]);
+
+        // Only the running handler let go of is aborted.
+        assert_eq!(h.abort_let_go(), 1);
+        for (id, handler, _) in running {
+            if id == 2 {
+                assert!(handler.await.is_err_and(|e| e.is_cancelled()));
+            } else {
+                assert!(!handler.is_finished(), "task {id}");
+                handler.abort();
+            }
+        }
+        // An attempt let go of is forgotten with it.
+        h.done(1, &token);
+        assert!(!h.was_let_go(1, &token));
     }
 }

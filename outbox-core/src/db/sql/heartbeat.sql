@@ -3,8 +3,10 @@
 -- under one of this worker's claim tokens are touched: a task recovered and
 -- claimed by someone else is not kept alive by a worker that lost it.
 -- $1 id bigint[], $2 this worker's live claim tokens text[], $3 overrides
--- the clock (tests). Returns the tasks an operator asked to cancel (the
--- fallback for a cancel NOTIFY the worker missed).
+-- the clock (tests). Returns the tasks still held (a task asked about and
+-- missing is no longer this worker's: its handler must stop), each with
+-- whether an operator asked to cancel it (the fallback for a cancel
+-- NOTIFY the worker missed).
 UPDATE outbox_tasks
 SET heartbeat_at = coalesce($3::timestamptz, now())
 WHERE id = ANY($1::bigint[])
