@@ -16,7 +16,9 @@ pub(crate) enum EventsCommand {
     Emit(EmitArgs),
     /// Every subscription (one per relay) with its lag: events of its
     /// stream not yet published, how long the oldest has waited, its live
-    /// relay workers, and the events it holds back.
+    /// relay workers, and the events it holds back. Exits 1 when relays
+    /// read nothing (the listing says why and the fix), so scripts and
+    /// health checks see it.
     #[command(alias = "backlog")]
     Subscriptions(ListArgs),
     /// Events held back because their aggregate is parked (the broker
@@ -185,12 +187,26 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
 async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db, 2).await?;
     let rows = outbox::relay::subscriptions(&pool).await?;
-    if args.json {
-        return print_json(&rows);
+    let stopped = rows.iter().filter(|r| r.problem.is_some()).count();
+    let listed = if args.json {
+        print_json(&rows)
+    } else {
+        print_subscriptions(rows);
+        Ok(())
+    };
+    if stopped > 0 {
+        return Err(Failure::runtime(format!(
+            "the relays of {stopped} subscription(s) read nothing: see the listing for why and the fix"
+        )));
     }
+    listed
+}
+
+/// The subscriptions as a table, then what stops any of them.
+fn print_subscriptions(rows: Vec<outbox::relay::Subscription>) {
     if rows.is_empty() {
         println!("no subscriptions: a relay creates its own when it first runs");
-        return Ok(());
+        return;
     }
     println!(
         "{:<20} {:<12} {:>5} {:>10} {:>9} {:>8} {:>12} {:>8} {:>10}",
@@ -223,7 +239,6 @@ async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
             println!("\n{}: its relay reads nothing: {problem}", r.name);
         }
     }
-    Ok(())
 }
 
 async fn parked(args: ParkedArgs) -> Result<(), Failure> {

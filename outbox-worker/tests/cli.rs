@@ -1359,6 +1359,35 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     assert!(parked.contains("http_refused"), "{parked}");
     let subs = ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
     assert!(subs.contains("hooks"), "{subs}");
+    // A relay that reads nothing fails the listing, for scripts and health
+    // checks, after saying why.
+    let cache = |n: u32| format!("ALTER SEQUENCE outbox_event_position_seq CACHE {n}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(cache(20)))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let stopped = cli(&["events", "subscriptions", "--database-url", &db.url]).await;
+    let listing = String::from_utf8_lossy(&stopped.stdout);
+    assert_eq!(
+        stopped.status.code(),
+        Some(1),
+        "{listing}{}",
+        stderr(&stopped)
+    );
+    assert!(
+        listing.contains("hooks: its relay reads nothing"),
+        "{listing}"
+    );
+    assert!(
+        stderr(&stopped).contains("read nothing"),
+        "{}",
+        stderr(&stopped)
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(cache(1)))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
     let skipped = ok(&cli(&[
         "events",
         "skip",
