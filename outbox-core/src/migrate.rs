@@ -157,6 +157,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0022_outcome_lanes.up.sql"),
         down: include_str!("../../migrations/0022_outcome_lanes.down.sql"),
     },
+    Migration {
+        version: 23,
+        name: "key_try_lock",
+        up: include_str!("../../migrations/0023_key_try_lock.up.sql"),
+        down: include_str!("../../migrations/0023_key_try_lock.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -377,3 +377,94 @@ async fn the_hand_over_reads_by_primary_key_under_stale_statistics() {
     .unwrap();
     assert_eq!(next, 2, "the key's second task is the one handed on");
 }
+
+/// An application's transaction that submitted a task of key `held` and
+/// stays open holds the key's lock row. The outcome that lets go of the
+/// key (the key's running step finishing) used to wait for it, and every
+/// outcome behind it in the same lane with it: with one lane, nothing the
+/// worker finished was written until the application committed. Now the
+/// outcome is written at once and the key is handed on once the lock is
+/// free, here after the worker's sessions were terminated meanwhile.
+#[tokio::test]
+async fn an_open_submit_of_a_key_holds_up_no_outcome_and_gets_its_key_after_its_commit() {
+    let db = TestDb::migrated().await;
+    let run = start_gated(
+        &db,
+        "held",
+        1,
+        0,
+        WorkerConfig {
+            finish_lanes: 1,
+            // Maintenance (which also hands on keys with a free place) does
+            // not run its cleanup again within the test.
+            cleanup_interval: Duration::from_secs(3600),
+            ..polling_config()
+        },
+        2,
+    )
+    .await;
+    let mut app = db.pool.begin().await.unwrap();
+    outbox::submit(
+        &mut app,
+        Gated {
+            key: "held".into(),
+            n: 2,
+        },
+    )
+    .await
+    .unwrap();
+
+    // Step 1 of `held` finishes, and then a task of another key.
+    run.gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(60),
+    )
+    .await;
+    outbox::submit(
+        &mut *db.conn().await,
+        Gated {
+            key: "other".into(),
+            n: 3,
+        },
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(3)),
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // The key is owed a hand-over; the worker's sessions go (a failover,
+    // an operator) while it waits.
+    for _ in 0..3 {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name LIKE 'outbox %'",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.commit().await.unwrap();
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(2)),
+        Duration::from_secs(60),
+    )
+    .await;
+    run.running.stop().await;
+    assert_eq!(
+        run.gate.1.lock().unwrap().clone(),
+        vec![
+            ("held".to_owned(), 1),
+            ("other".to_owned(), 3),
+            ("held".to_owned(), 2)
+        ],
+        "the held key's next step ran once, after the submit committed"
+    );
+}

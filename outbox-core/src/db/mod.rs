@@ -302,6 +302,33 @@ pub(crate) struct Completed {
     pub(crate) claimed: Vec<ClaimedTask>,
     /// Queues of tasks handed their key but not claimed (woken by NOTIFY).
     pub(crate) woken: Vec<String>,
+    /// Keys let go of but not handed on: another transaction held their
+    /// row. They are owed a hand-over ([`hand_on_deferred_keys`]).
+    pub(crate) deferred: Vec<QueueKey>,
+}
+
+/// An ordering key, with its queue.
+pub(crate) type QueueKey = (String, String);
+
+/// Reads an outcome statement's row that names a key it could not hand on.
+fn deferred_key(r: &sqlx::postgres::PgRow) -> sqlx::Result<Option<QueueKey>> {
+    r.try_get::<Option<String>, _>("deferred_key")?
+        .map(|key| r.try_get::<String, _>("queue").map(|queue| (queue, key)))
+        .transpose()
+}
+
+/// Hands on ordering keys whose outcomes could not take them (see
+/// [`Completed::deferred`]); returns those whose row another transaction
+/// still holds.
+pub(crate) async fn hand_on_deferred_keys(
+    conn: &mut PgConnection,
+    keys: &[QueueKey],
+) -> sqlx::Result<Vec<QueueKey>> {
+    sqlx::query_as(include_str!("sql/hand_on_deferred_keys.sql"))
+        .bind(keys.iter().map(|(q, _)| q.as_str()).collect::<Vec<_>>())
+        .bind(keys.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>())
+        .fetch_all(conn)
+        .await
 }
 
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
@@ -334,7 +361,9 @@ pub(crate) async fn complete_tasks(
         .await?;
     let mut completed = Completed::default();
     for r in &rows {
-        if !r.try_get::<bool, _>("handed")? {
+        if let Some(key) = deferred_key(r)? {
+            completed.deferred.push(key);
+        } else if !r.try_get::<bool, _>("handed")? {
             completed.written.push(r.try_get("id")?);
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
@@ -348,12 +377,13 @@ pub(crate) async fn complete_tasks(
 }
 
 /// TX2: writes a batch of outcomes in one statement; returns the ids that
-/// were written (a fenced-out stale outcome is missing from it).
+/// were written (a fenced-out stale outcome is missing from it) and the
+/// keys let go of that it could not hand on.
 pub(crate) async fn finish_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<Vec<i64>> {
+) -> sqlx::Result<(Vec<i64>, Vec<QueueKey>)> {
     let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))
         .bind(batch.iter().map(|f| f.id).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.claims).collect::<Vec<_>>())
@@ -372,7 +402,15 @@ pub(crate) async fn finish_tasks(
         )
         .fetch_all(conn)
         .await?;
-    rows.iter().map(|r| r.try_get("id")).collect()
+    let mut written = Vec::with_capacity(rows.len());
+    let mut deferred = Vec::new();
+    for r in &rows {
+        match deferred_key(r)? {
+            Some(key) => deferred.push(key),
+            None => written.push(r.try_get("id")?),
+        }
+    }
+    Ok((written, deferred))
 }
 
 /// The fallback when one outcome was rejected for good: the attempt counts

@@ -19,6 +19,10 @@
 //! the row. At shutdown the writes get until the flush deadline; what is
 //! still unwritten then is logged with its task ids and released at exit
 //! or, if the database stays away, left to stuck-task recovery.
+//!
+//! An outcome never waits for another transaction's lock on an ordering
+//! key: a key it cannot take at once is handed on later, by
+//! [`deferred_keys`](super::deferred_keys).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::deferred_keys;
 use super::events::{TaskEvent, TaskEventKind};
 use super::executor::Done;
 use super::outage::Outage;
@@ -43,12 +48,20 @@ pub(crate) async fn run(
 ) {
     let cap = shared.config.max_finish_batch.max(1);
     let lanes = shared.config.finish_lanes.max(1);
+    let (owe_keys, owed_keys) = mpsc::unbounded_channel();
+    let mut writes = JoinSet::new();
+    // Ends once every lane has (closing the channel) and no key is owed.
+    writes.spawn(deferred_keys::run(
+        Arc::clone(&shared),
+        owed_keys,
+        give_up.clone(),
+    ));
     let writer = Arc::new(Writer {
         shared: Arc::clone(&shared),
         outage: std::sync::Mutex::new(Outage::new("completer")),
         give_up,
+        owe_keys,
     });
-    let mut writes = JoinSet::new();
     let mut senders = Vec::with_capacity(lanes);
     for _ in 0..lanes {
         // A lane's backlog is one batch: a lane that cannot write (an
@@ -76,6 +89,7 @@ pub(crate) async fn run(
     }
     // Each lane writes what it has left, then ends.
     drop(senders);
+    drop(writer);
     while writes.join_next().await.is_some() {}
 }
 
@@ -129,6 +143,8 @@ struct Writer {
     outage: std::sync::Mutex<Outage>,
     /// Cancelled at the flush deadline of a shutdown: stop retrying.
     give_up: CancellationToken,
+    /// Keys let go of that an outcome could not hand on.
+    owe_keys: mpsc::UnboundedSender<db::QueueKey>,
 }
 
 impl Writer {
@@ -153,6 +169,10 @@ impl Writer {
     async fn write_part(&self, part: &[&Done], written: &mut Written) {
         match self.retrying("outcome", || self.statement(part)).await {
             Some(Ok(done)) => {
+                for key in done.deferred {
+                    // Closed only after every lane has ended.
+                    let _ = self.owe_keys.send(key);
+                }
                 written.ids.extend(done.written);
                 written.wake.extend(done.woken.into_iter().map(Arc::from));
             }
@@ -240,10 +260,11 @@ impl Writer {
         let now = config.clock.now();
         if !part.iter().all(|d| fast_path(&d.finish)) {
             let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
-            let written = call(&shared.engine, shared.deadline, "outcome", async |conn| {
-                db::finish_tasks(conn, &finishes, now).await
-            })
-            .await?;
+            let (written, deferred) =
+                call(&shared.engine, shared.deadline, "outcome", async |conn| {
+                    db::finish_tasks(conn, &finishes, now).await
+                })
+                .await?;
             // A failure can let go of a key too (a dead task of a type that
             // skips them): look for the key's next task at once.
             let wake = part
@@ -255,6 +276,7 @@ impl Writer {
                 written,
                 claimed: Vec::new(),
                 woken: wake,
+                deferred,
             });
         }
         let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();

@@ -27,6 +27,7 @@ mod claim_floor;
 mod completer;
 mod config;
 mod counters;
+mod deferred_keys;
 mod events;
 mod executor;
 mod hand_on;
@@ -312,10 +313,11 @@ impl Worker {
             keepalive: self.config.keepalive,
             pooled: self.config.pooler,
         };
-        // A claim in flight per queue, the outcome lanes, the heartbeat, the
-        // maintainer and its vacuum, the throughput counts, the worker's
-        // row, and one to spare for releases.
-        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 6;
+        // A claim in flight per queue, the outcome lanes, the keys they
+        // owe a hand-over, the heartbeat, the maintainer and its vacuum, the
+        // throughput counts, the worker's row, and one to spare for
+        // releases.
+        let sessions = self.queues.len() + self.config.finish_lanes.max(1) + 7;
         let engine = EnginePool::new(&self.pool, &self.config.worker_id, limits, sessions);
         // Behind a pooler only a direct connection hears notifications.
         let listen_options = match (&self.config.listen_options, self.config.pooler) {

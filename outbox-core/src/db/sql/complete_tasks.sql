@@ -11,6 +11,10 @@
 -- text[], $6 how many in each int[], $7 the claim token of that hand-on
 -- (null: none). Rows with handed false are the outcomes written; rows with
 -- handed true are tasks handed their key, claimed says whether for us.
+-- Keys are taken without waiting: a key that another transaction holds (an
+-- application's open submit of the key, say) is not handed on here but
+-- returned in deferred_key (with its queue), and the worker hands it on in
+-- a statement of its own (migration 23).
 WITH batch AS (
     -- Locked first, so that what decides a row's fate is its latest version
     -- (a cancel committed meanwhile is seen), and the DELETE and UPDATE
@@ -59,11 +63,11 @@ kept AS (
     WHERE t.id = batch.id AND (batch.cancelled OR batch.covers_completed)
     RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
 ),
-handed AS (
+keys AS (
     -- Tasks that let go of their ordering key hand it on (after every row
-    -- above is written: the aggregate reads them all first). A task gone to
-    -- the history has let go of it.
-    SELECT h.*
+    -- above is written: the aggregate reads them all first), if its row can
+    -- be taken now. A task gone to the history has let go of it.
+    SELECT l.*
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM (SELECT queue, ordering_key FROM gone
                 UNION ALL
@@ -71,18 +75,30 @@ handed AS (
                 WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
           WHERE ordering_key IS NOT NULL
           HAVING count(*) > 0) AS released,
-         LATERAL outbox_keys_hand_on(released.q, released.k, $5::text[], $6::int[], $7::text,
+         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+),
+handed AS (
+    SELECT h.*
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM keys WHERE held
+          HAVING count(*) > 0) AS taken,
+         LATERAL outbox_keys_hand_on(taken.q, taken.k, $5::text[], $6::int[], $7::text,
                                      $4::timestamptz) AS h
 )
 SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
        NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
        NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
-       NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id
+       NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
+       NULL::text AS deferred_key
 FROM gone
 UNION ALL
-SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM kept
 UNION ALL
 SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
-       created_at, trace_context, true, NULL
+       created_at, trace_context, true, NULL, NULL
 FROM handed
+UNION ALL
+SELECT NULL, true, false, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ordering_key
+FROM keys WHERE held IS NOT TRUE

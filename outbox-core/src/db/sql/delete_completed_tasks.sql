@@ -34,28 +34,41 @@ cancelled AS (
     WHERE t.id = batch.id AND batch.cancelled
     RETURNING t.id, t.queue, t.ordering_key
 ),
-handed AS (
+keys AS (
     -- Every one of them let go of its ordering key (a cancelled task is
-    -- skipped): the key goes on, after every row above is written.
-    SELECT h.*
+    -- skipped): the key goes on, after every row above is written, if its
+    -- row can be taken now (as in complete_tasks.sql).
+    SELECT l.*
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM (SELECT queue, ordering_key FROM gone
                 UNION ALL
                 SELECT queue, ordering_key FROM cancelled) AS k
           WHERE ordering_key IS NOT NULL
           HAVING count(*) > 0) AS released,
-         LATERAL outbox_keys_hand_on(released.q, released.k, $5::text[], $6::int[], $7::text,
+         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+),
+handed AS (
+    SELECT h.*
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM keys WHERE held
+          HAVING count(*) > 0) AS taken,
+         LATERAL outbox_keys_hand_on(taken.q, taken.k, $5::text[], $6::int[], $7::text,
                                      $4::timestamptz) AS h
 )
 SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
        NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
        NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
-       NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id
+       NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
+       NULL::text AS deferred_key
 FROM gone
 UNION ALL
-SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM cancelled
 UNION ALL
 SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
-       created_at, trace_context, true, NULL
+       created_at, trace_context, true, NULL, NULL
 FROM handed
+UNION ALL
+SELECT NULL, true, false, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ordering_key
+FROM keys WHERE held IS NOT TRUE

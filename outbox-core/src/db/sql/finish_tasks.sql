@@ -11,6 +11,9 @@
 -- $6 delay before the next attempt in microseconds bigint[], $7 dead
 -- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
 -- clock (tests). $10 result text[] (JSON; null keeps none).
+-- Returns the ids written, and (with a null id) each ordering key let go of
+-- whose row another transaction holds: it is handed on by the worker in a
+-- statement of its own (migration 23; complete_tasks.sql says why).
 WITH batch AS (
     -- Locked first, so that what decides a row's fate is its latest version
     -- and the DELETE and UPDATE below split the batch between them exactly.
@@ -66,18 +69,28 @@ kept AS (
     WHERE t.id = o.id AND NOT o.archive
     RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
 ),
-handed AS (
+keys AS (
     -- Tasks that let go of their ordering key hand it on (after every row
-    -- above is written: the aggregate reads them all first). A task gone to
-    -- the history has let go of it.
+    -- above is written: the aggregate reads them all first), if its row can
+    -- be taken now. A task gone to the history has let go of it.
+    SELECT l.*
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM (SELECT queue, ordering_key FROM gone
+                UNION ALL
+                SELECT queue, ordering_key FROM kept
+                WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
+          WHERE ordering_key IS NOT NULL
+          HAVING count(*) > 0) AS released,
+         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+),
+handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM (SELECT queue, ordering_key FROM gone
-          UNION ALL
-          SELECT queue, ordering_key FROM kept
-          WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-    WHERE ordering_key IS NOT NULL
+    FROM keys WHERE held
     HAVING count(*) > 0
 )
-SELECT id FROM gone WHERE (SELECT count(*) FROM handed) >= 0
+SELECT id, NULL::text AS queue, NULL::text AS deferred_key
+FROM gone WHERE (SELECT count(*) FROM handed) >= 0
 UNION ALL
-SELECT id FROM kept
+SELECT id, NULL, NULL FROM kept
+UNION ALL
+SELECT NULL, queue, ordering_key FROM keys WHERE held IS NOT TRUE
