@@ -468,3 +468,58 @@ async fn an_open_submit_of_a_key_holds_up_no_outcome_and_gets_its_key_after_its_
         "the held key's next step ran once, after the submit committed"
     );
 }
+
+/// An operator's cancel of a task waiting for its key locks the key before
+/// the task. A hand-over in progress holds the key and then writes the
+/// key's next task: a cancel that held that task while it waited for the
+/// key deadlocked with it (PostgreSQL aborted one of them).
+#[tokio::test]
+async fn a_cancel_of_a_waiting_task_takes_its_key_before_the_task() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    for n in 1..=2 {
+        outbox::submit(&mut conn, Gated { key: "c".into(), n })
+            .await
+            .unwrap();
+    }
+    drop(conn);
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT id FROM outbox_tasks WHERE (payload->>'n')::bigint = 2 AND blocked",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+
+    // A hand-over's first step: the key's row.
+    let mut hand_over = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_keys WHERE ordering_key = 'c' FOR UPDATE")
+        .execute(&mut *hand_over)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let cancel =
+        tokio::spawn(async move { admin::cancel_tasks(&pool, &[outbox::TaskId(waiting)]).await });
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        Duration::from_secs(60),
+    )
+    .await;
+    // Its second: the key's next task, which the cancel must not hold.
+    sqlx::query("SELECT 1 FROM outbox_tasks WHERE id = $1 FOR UPDATE NOWAIT")
+        .bind(waiting)
+        .execute(&mut *hand_over)
+        .await
+        .expect("the waiting task is not locked by the cancel waiting for its key");
+    hand_over.commit().await.unwrap();
+    let cancelled = cancel.await.unwrap().unwrap();
+    assert_eq!(cancelled, vec![outbox::TaskId(waiting)]);
+    let dead: bool =
+        sqlx::query_scalar("SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = $1")
+            .bind(waiting)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(dead, "the cancel went through after the hand-over");
+}

@@ -7,7 +7,23 @@
 -- operator cancels: that is how a dead head is skipped. Finished tasks are
 -- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
 -- skipped.
-WITH waiting AS (
+--
+-- The ordering keys of the tasks named are locked before any task is
+-- written. A hand-over locks a key and then writes its next tasks; a cancel
+-- that wrote a waiting task first and locked its key after could deadlock
+-- with it (PostgreSQL aborts one of the two, and both are retried, but an
+-- operator's cancel should not fail for it). Every update below waits for
+-- the keys (`(SELECT n FROM keys) >= 0` is evaluated before its first row).
+WITH keys AS (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM outbox_keys AS o
+        WHERE (o.queue, o.ordering_key) IN (
+            SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
+            WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL)
+        ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
+        FOR UPDATE OF o) AS l
+),
+waiting AS (
     UPDATE outbox_tasks
     SET state = 'failed',
         dead_at = now(),
@@ -20,6 +36,7 @@ WITH waiting AS (
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
       AND dead_at IS NULL
+      AND (SELECT n FROM keys) >= 0
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -33,6 +50,7 @@ running AS (
     WHERE id = ANY($1::bigint[])
       AND state = 'processing'
       AND cancel_requested_at IS NULL
+      AND (SELECT n FROM keys) >= 0
     RETURNING id
 ),
 skipped AS (
@@ -44,6 +62,7 @@ skipped AS (
       AND dead_at IS NOT NULL
       AND ordering_key IS NOT NULL
       AND NOT skip_dead
+      AND (SELECT n FROM keys) >= 0
     RETURNING id, queue, ordering_key
 ),
 handed AS (
