@@ -1,2 +1,2 @@
 -- Back to migration 22: outcomes lock their keys and wait.
-DROP FUNCTION outbox_keys_try_lock(text[], text[]);
+DROP FUNCTION outbox_keys_try_lock(text[], text[], interval);

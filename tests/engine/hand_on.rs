@@ -459,6 +459,11 @@ async fn an_open_submit_of_a_key_holds_up_no_outcome_and_gets_its_key_after_its_
     .await;
     run.running.stop().await;
     assert_eq!(
+        run.counters.snapshot().keys_deferred,
+        1,
+        "the key was handed on after the outcome that let go of it"
+    );
+    assert_eq!(
         run.gate.1.lock().unwrap().clone(),
         vec![
             ("held".to_owned(), 1),

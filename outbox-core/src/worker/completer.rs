@@ -20,8 +20,8 @@
 //! still unwritten then is logged with its task ids and released at exit
 //! or, if the database stays away, left to stuck-task recovery.
 //!
-//! An outcome never waits for another transaction's lock on an ordering
-//! key: a key it cannot take at once is handed on later, by
+//! An outcome waits for another transaction's lock on an ordering key 50 ms
+//! at most: a key it cannot take by then is handed on later, by
 //! [`deferred_keys`](super::deferred_keys).
 
 use std::collections::HashSet;
@@ -169,6 +169,7 @@ impl Writer {
     async fn write_part(&self, part: &[&Done], written: &mut Written) {
         match self.retrying("outcome", || self.statement(part)).await {
             Some(Ok(done)) => {
+                self.shared.counters.deferred(done.deferred.len());
                 for key in done.deferred {
                     // Closed only after every lane has ended.
                     let _ = self.owe_keys.send(key);

@@ -13,6 +13,7 @@ pub struct WorkerCounters {
     outcomes_written: AtomicU64,
     heartbeat_queries: AtomicU64,
     tasks_handed_on: AtomicU64,
+    keys_deferred: AtomicU64,
 }
 
 /// A copy of [`WorkerCounters`] at one moment.
@@ -31,6 +32,10 @@ pub struct CountersSnapshot {
     /// Tasks claimed by an outcome statement that handed their ordering
     /// key straight on to them (no claim statement of their own).
     pub tasks_handed_on: u64,
+    /// Ordering keys an outcome let go of but could not hand on in its own
+    /// statement, another transaction holding the key's lock: each was
+    /// handed on by a statement of its own once the lock was free.
+    pub keys_deferred: u64,
 }
 
 impl CountersSnapshot {
@@ -50,6 +55,7 @@ impl WorkerCounters {
             outcomes_written: self.outcomes_written.load(Ordering::Relaxed),
             heartbeat_queries: self.heartbeat_queries.load(Ordering::Relaxed),
             tasks_handed_on: self.tasks_handed_on.load(Ordering::Relaxed),
+            keys_deferred: self.keys_deferred.load(Ordering::Relaxed),
         }
     }
 
@@ -68,6 +74,10 @@ impl WorkerCounters {
     pub(crate) fn handed_on(&self, tasks: usize) {
         self.tasks_handed_on
             .fetch_add(tasks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn deferred(&self, keys: usize) {
+        self.keys_deferred.fetch_add(keys as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn heartbeat(&self) {

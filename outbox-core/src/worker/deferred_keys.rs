@@ -1,10 +1,10 @@
 //! Ordering keys owed a hand-over that their outcome could not make.
 //!
-//! An outcome that lets go of a key takes the key's row without waiting
-//! (migration 23): while another transaction holds it (an application's
-//! submit of the key, still open), the outcome is written without the
-//! hand-over and the key comes here, so that one open transaction never
-//! holds up a batch of outcomes of other keys and queues. This loop tries
+//! An outcome that lets go of a key waits for the key's row 50 ms at most
+//! (migration 23): while another transaction holds it for longer (an
+//! application's submit of the key, still open), the outcome is written
+//! without the hand-over and the key comes here, so that one open
+//! transaction never holds up a batch of outcomes of other keys and queues. This loop tries
 //! the owed keys again, on one session, without waiting on their rows
 //! either: at once when a key arrives, then after pauses that double from
 //! 5 ms to half a second while the same keys stay held. A key goes on as

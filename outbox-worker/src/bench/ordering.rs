@@ -59,11 +59,12 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
     let ratio = drain.rate / unordered.max(1e-9);
     bench.say(format!(
         "ordered: {n} tasks over {keys} keys, inserted at {insert:.0} tasks/s, drained at {:.0} tasks/s \
-         ({ratio:.2}x the unordered drain, concurrency {}; {} handed on, {} claims carrying {} tasks, \
-         {} outcome statements)",
+         ({ratio:.2}x the unordered drain, concurrency {}; {} handed on, {} keys handed on later, \
+         {} claims carrying {} tasks, {} outcome statements)",
         drain.rate,
         bench.args.concurrency,
         drain.counters.tasks_handed_on,
+        drain.counters.keys_deferred,
         drain.counters.claim_queries,
         drain.counters.tasks_claimed,
         drain.counters.finish_queries
@@ -75,8 +76,8 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
     let c = &hot_drain.counters;
     bench.say(format!(
         "ordered: one hot key, {hot} tasks: {:.0} tasks/s ({} handed on by the outcome before them, \
-         {} claim statements)",
-        hot_drain.rate, c.tasks_handed_on, c.claim_queries
+         {} claim statements, {} times handed on later)",
+        hot_drain.rate, c.tasks_handed_on, c.claim_queries, c.keys_deferred
     ));
 
     bench.insert(1000).await?;

@@ -13,7 +13,7 @@ WITH keys AS (
           FROM (SELECT DISTINCT queue, ordering_key FROM outbox_tasks
                 WHERE blocked AND ($1::text IS NULL OR queue = $1)) AS w
           HAVING count(*) > 0) AS waiting,
-         LATERAL outbox_keys_try_lock(waiting.q, waiting.k) AS l
+         LATERAL outbox_keys_try_lock(waiting.q, waiting.k, interval '0') AS l
 )
 SELECT coalesce((SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key))
                  FROM keys WHERE held IS NOT FALSE

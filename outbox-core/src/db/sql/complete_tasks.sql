@@ -11,10 +11,10 @@
 -- text[], $6 how many in each int[], $7 the claim token of that hand-on
 -- (null: none). Rows with handed false are the outcomes written; rows with
 -- handed true are tasks handed their key, claimed says whether for us.
--- Keys are taken without waiting: a key that another transaction holds (an
--- application's open submit of the key, say) is not handed on here but
--- returned in deferred_key (with its queue), and the worker hands it on in
--- a statement of its own (migration 23).
+-- A key is waited for 50 ms at most: a key that another transaction holds
+-- for longer (an application's open submit of the key, say) is not handed
+-- on here but returned in deferred_key (with its queue), and the worker
+-- hands it on in a statement of its own (migration 23).
 WITH batch AS (
     -- Locked first, so that what decides a row's fate is its latest version
     -- (a cancel committed meanwhile is seen), and the DELETE and UPDATE
@@ -66,7 +66,7 @@ kept AS (
 keys AS (
     -- Tasks that let go of their ordering key hand it on (after every row
     -- above is written: the aggregate reads them all first), if its row can
-    -- be taken now. A task gone to the history has let go of it.
+    -- be taken soon enough. A task gone to the history has let go of it.
     SELECT l.*
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM (SELECT queue, ordering_key FROM gone
@@ -75,7 +75,7 @@ keys AS (
                 WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
           WHERE ordering_key IS NOT NULL
           HAVING count(*) > 0) AS released,
-         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+         LATERAL outbox_keys_try_lock(released.q, released.k, interval '50 milliseconds') AS l
 ),
 handed AS (
     SELECT h.*

@@ -37,7 +37,7 @@ cancelled AS (
 keys AS (
     -- Every one of them let go of its ordering key (a cancelled task is
     -- skipped): the key goes on, after every row above is written, if its
-    -- row can be taken now (as in complete_tasks.sql).
+    -- row can be taken soon enough (as in complete_tasks.sql).
     SELECT l.*
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM (SELECT queue, ordering_key FROM gone
@@ -45,7 +45,7 @@ keys AS (
                 SELECT queue, ordering_key FROM cancelled) AS k
           WHERE ordering_key IS NOT NULL
           HAVING count(*) > 0) AS released,
-         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+         LATERAL outbox_keys_try_lock(released.q, released.k, interval '50 milliseconds') AS l
 ),
 handed AS (
     SELECT h.*

@@ -12,8 +12,9 @@
 -- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
 -- clock (tests). $10 result text[] (JSON; null keeps none).
 -- Returns the ids written, and (with a null id) each ordering key let go of
--- whose row another transaction holds: it is handed on by the worker in a
--- statement of its own (migration 23; complete_tasks.sql says why).
+-- whose row another transaction held for longer than 50 ms: it is handed on
+-- by the worker in a statement of its own (migration 23; complete_tasks.sql
+-- says why).
 WITH batch AS (
     -- Locked first, so that what decides a row's fate is its latest version
     -- and the DELETE and UPDATE below split the batch between them exactly.
@@ -72,7 +73,7 @@ kept AS (
 keys AS (
     -- Tasks that let go of their ordering key hand it on (after every row
     -- above is written: the aggregate reads them all first), if its row can
-    -- be taken now. A task gone to the history has let go of it.
+    -- be taken soon enough. A task gone to the history has let go of it.
     SELECT l.*
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM (SELECT queue, ordering_key FROM gone
@@ -81,7 +82,7 @@ keys AS (
                 WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
           WHERE ordering_key IS NOT NULL
           HAVING count(*) > 0) AS released,
-         LATERAL outbox_keys_try_lock(released.q, released.k) AS l
+         LATERAL outbox_keys_try_lock(released.q, released.k, interval '50 milliseconds') AS l
 ),
 handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n

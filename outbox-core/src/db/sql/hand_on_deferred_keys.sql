@@ -6,7 +6,7 @@
 -- same row. $1 queues text[], $2 keys text[]. Returns the keys whose row
 -- is still held elsewhere.
 WITH keys AS (
-    SELECT * FROM outbox_keys_try_lock($1::text[], $2::text[])
+    SELECT * FROM outbox_keys_try_lock($1::text[], $2::text[], interval '0')
 ),
 handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
