@@ -118,7 +118,7 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
 
 /// The hot-key test: its keys, and the steps of each (run one at a time).
 const KEYS: i64 = 3;
-const STEPS: i64 = 150;
+const STEPS: i64 = 50;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
