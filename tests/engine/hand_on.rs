@@ -528,3 +528,67 @@ async fn a_cancel_of_a_waiting_task_takes_its_key_before_the_task() {
             .unwrap();
     assert!(dead, "the cancel went through after the hand-over");
 }
+
+/// A worker that owes a key when it stops does not wait for the other
+/// transaction to let go of it: it stops, and the maintenance leader (here
+/// the next worker's first round) hands the key on once it is free.
+#[tokio::test]
+async fn a_worker_owing_a_key_stops_at_once_and_maintenance_hands_the_key_on() {
+    let db = TestDb::migrated().await;
+    let run = start_gated(
+        &db,
+        "owed",
+        1,
+        0,
+        WorkerConfig {
+            // Far beyond the bound checked below: the stop must not wait
+            // for the flush deadline.
+            flush_timeout: Duration::from_secs(600),
+            ..polling_config()
+        },
+        2,
+    )
+    .await;
+    let mut app = db.pool.begin().await.unwrap();
+    outbox::submit(
+        &mut app,
+        Gated {
+            key: "owed".into(),
+            n: 2,
+        },
+    )
+    .await
+    .unwrap();
+    run.gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stopping = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(120), run.running.stop())
+        .await
+        .expect("the worker stopped without waiting for the key's lock");
+    eprintln!("stopped in {:?} owing a key", stopping.elapsed());
+    assert_eq!(run.counters.snapshot().keys_deferred, 1);
+
+    app.commit().await.unwrap();
+    let gate = Gate::default();
+    let next = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(polling_config())
+            .handler::<Gated>(gate.clone())
+            .queue("hand-on-gated", 2)
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(2)),
+        Duration::from_secs(60),
+    )
+    .await;
+    next.stop().await;
+    assert_eq!(gate.1.lock().unwrap().clone(), vec![("owed".to_owned(), 2)]);
+}

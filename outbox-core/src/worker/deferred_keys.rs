@@ -5,8 +5,8 @@
 //! application's submit of the key, still open), the outcome is written
 //! without the hand-over and the key comes here, so that one open
 //! transaction never holds up a batch of outcomes of other keys and queues. This loop tries
-//! the owed keys again, on one session, without waiting on their rows
-//! either: at once when a key arrives, then after pauses that double from
+//! the owed keys again, on one session, waiting 10 ms at most for their
+//! rows: at once when a key arrives, then after pauses that double from
 //! 5 ms to half a second while the same keys stay held. A key goes on as
 //! soon as its row is free (the holder's own task, if it added one, was
 //! queued behind the key and is handed it then), and the queue's producer
@@ -14,9 +14,11 @@
 //!
 //! Nothing owed is dropped for a transient error: the keys are kept and
 //! tried again after the outage's backoff. What is still owed when the
-//! worker gives up at the flush deadline of a shutdown (or when it dies) is
-//! handed on by the maintenance leader, which advances every key with
-//! waiting tasks and a free place each cleanup round.
+//! worker stops (one last try once every outcome is written, so that
+//! another transaction's lock does not hold up its exit), or when it dies,
+//! or when the reply of the outcome that owed it was lost, is handed on by
+//! the maintenance leader, which advances every key with waiting tasks and
+//! a free place each cleanup round.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -73,13 +75,16 @@ pub(crate) async fn run(
             add(&mut owed, key);
         }
         let keys: Vec<QueueKey> = owed.keys().cloned().collect();
-        let result = call(
+        let attempt = call(
             &shared.engine,
             shared.deadline,
             "key hand-over",
             async |conn| db::hand_on_deferred_keys(conn, &keys).await,
-        )
-        .await;
+        );
+        let result = tokio::select! {
+            r = attempt => r,
+            () = give_up.cancelled() => return left_to_maintenance(&owed),
+        };
         let wait = match result {
             Ok(still) => {
                 outage.ok();
@@ -114,21 +119,28 @@ pub(crate) async fn run(
         if owed.is_empty() {
             continue;
         }
+        if !open {
+            // Every lane has ended (shutdown): this was the last try, so
+            // that another transaction's lock does not hold up the exit.
+            return left_to_maintenance(&owed);
+        }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             k = incoming.recv(), if open => match k {
                 Some(key) => add(&mut owed, key),
                 None => open = false,
             },
-            () = give_up.cancelled() => {
-                tracing::warn!(
-                    keys = ?owed.keys().collect::<Vec<_>>(),
-                    "ordering keys still held by other transactions at shutdown; the maintenance leader will hand them on"
-                );
-                return;
-            }
+            () = give_up.cancelled() => return left_to_maintenance(&owed),
         }
     }
+}
+
+/// Logs the keys still owed when the worker stops trying.
+fn left_to_maintenance(owed: &BTreeMap<QueueKey, Owed>) {
+    tracing::warn!(
+        keys = ?owed.keys().collect::<Vec<_>>(),
+        "ordering keys still held by other transactions as the worker stops; the maintenance leader will hand them on"
+    );
 }
 
 fn add(owed: &mut BTreeMap<QueueKey, Owed>, key: QueueKey) {

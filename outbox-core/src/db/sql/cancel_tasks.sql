@@ -8,18 +8,22 @@
 -- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
 -- skipped.
 --
--- The ordering keys of the tasks named are locked before any task is
--- written. A hand-over locks a key and then writes its next tasks; a cancel
--- that wrote a waiting task first and locked its key after could deadlock
--- with it (PostgreSQL aborts one of the two, and both are retried, but an
--- operator's cancel should not fail for it). Every update below waits for
--- the keys (`(SELECT n FROM keys) >= 0` is evaluated before its first row).
+-- The ordering keys of the tasks it hands on (those not running) are
+-- locked before any task is written. A hand-over locks a key and then
+-- writes its next tasks; a cancel that wrote a waiting task first and
+-- locked its key after could deadlock with it (PostgreSQL aborts one of
+-- the two, and both are retried, but an operator's cancel should not fail
+-- for it). Every update below waits for the keys (`(SELECT n FROM keys) >=
+-- 0` is evaluated before its first row). A running task's key is not
+-- taken: its cancel hands nothing on, and the statements that end a
+-- running task (its outcome, recovery) lock the task before its key.
 WITH keys AS (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM outbox_keys AS o
         WHERE (o.queue, o.ordering_key) IN (
             SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
-            WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL)
+            WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL
+              AND t.state <> 'processing')
         ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE OF o) AS l
 ),
