@@ -3,15 +3,32 @@
 -- engine's back, a waiting task an operator cancelled was passed over at
 -- the very moment its key moved on, or a worker died owing a hand-over) to
 -- its next tasks. Maintenance runs it now and then; `queues set` after a
--- change of per-key concurrency. A key whose lock another transaction
--- holds for more than 50 ms (an open submit) is passed over rather than
--- waited for: the next run takes it (migration 23). $1 queue (null = all).
--- Returns the tasks handed their key.
-WITH keys AS (
+-- change of per-key concurrency. $1 queue (null = all). Returns the tasks
+-- handed their key.
+--
+-- Only keys that look free are locked, and each is checked again under its
+-- lock (outbox_keys_advance). A key whose task is running is handed on by
+-- that task's outcome; locking every key with waiting tasks would make
+-- those outcomes wait for this statement, and a busy ordered queue has a
+-- thousand such keys. A key whose lock another transaction holds for more
+-- than 50 ms (an open submit) is passed over: the next run takes it
+-- (migration 23).
+WITH free AS (
+    SELECT w.queue, w.ordering_key
+    FROM (SELECT DISTINCT queue, ordering_key FROM outbox_tasks
+          WHERE blocked AND ($1::text IS NULL OR queue = $1)) AS w
+    LEFT JOIN outbox_queues AS s ON s.name = w.queue
+    WHERE (SELECT count(*) FROM (
+               SELECT 1 FROM outbox_tasks AS h
+               WHERE h.queue = w.queue AND h.ordering_key = w.ordering_key
+                 AND h.ordering_key IS NOT NULL AND NOT h.blocked AND h.state <> 'completed'
+                 AND (h.dead_at IS NULL OR NOT h.skip_dead)
+               LIMIT coalesce(s.per_key_concurrency, 1)) AS holders)
+          < coalesce(s.per_key_concurrency, 1)
+),
+keys AS (
     SELECT l.*
-    FROM (SELECT array_agg(w.queue) AS q, array_agg(w.ordering_key) AS k
-          FROM (SELECT DISTINCT queue, ordering_key FROM outbox_tasks
-                WHERE blocked AND ($1::text IS NULL OR queue = $1)) AS w
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k FROM free
           HAVING count(*) > 0) AS waiting,
          LATERAL outbox_keys_try_lock(waiting.q, waiting.k, interval '50 milliseconds') AS l
 )
