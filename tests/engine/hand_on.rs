@@ -378,6 +378,36 @@ async fn the_hand_over_reads_by_primary_key_under_stale_statistics() {
     assert_eq!(next, 2, "the key's second task is the one handed on");
 }
 
+/// Starts a gated worker with `config` on step 1 of `key`, opens an
+/// application transaction that submits step 2 of the key (holding the
+/// key's lock until it ends), lets step 1 finish and waits until its
+/// outcome is written. Returns the run and the open transaction.
+async fn finish_a_step_beside_an_open_submit(
+    db: &TestDb,
+    key: &str,
+    config: WorkerConfig,
+) -> (GatedRun, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let run = start_gated(db, key, 1, 0, config, 2).await;
+    let mut app = db.pool.begin().await.unwrap();
+    outbox::submit(
+        &mut app,
+        Gated {
+            key: key.to_owned(),
+            n: 2,
+        },
+    )
+    .await
+    .unwrap();
+    run.gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
+        Duration::from_secs(60),
+    )
+    .await;
+    (run, app)
+}
+
 /// An application's transaction that submitted a task of key `held` and
 /// stays open holds the key's lock row. The outcome that lets go of the
 /// key (the key's running step finishing) used to wait for it, and every
@@ -388,11 +418,10 @@ async fn the_hand_over_reads_by_primary_key_under_stale_statistics() {
 #[tokio::test]
 async fn an_open_submit_of_a_key_holds_up_no_outcome_and_gets_its_key_after_its_commit() {
     let db = TestDb::migrated().await;
-    let run = start_gated(
+    // Step 1 of `held` finishes, and then a task of another key.
+    let (run, app) = finish_a_step_beside_an_open_submit(
         &db,
         "held",
-        1,
-        0,
         WorkerConfig {
             finish_lanes: 1,
             // Maintenance (which also hands on keys with a free place) does
@@ -400,26 +429,6 @@ async fn an_open_submit_of_a_key_holds_up_no_outcome_and_gets_its_key_after_its_
             cleanup_interval: Duration::from_secs(3600),
             ..polling_config()
         },
-        2,
-    )
-    .await;
-    let mut app = db.pool.begin().await.unwrap();
-    outbox::submit(
-        &mut app,
-        Gated {
-            key: "held".into(),
-            n: 2,
-        },
-    )
-    .await
-    .unwrap();
-
-    // Step 1 of `held` finishes, and then a task of another key.
-    run.gate.0.add_permits(1);
-    wait_until(
-        &db.pool,
-        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
-        Duration::from_secs(60),
     )
     .await;
     outbox::submit(
@@ -535,35 +544,15 @@ async fn a_cancel_of_a_waiting_task_takes_its_key_before_the_task() {
 #[tokio::test]
 async fn a_worker_owing_a_key_stops_at_once_and_maintenance_hands_the_key_on() {
     let db = TestDb::migrated().await;
-    let run = start_gated(
+    let (run, app) = finish_a_step_beside_an_open_submit(
         &db,
         "owed",
-        1,
-        0,
         WorkerConfig {
             // Far beyond the bound checked below: the stop must not wait
             // for the flush deadline.
             flush_timeout: Duration::from_secs(600),
             ..polling_config()
         },
-        2,
-    )
-    .await;
-    let mut app = db.pool.begin().await.unwrap();
-    outbox::submit(
-        &mut app,
-        Gated {
-            key: "owed".into(),
-            n: 2,
-        },
-    )
-    .await
-    .unwrap();
-    run.gate.0.add_permits(1);
-    wait_until(
-        &db.pool,
-        &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(1)),
-        Duration::from_secs(60),
     )
     .await;
     let stopping = tokio::time::Instant::now();

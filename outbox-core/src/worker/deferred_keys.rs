@@ -4,10 +4,10 @@
 //! (migration 23): while another transaction holds it for longer (an
 //! application's submit of the key, still open), the outcome is written
 //! without the hand-over and the key comes here, so that one open
-//! transaction never holds up a batch of outcomes of other keys and queues. This loop tries
-//! the owed keys again, on one session, waiting 10 ms at most for their
-//! rows: at once when a key arrives, then after pauses that double from
-//! 5 ms to half a second while the same keys stay held. A key goes on as
+//! transaction never holds up a batch of outcomes of other keys and queues.
+//! This loop tries the owed keys again, on one session, waiting 10 ms at
+//! most for their rows: at once when a key arrives, then after pauses that
+//! double from 5 ms to half a second while the same keys stay held. A key goes on as
 //! soon as its row is free (the holder's own task, if it added one, was
 //! queued behind the key and is handed it then), and the queue's producer
 //! here looks for its next task at once.

@@ -6,11 +6,11 @@
 -- change of per-key concurrency. $1 queue (null = all). Returns the tasks
 -- handed their key.
 --
--- Only keys that look free are locked, and each is checked again under its
--- lock (outbox_keys_advance). A key whose task is running is handed on by
--- that task's outcome; locking every key with waiting tasks would make
--- those outcomes wait for this statement, and a busy ordered queue has a
--- thousand such keys. A key whose lock another transaction holds for more
+-- Only keys that look free are locked, and each is checked again under
+-- its lock (outbox_keys_hand_on_held). A key whose task is running is
+-- handed on by that task's outcome; locking every key with waiting tasks
+-- would make those outcomes wait for this statement, and a busy ordered
+-- queue has a thousand such keys. A key whose lock another transaction holds for more
 -- than 50 ms (an open submit) is passed over: the next run takes it
 -- (migration 23).
 WITH free AS (
@@ -32,6 +32,9 @@ keys AS (
           HAVING count(*) > 0) AS waiting,
          LATERAL outbox_keys_try_lock(waiting.q, waiting.k, interval '50 milliseconds') AS l
 )
-SELECT coalesce((SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key))
-                 FROM keys WHERE held
-                 HAVING count(*) > 0), 0)::bigint
+SELECT count(*)
+FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+      FROM keys WHERE held
+      HAVING count(*) > 0) AS taken,
+     LATERAL outbox_keys_hand_on_held(taken.q, taken.k, '{}'::text[], '{}'::int[],
+                                      NULL::text, NULL::timestamptz) AS h

@@ -52,8 +52,8 @@ handed AS (
     FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
           FROM keys WHERE held
           HAVING count(*) > 0) AS taken,
-         LATERAL outbox_keys_hand_on(taken.q, taken.k, $5::text[], $6::int[], $7::text,
-                                     $4::timestamptz) AS h
+         LATERAL outbox_keys_hand_on_held(taken.q, taken.k, $5::text[], $6::int[], $7::text,
+                                          $4::timestamptz) AS h
 )
 SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
        NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,

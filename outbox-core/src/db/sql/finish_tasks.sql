@@ -85,9 +85,12 @@ keys AS (
          LATERAL outbox_keys_try_lock(released.q, released.k, interval '50 milliseconds') AS l
 ),
 handed AS (
-    SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM keys WHERE held
-    HAVING count(*) > 0
+    SELECT count(*) AS n
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM keys WHERE held
+          HAVING count(*) > 0) AS taken,
+         LATERAL outbox_keys_hand_on_held(taken.q, taken.k, '{}'::text[], '{}'::int[],
+                                          NULL::text, NULL::timestamptz) AS h
 )
 SELECT id, NULL::text AS queue, NULL::text AS deferred_key
 FROM gone WHERE (SELECT count(*) FROM handed) >= 0
