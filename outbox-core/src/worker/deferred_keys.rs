@@ -90,9 +90,9 @@ pub(crate) async fn run(
                 outage.ok();
                 let still: HashSet<QueueKey> = still.into_iter().collect();
                 let before = owed.len();
-                owed.retain(|(queue, key), _| {
-                    let handed = !still.contains(&(queue.clone(), key.clone()));
-                    if handed && let Some(waker) = shared.wakers.get(queue.as_str()) {
+                owed.retain(|key, _| {
+                    let handed = !still.contains(key);
+                    if handed && let Some(waker) = shared.wakers.get(key.0.as_str()) {
                         // Its next task may be this worker's to claim: look
                         // now, not at the next NOTIFY or poll.
                         waker.notify_one();

@@ -89,8 +89,7 @@ pub(crate) async fn execute(
         };
         metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());
-        shared.holdings.ran(task.id, &task.token);
-        let let_go = shared.holdings.was_let_go(task.id, &task.token);
+        let let_go = shared.holdings.ran(task.id, &task.token);
         let result = match result {
             Some(result) => result,
             // Let go of: put back below, whether it was aborted or never ran.

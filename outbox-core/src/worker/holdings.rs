@@ -171,12 +171,15 @@ impl Holdings {
     }
 
     /// The handler of an attempt returned; its outcome is on its way.
-    pub(crate) fn ran(&self, id: i64, token: &Arc<str>) {
+    /// Returns whether the worker let go of the attempt.
+    pub(crate) fn ran(&self, id: i64, token: &Arc<str>) -> bool {
         let mut inner = self.lock();
-        if let Some(a) = inner.attempts.get_mut(&(id, Arc::clone(token))) {
+        let key = (id, Arc::clone(token));
+        if let Some(a) = inner.attempts.get_mut(&key) {
             *a = Handler::Ended;
         }
         inner.tokens.remove(&id);
+        inner.let_go.contains(&key)
     }
 
     /// Lets go of every attempt whose handler has not ended (`only`: of
