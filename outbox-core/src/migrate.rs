@@ -163,6 +163,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0023_key_try_lock.up.sql"),
         down: include_str!("../../migrations/0023_key_try_lock.down.sql"),
     },
+    Migration {
+        version: 24,
+        name: "workflow_hot_updates",
+        up: include_str!("../../migrations/0024_workflow_hot_updates.up.sql"),
+        down: include_str!("../../migrations/0024_workflow_hot_updates.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -462,6 +462,90 @@ async fn the_workflow_edges_keep_their_primary_key_alone() {
     assert_eq!(indexes, ["outbox_workflow_edges_pkey"]);
 }
 
+/// A step's and a workflow's rows are rewritten by every settle that
+/// touches them; those writes change no indexed column, and the tables'
+/// pages keep room for the new versions (migration 24), so each is a HOT
+/// update that writes no index entry. Counted within one transaction
+/// (`pg_stat_xact_user_tables`), over enough workflows to fill many pages:
+/// with pages filled to the brim most of these writes needed a new index
+/// entry, and an index on a column the settle writes would need one for
+/// every write.
+#[tokio::test]
+async fn settles_rewrite_workflow_rows_without_index_writes() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..300 {
+        let mut w = Workflow::new(&format!("wide-{n}"));
+        w.add("root", &work("root", 1)).unwrap();
+        for i in 0..9 {
+            w.add_after(&format!("part-{i}"), &["root"], &work("part", i))
+                .unwrap();
+        }
+        ids.push(w.submit(&mut tx).await.unwrap().0);
+    }
+    let counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables
+                  WHERE relid = $1::regclass";
+    let before_steps: (i64, i64) = sqlx::query_as(counts)
+        .bind("outbox_workflow_steps")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let before_workflows: (i64, i64) = sqlx::query_as(counts)
+        .bind("outbox_workflows")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // The settle's writes: the parts counted down and released (their
+    // first write since the submit), each workflow's open steps counted
+    // down three times.
+    sqlx::query(
+        "UPDATE outbox_workflow_steps
+         SET waiting_on = 0, state = 'released', task_id = -1
+         WHERE workflow_id = ANY ($1) AND name <> 'root'",
+    )
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        sqlx::query(
+            "UPDATE outbox_workflows SET open_steps = open_steps - 1, updated_at = now()
+             WHERE id = ANY ($1)",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    let steps: (i64, i64) = sqlx::query_as(counts)
+        .bind("outbox_workflow_steps")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let workflows: (i64, i64) = sqlx::query_as(counts)
+        .bind("outbox_workflows")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let (step_writes, step_hot) = (steps.0 - before_steps.0, steps.1 - before_steps.1);
+    let (wf_writes, wf_hot) = (
+        workflows.0 - before_workflows.0,
+        workflows.1 - before_workflows.1,
+    );
+    assert_eq!((step_writes, wf_writes), (300 * 9, 300 * 3));
+    // Within one transaction nothing is pruned: the room kept free is all
+    // there is. Half a page holds a second version of most steps (a
+    // released step is a few bytes longer); a fifth-full page, four
+    // versions of each workflow.
+    assert!(
+        step_hot * 10 >= step_writes * 9,
+        "{step_hot} of {step_writes} step writes were HOT"
+    );
+    assert_eq!(wf_hot, wf_writes, "workflow writes that were not HOT");
+}
+
 /// charge -> reserve -> ship, where charge and reserve declare
 /// compensations.
 fn checkout() -> Workflow {
