@@ -169,6 +169,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0024_workflow_hot_updates.up.sql"),
         down: include_str!("../../migrations/0024_workflow_hot_updates.down.sql"),
     },
+    Migration {
+        version: 25,
+        name: "workflow_lookups",
+        up: include_str!("../../migrations/0025_workflow_lookups.up.sql"),
+        down: include_str!("../../migrations/0025_workflow_lookups.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -462,6 +462,147 @@ async fn the_workflow_edges_keep_their_primary_key_alone() {
     assert_eq!(indexes, ["outbox_workflow_edges_pkey"]);
 }
 
+/// Index scans of `index` so far in this transaction.
+async fn index_scans(tx: &mut sqlx::PgConnection, index: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_stat_get_xact_numscans($1::regclass)")
+        .bind(index)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+}
+
+/// The workflow tables analyzed while empty (the retention removed every
+/// finished workflow, then autovacuum analyzed them) tell the planner they
+/// hold one row. A settle, release or close that joined its list with
+/// them then read the table once and the list again for every row:
+/// quadratic (a 10,000-part workflow took 45 s to submit, migration 25).
+/// Each lookup is now a probe of the primary key per row of the list,
+/// whatever the statistics say: counted here as index scans, within one
+/// transaction, for the release of 500 parts at submit, the settle of
+/// their 500 completions, and the death of a parent of 500.
+#[tokio::test]
+async fn wide_workflows_are_settled_by_primary_key_under_statistics_of_empty_tables() {
+    let db = TestDb::migrated().await;
+    let wide = |name: &str, parts: usize| {
+        let mut w = Workflow::new(name);
+        let names: Vec<String> = (0..parts).map(|i| format!("part-{i}")).collect();
+        for name in &names {
+            w.add(name, &work("part", 1)).unwrap();
+        }
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        w.add_after("total", &refs, &work("total", 0)).unwrap();
+        w
+    };
+    // Tables that held rows, emptied, then analyzed.
+    for n in 0..3 {
+        submit(&db, wide(&format!("gone-{n}"), 400)).await;
+    }
+    for statement in [
+        // Autovacuum would truncate the emptied tables, and the planner
+        // would then estimate their rows from their width.
+        "ALTER TABLE outbox_workflow_steps SET (autovacuum_enabled = false)",
+        "ALTER TABLE outbox_workflow_edges SET (autovacuum_enabled = false)",
+        "ALTER TABLE outbox_workflows SET (autovacuum_enabled = false)",
+        "DELETE FROM outbox_tasks",
+        "DELETE FROM outbox_workflow_edges",
+        "DELETE FROM outbox_workflow_steps",
+        "DELETE FROM outbox_workflows",
+        "ANALYZE outbox_tasks, outbox_workflow_edges, outbox_workflow_steps, outbox_workflows",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let (tuples, pages): (f32, i32) = sqlx::query_as(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = 'outbox_workflow_steps'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(tuples == 0.0 && pages > 0, "{tuples} rows in {pages} pages");
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let steps_before = index_scans(&mut tx, "outbox_workflow_steps_pkey").await;
+    let id = wide("wide", 500).submit(&mut tx).await.unwrap();
+    let steps_submit = index_scans(&mut tx, "outbox_workflow_steps_pkey").await;
+    assert!(
+        steps_submit - steps_before >= 500,
+        "the release of 500 parts made {} index scans of the steps",
+        steps_submit - steps_before
+    );
+    // The 500 parts complete in one statement, as an outcome batch does:
+    // claimed, then moved out of outbox_tasks while running.
+    sqlx::query(
+        "UPDATE outbox_tasks
+         SET state = 'processing', claimed_by = 'test', claims = 1,
+             heartbeat_at = now(), attempted_at = now()
+         WHERE workflow_id = $1",
+    )
+    .bind(id.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let edges_before = index_scans(&mut tx, "outbox_workflow_edges_pkey").await;
+    let done = sqlx::query("DELETE FROM outbox_tasks WHERE workflow_id = $1")
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(done.rows_affected(), 500);
+    let edges = index_scans(&mut tx, "outbox_workflow_edges_pkey").await - edges_before;
+    let steps = index_scans(&mut tx, "outbox_workflow_steps_pkey").await - steps_submit;
+    assert!(
+        edges >= 500,
+        "the settle made {edges} index scans of the edges"
+    );
+    assert!(
+        steps >= 500,
+        "the close made {steps} index scans of the steps"
+    );
+    let total: (String, i64) = sqlx::query_as(
+        "SELECT s.state, (SELECT count(*) FROM outbox_tasks AS t WHERE t.id = s.task_id)
+         FROM outbox_workflow_steps AS s WHERE s.workflow_id = $1 AND s.name = 'total'",
+    )
+    .bind(id.0)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(total, ("released".to_owned(), 1));
+
+    // A root with 500 children dies: its children, each looked up by the
+    // primary key, are cancelled.
+    let mut fan_out = Workflow::new("fan-out");
+    fan_out.add("root", &work("root", 1)).unwrap();
+    for i in 0..500 {
+        fan_out
+            .add_after(&format!("child-{i}"), &["root"], &work("child", 1))
+            .unwrap();
+    }
+    let fan_out = fan_out.submit(&mut tx).await.unwrap();
+    let before = index_scans(&mut tx, "outbox_workflow_steps_pkey").await;
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'failed', dead_at = now(), last_error = 'refused'
+         WHERE workflow_id = $1",
+    )
+    .bind(fan_out.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let steps = index_scans(&mut tx, "outbox_workflow_steps_pkey").await - before;
+    assert!(
+        steps >= 500,
+        "the death's settle made {steps} index scans of the steps"
+    );
+    let cancelled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_workflow_steps
+         WHERE workflow_id = $1 AND state = 'cancelled'",
+    )
+    .bind(fan_out.0)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(cancelled, 500);
+    tx.rollback().await.unwrap();
+}
+
 /// A step's and a workflow's rows are rewritten by every settle that
 /// touches them; those writes change no indexed column, and the tables'
 /// pages keep room for the new versions (migration 24), so each is a HOT
@@ -476,7 +617,7 @@ async fn settles_rewrite_workflow_rows_without_index_writes() {
     let mut tx = db.pool.begin().await.unwrap();
     let mut ids = Vec::new();
     for n in 0..300 {
-        let mut w = Workflow::new(&format!("wide-{n}"));
+        let mut w = Workflow::new(format!("wide-{n}"));
         w.add("root", &work("root", 1)).unwrap();
         for i in 0..9 {
             w.add_after(&format!("part-{i}"), &["root"], &work("part", i))
