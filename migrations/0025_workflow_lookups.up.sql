@@ -231,6 +231,9 @@ DECLARE
     dead_edges tid[];
     children tid[];
     bad_children jsonb;
+    -- Whether bad_children has any: most settles have none, and skip the
+    -- lookups.
+    any_bad boolean;
     written bigint;
     counts jsonb;
     -- The sequence behind outbox_tasks.id, for the ids drawn below.
@@ -274,6 +277,7 @@ BEGIN
                coalesce(jsonb_object_agg(kids.row_id::text, kids.n), '{}')
         INTO dead_edges, children, bad_children, counts
         FROM kids;
+        any_bad := bad_children <> '{}'::jsonb;
         -- A death is counted by marking its edges settled, so that the
         -- step's completion after an operator's retry (the only way a step
         -- reaches a final state twice) does not count again. A completion
@@ -292,19 +296,21 @@ BEGIN
         WITH changed AS (
             UPDATE outbox_workflow_steps AS s
             SET waiting_on = s.waiting_on - (counts ->> s.ctid::text)::integer,
-                state = CASE WHEN bad_children ? s.ctid::text AND s.on_parent_dead = 'cancel'
-                             THEN 'cancelled'
-                             WHEN bad_children ? s.ctid::text AND s.on_parent_dead = 'skip'
-                             THEN 'skipped'
+                state = CASE WHEN any_bad AND bad_children ? s.ctid::text
+                                  AND s.on_parent_dead = 'cancel' THEN 'cancelled'
+                             WHEN any_bad AND bad_children ? s.ctid::text
+                                  AND s.on_parent_dead = 'skip' THEN 'skipped'
                              WHEN s.ordering_key IS NULL
                                   AND s.waiting_on = (counts ->> s.ctid::text)::integer
                              THEN 'released'
                              ELSE s.state END,
-                task_id = CASE WHEN (NOT bad_children ? s.ctid::text OR s.on_parent_dead = 'run')
+                task_id = CASE WHEN (NOT (any_bad AND bad_children ? s.ctid::text)
+                                     OR s.on_parent_dead = 'run')
                                     AND s.ordering_key IS NULL
                                     AND s.waiting_on = (counts ->> s.ctid::text)::integer
                                THEN nextval(task_ids) END,
-                finished_at = CASE WHEN bad_children ? s.ctid::text AND s.on_parent_dead <> 'run'
+                finished_at = CASE WHEN any_bad AND bad_children ? s.ctid::text
+                                        AND s.on_parent_dead <> 'run'
                                    THEN clock_timestamp() END
             WHERE s.ctid = ANY (children) AND s.state = 'waiting'
             RETURNING s.*
