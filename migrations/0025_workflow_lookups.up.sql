@@ -111,7 +111,8 @@ DECLARE
     closed_name text[];
     ended_well boolean[];
 BEGIN
-    SELECT coalesce(array_agg(s.row_id), '{}'),
+    -- A step noted twice is one row to write.
+    SELECT coalesce(array_agg(DISTINCT s.row_id), '{}'),
            coalesce(jsonb_object_agg(s.row_id::text, true) FILTER (WHERE n.kind <> 'c'), '{}')
     INTO found_rows, dead_rows
     FROM unnest(wfs, tasks, kinds, steps) AS n(wf, task, kind, step)
