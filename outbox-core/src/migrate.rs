@@ -175,6 +175,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0025_workflow_lookups.up.sql"),
         down: include_str!("../../migrations/0025_workflow_lookups.down.sql"),
     },
+    Migration {
+        version: 26,
+        name: "outcome_plans",
+        up: include_str!("../../migrations/0026_outcome_plans.up.sql"),
+        down: include_str!("../../migrations/0026_outcome_plans.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

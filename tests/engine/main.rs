@@ -13,6 +13,7 @@ mod history;
 mod migrations;
 mod ordering;
 mod outcome_lanes;
+mod outcome_plans;
 mod periodic;
 mod poison;
 mod results;

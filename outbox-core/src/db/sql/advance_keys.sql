@@ -7,7 +7,7 @@
 -- handed their key.
 --
 -- Only keys that look free are locked, and each is checked again under
--- its lock (outbox_keys_hand_on_held). A key whose task is running is
+-- its lock (outbox_keys_let_go). A key whose task is running is
 -- handed on by that task's outcome; locking every key with waiting tasks
 -- would make those outcomes wait for this statement, and a busy ordered
 -- queue has a thousand such keys. A key whose lock another transaction holds for more
@@ -25,16 +25,9 @@ WITH free AS (
                  AND (h.dead_at IS NULL OR NOT h.skip_dead)
                LIMIT coalesce(s.per_key_concurrency, 1)) AS holders)
           < coalesce(s.per_key_concurrency, 1)
-),
-keys AS (
-    SELECT l.*
-    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k FROM free
-          HAVING count(*) > 0) AS waiting,
-         LATERAL outbox_keys_try_lock(waiting.q, waiting.k, interval '50 milliseconds') AS l
 )
-SELECT count(*)
-FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-      FROM keys WHERE held
-      HAVING count(*) > 0) AS taken,
-     LATERAL outbox_keys_hand_on_held(taken.q, taken.k, '{}'::text[], '{}'::int[],
-                                      NULL::text, NULL::timestamptz) AS h
+SELECT count(*) FILTER (WHERE l.deferred_key IS NULL)
+FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k FROM free
+      HAVING count(*) > 0) AS waiting,
+     LATERAL outbox_keys_let_go(waiting.q, waiting.k, interval '50 milliseconds', '{}'::text[],
+                                '{}'::int[], NULL::text, NULL::timestamptz) AS l

@@ -1,0 +1,98 @@
+//! The worker's outcome statements are planned once per session, not once
+//! per call (migration 26).
+//!
+//! PostgreSQL plans a prepared statement afresh for each call while its
+//! custom plans look cheaper than its generic plan by more than an
+//! allowance for planning. For a batch of one outcome (a hot key, a single
+//! failure) the outcome statements, written out in full, fell on the wrong
+//! side of that line once the task table held rows: each call was planned
+//! (about 0.6 ms) before it ran. They now call functions that keep one
+//! generic plan, and the statement the worker prepares is only that call.
+
+use chrono::{DateTime, Utc};
+use outbox_tests::TestDb;
+use sqlx::PgConnection;
+
+const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
+const DELETE: &str = include_str!("../../outbox-core/src/db/sql/delete_completed_tasks.sql");
+const FINISH: &str = include_str!("../../outbox-core/src/db/sql/finish_tasks.sql");
+
+/// Calls of each statement: five custom plans, then the plan cache decides.
+const CALLS: usize = 10;
+
+/// How the session's prepared statement `sql` was planned: (generic, custom).
+async fn plans(conn: &mut PgConnection, sql: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+    )
+    .bind(sql)
+    .fetch_one(conn)
+    .await
+    .expect("the statement is prepared in this session")
+}
+
+async fn success_outcome(conn: &mut PgConnection, sql: &'static str) {
+    // A batch of one attempt that is not there: the plan is the same.
+    sqlx::query(sql)
+        .bind(vec![-1_i64])
+        .bind(vec![1_i32])
+        .bind(vec!["no such claim"])
+        .bind(None::<DateTime<Utc>>)
+        .bind(vec!["plans"])
+        .bind(vec![1_i32])
+        .bind(Some("hand-on claim"))
+        .fetch_all(conn)
+        .await
+        .unwrap();
+}
+
+async fn failure_outcome(conn: &mut PgConnection) {
+    sqlx::query(FINISH)
+        .bind(vec![-1_i64])
+        .bind(vec![1_i32])
+        .bind(vec!["no such claim"])
+        .bind(vec!["failed"])
+        .bind(vec![1_i32])
+        .bind(vec![1_000_000_i64])
+        .bind(vec![false])
+        .bind(vec![Some("it failed")])
+        .bind(None::<DateTime<Utc>>)
+        .bind(vec![None::<String>])
+        .fetch_all(conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn outcome_statements_for_one_task_are_not_planned_per_call() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    // A table with rows, and statistics that say so: an index scan now
+    // costs enough for the custom plan of a batch of one to look cheaper.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'plans.filler', 'plans-filler', '{}', 3 FROM generate_series(1, 20000); \
+         ANALYZE outbox_tasks",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    for _ in 0..CALLS {
+        success_outcome(&mut conn, COMPLETE).await;
+        success_outcome(&mut conn, DELETE).await;
+        failure_outcome(&mut conn).await;
+    }
+    for (name, sql) in [
+        ("complete_tasks", COMPLETE),
+        ("delete_completed_tasks", DELETE),
+        ("finish_tasks", FINISH),
+    ] {
+        let (generic, custom) = plans(&mut conn, sql).await;
+        assert_eq!(
+            (generic, custom),
+            (CALLS as i64 - 5, 5),
+            "{name}: after five custom plans, every call uses the generic plan"
+        );
+    }
+}
