@@ -125,6 +125,7 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION outbox_claim_limited(text, bigint, text, timestamptz);
 DROP FUNCTION outbox_finish_tasks(bigint[], integer[], text[], text[], integer[], bigint[], boolean[],
                                  text[], timestamptz, text[]);
 DROP FUNCTION outbox_complete_tasks(bigint[], integer[], text[], timestamptz, text[], integer[],

@@ -474,3 +474,102 @@ BEGIN
     SELECT NULL, queue, deferred_key FROM handed WHERE deferred_key IS NOT NULL;
 END
 $$;
+
+-- The claim of a queue with a global concurrency or a rate, in one call:
+-- the queue's row is locked, then the claim runs with a snapshot taken
+-- after the lock (a statement of its own), so it counts every claim
+-- committed before it. It was two statements in a transaction of the
+-- worker's (four round trips), and the second, sent by the client, was
+-- planned for every call: its custom plans looked cheaper than its generic
+-- one by more than the planning allowance (see outbox_complete_tasks).
+-- claim_queue, wanted (at most), claim_token, at (overrides the clock,
+-- tests). Returns what claim_limited.sql says.
+CREATE FUNCTION outbox_claim_limited(claim_queue text, wanted bigint, claim_token text,
+                                     at timestamptz)
+RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
+               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
+               created_at timestamptz, trace_context text, workflow_id bigint,
+               allowed bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    locked_at timestamptz;
+BEGIN
+    -- Claims of the queue run one at a time across the cluster (each
+    -- counts what the one before it claimed) and wait for unlimited
+    -- claims still in flight.
+    PERFORM 1 FROM outbox_queues AS s WHERE s.name = claim_queue FOR UPDATE;
+    locked_at := coalesce(at, clock_timestamp());
+    RETURN QUERY
+    WITH async_commit AS (
+        SELECT set_config('synchronous_commit', 'off', true)
+    ),
+    -- The bucket's clock is the moment the queue's lock was granted, never
+    -- earlier than its last refill: the statement's or the transaction's
+    -- start would be before the lock wait, and count refill time twice.
+    clock AS (
+        SELECT locked_at AS now
+    ),
+    q AS (
+        SELECT global_concurrency,
+               rate_per_second,
+               CASE WHEN rate_per_second IS NOT NULL THEN
+                   least(greatest(1, rate_per_second / 10),
+                         coalesce(rate_tokens, greatest(1, rate_per_second / 10))
+                         + rate_per_second
+                           * greatest(0, extract(epoch FROM clock.now - coalesce(rate_filled_at, clock.now)))::float8)
+               END AS tokens,
+               CASE WHEN rate_per_second IS NOT NULL THEN
+                   greatest(clock.now, coalesce(rate_filled_at, clock.now))
+               END AS filled_at
+        FROM outbox_queues, clock
+        WHERE name = claim_queue AND paused_at IS NULL
+    ),
+    running AS (
+        SELECT count(*) AS n FROM outbox_tasks WHERE queue = claim_queue AND state = 'processing'
+    ),
+    allowed AS (
+        SELECT greatest(0, least(wanted,
+                                 coalesce(q.global_concurrency - running.n, wanted),
+                                 coalesce(floor(q.tokens)::bigint, wanted))) AS n
+        FROM q, running
+    ),
+    next AS (
+        SELECT id
+        FROM outbox_tasks
+        WHERE queue = claim_queue
+          AND state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+          AND execute_at <= coalesce(at, now())
+        ORDER BY priority, execute_at, id
+        LIMIT coalesce((SELECT n FROM allowed), 0)
+        FOR UPDATE SKIP LOCKED
+    ),
+    claimed AS (
+        UPDATE outbox_tasks AS t
+        SET state = 'processing',
+            claims = t.claims + 1,
+            claimed_by = claim_token,
+            heartbeat_at = coalesce(at, now()),
+            attempted_at = coalesce(at, clock_timestamp()),
+            updated_at = coalesce(at, now())
+        FROM next, async_commit
+        WHERE t.id = next.id
+        RETURNING t.id, t.task_type, t.queue, t.payload::text AS payload,
+                  t.retry_count, t.max_attempts, t.claims,
+              t.ordering_key IS NOT NULL AS ordered, t.key_seq, t.created_at, t.trace_context,
+                  t.workflow_id
+    ),
+    spent AS (
+        UPDATE outbox_queues
+        SET rate_tokens = (SELECT tokens FROM q) - (SELECT count(*) FROM claimed),
+            rate_filled_at = (SELECT filled_at FROM q)
+        WHERE name = claim_queue AND (SELECT tokens FROM q) IS NOT NULL
+    )
+    SELECT c.*, a.n AS allowed
+    FROM allowed AS a
+    LEFT JOIN claimed AS c ON true;
+END
+$$;

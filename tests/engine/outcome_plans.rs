@@ -1,5 +1,5 @@
-//! The worker's outcome statements are planned once per session, not once
-//! per call (migration 26).
+//! The worker's outcome statements, and the claim of a limited queue, are
+//! planned once per session, not once per call (migration 26).
 //!
 //! PostgreSQL plans a prepared statement afresh for each call while its
 //! custom plans look cheaper than its generic plan by more than an
@@ -16,6 +16,7 @@ use sqlx::PgConnection;
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 const DELETE: &str = include_str!("../../outbox-core/src/db/sql/delete_completed_tasks.sql");
 const FINISH: &str = include_str!("../../outbox-core/src/db/sql/finish_tasks.sql");
+const CLAIM_LIMITED: &str = include_str!("../../outbox-core/src/db/sql/claim_limited.sql");
 
 /// Calls of each statement: five custom plans, then the plan cache decides.
 const CALLS: usize = 10;
@@ -63,6 +64,17 @@ async fn failure_outcome(conn: &mut PgConnection) {
         .unwrap();
 }
 
+async fn limited_claim(conn: &mut PgConnection) {
+    sqlx::query(CLAIM_LIMITED)
+        .bind("plans-limited")
+        .bind(1_i64)
+        .bind("a claim")
+        .bind(None::<DateTime<Utc>>)
+        .fetch_all(conn)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn outcome_statements_for_one_task_are_not_planned_per_call() {
     let db = TestDb::migrated().await;
@@ -72,6 +84,7 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
     sqlx::raw_sql(
         "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
          SELECT 'plans.filler', 'plans-filler', '{}', 3 FROM generate_series(1, 20000); \
+         INSERT INTO outbox_queues (name, global_concurrency) VALUES ('plans-limited', 2); \
          ANALYZE outbox_tasks",
     )
     .execute(&mut *conn)
@@ -82,11 +95,13 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
         success_outcome(&mut conn, COMPLETE).await;
         success_outcome(&mut conn, DELETE).await;
         failure_outcome(&mut conn).await;
+        limited_claim(&mut conn).await;
     }
     for (name, sql) in [
         ("complete_tasks", COMPLETE),
         ("delete_completed_tasks", DELETE),
         ("finish_tasks", FINISH),
+        ("claim_limited", CLAIM_LIMITED),
     ] {
         let (generic, custom) = plans(&mut conn, sql).await;
         assert_eq!(

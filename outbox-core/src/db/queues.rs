@@ -33,7 +33,7 @@ pub(crate) async fn serve_queue(
     settings(&row)
 }
 
-/// TX1 of a queue with a global concurrency or a rate: one transaction that
+/// TX1 of a queue with a global concurrency or a rate: one statement that
 /// takes the queue's row, then claims what the limits allow. Also says
 /// whether the limits (or a pause) let it take fewer than `limit`.
 pub(crate) async fn claim_limited(
@@ -43,19 +43,13 @@ pub(crate) async fn claim_limited(
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
 ) -> sqlx::Result<(Vec<ClaimedTask>, bool)> {
-    let mut tx = sqlx::Connection::begin(conn).await?;
-    sqlx::query(include_str!("sql/lock_queue.sql"))
-        .bind(queue)
-        .fetch_optional(&mut *tx)
-        .await?;
     let rows = sqlx::query(include_str!("sql/claim_limited.sql"))
         .bind(queue)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(token.to_string())
         .bind(now)
-        .fetch_all(&mut *tx)
+        .fetch_all(conn)
         .await?;
-    tx.commit().await?;
     let allowed: i64 = match rows.first() {
         Some(r) => r.try_get("allowed")?,
         // Paused (or the row vanished): held back.
