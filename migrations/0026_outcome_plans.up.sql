@@ -493,6 +493,12 @@ RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count 
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+-- The count of running tasks reads the processing index, whose entries of
+-- tasks finished since the last vacuum are dead: a bitmap scan visits
+-- every one of them on each claim (13,547 for 12 running, 2.7 ms, in a
+-- drain of 50,000), a plain index scan marks them dead once and skips them
+-- afterwards.
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
