@@ -9,6 +9,8 @@
 //! (about 0.6 ms) before it ran. They now call functions that keep one
 //! generic plan, and the statement the worker prepares is only that call.
 
+use std::time::{Duration, Instant};
+
 use chrono::{DateTime, Utc};
 use outbox_tests::TestDb;
 use sqlx::PgConnection;
@@ -109,5 +111,59 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
             (CALLS as i64 - 5, 5),
             "{name}: after five custom plans, every call uses the generic plan"
         );
+    }
+}
+
+/// A limited queue's claim counts the queue's running tasks on the
+/// processing index, where every task finished since the last vacuum left
+/// a dead entry. A bitmap scan would visit each of them on every claim; a
+/// plain index scan marks them dead the first time and skips them after.
+#[tokio::test]
+async fn a_limited_claim_skips_the_dead_entries_of_finished_tasks() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    // 3,000 tasks that ran and are gone, their index entries left behind.
+    sqlx::raw_sql(
+        "ALTER TABLE outbox_tasks SET (autovacuum_enabled = false); \
+         INSERT INTO outbox_queues (name, global_concurrency) VALUES ('plans-limited', 5); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, claims, \
+                                   claimed_by, heartbeat_at, attempted_at) \
+         SELECT 'plans.ran', 'plans-limited', '{}', 3, 'processing', 1, 'gone', now(), now() \
+         FROM generate_series(1, 3000); \
+         DELETE FROM outbox_tasks WHERE queue = 'plans-limited'",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // A claim marks the entries dead once no transaction of the cluster
+    // can still see their tasks (another test's open transaction may hold
+    // that back for a while); the claims after it skip them. With a bitmap
+    // scan every claim reads all 3,000, however long this waits.
+    let entries_read = async |conn: &mut PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT pg_stat_get_xact_tuples_returned('outbox_tasks_processing_idx'::regclass)",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        limited_claim(&mut conn).await;
+        // The session's counts not yet reported include earlier
+        // transactions' reads: the claim's are the difference.
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+        let before = entries_read(&mut conn).await;
+        limited_claim(&mut conn).await;
+        let read = entries_read(&mut conn).await - before;
+        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+        if read < 100 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "claims still read {read} entries of the processing index for no running task"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
