@@ -112,6 +112,25 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
             "{name}: after five custom plans, every call uses the generic plan"
         );
     }
+    // The statements those calls run inside the functions face the same
+    // choice in PL/pgSQL's plan cache: each function settles it.
+    let unsettled: Vec<String> = sqlx::query_scalar(
+        "SELECT p.proname::text FROM pg_proc AS p \
+         WHERE p.proname IN ('outbox_complete_tasks', 'outbox_finish_tasks', \
+                             'outbox_claim_limited', 'outbox_keys_let_go') \
+           AND NOT coalesce('plan_cache_mode=force_generic_plan' = ANY (p.proconfig), false) \
+         UNION ALL \
+         SELECT name FROM unnest(ARRAY['outbox_complete_tasks', 'outbox_finish_tasks', \
+                                       'outbox_claim_limited', 'outbox_keys_let_go']) AS name \
+         WHERE NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = name)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert!(
+        unsettled.is_empty(),
+        "functions missing or planning per call: {unsettled:?}"
+    );
 }
 
 /// A limited queue's claim counts the queue's running tasks on the
@@ -135,10 +154,12 @@ async fn a_limited_claim_skips_the_dead_entries_of_finished_tasks() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    // A claim marks the entries dead once no transaction of the cluster
-    // can still see their tasks (another test's open transaction may hold
-    // that back for a while); the claims after it skip them. With a bitmap
-    // scan every claim reads all 3,000, however long this waits.
+    // The first claim reads all 3,000 (it counts the running tasks on that
+    // index) and marks them dead once no snapshot can see their tasks; the
+    // claims after it skip them. With a bitmap scan every claim reads all
+    // 3,000, however long this waits. The wait is for snapshots: in our
+    // runs, other tests' transactions (in their own databases) held the
+    // marking back for a moment.
     let entries_read = async |conn: &mut PgConnection| -> i64 {
         sqlx::query_scalar(
             "SELECT pg_stat_get_xact_tuples_returned('outbox_tasks_processing_idx'::regclass)",
@@ -147,16 +168,24 @@ async fn a_limited_claim_skips_the_dead_entries_of_finished_tasks() {
         .await
         .unwrap()
     };
+    // The session's counts not yet reported include earlier transactions'
+    // reads: a claim's are the difference, inside one transaction.
+    let claim_reads = async |conn: &mut PgConnection| -> i64 {
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+        let before = entries_read(&mut *conn).await;
+        limited_claim(&mut *conn).await;
+        let read = entries_read(&mut *conn).await - before;
+        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+        read
+    };
+    let first = claim_reads(&mut conn).await;
+    assert!(
+        first >= 3000,
+        "the first claim counts the running tasks on the processing index: read {first}"
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        limited_claim(&mut conn).await;
-        // The session's counts not yet reported include earlier
-        // transactions' reads: the claim's are the difference.
-        sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
-        let before = entries_read(&mut conn).await;
-        limited_claim(&mut conn).await;
-        let read = entries_read(&mut conn).await - before;
-        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+        let read = claim_reads(&mut conn).await;
         if read < 100 {
             break;
         }
