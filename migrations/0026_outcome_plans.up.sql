@@ -240,6 +240,10 @@ BEGIN
               -- The claim token is unique to the claim statement (only PROCESSING
               -- rows have one: a CHECK constraint says so).
               AND t.claimed_by = o.token
+            -- Locked in id order, as the heartbeat's UPDATE takes them: in the
+            -- order of the batch, the two deadlocked (found after 1 s, the
+            -- heartbeat retried late, and recovery took live tasks).
+            ORDER BY t.id
             FOR UPDATE OF t
         ),
         gone AS (
@@ -310,6 +314,10 @@ BEGIN
               -- than state keeps the planner from walking outbox_tasks_processing_idx
               -- and re-scanning the batch for every row.
               AND t.claimed_by = o.token
+            -- Locked in id order, as the heartbeat's UPDATE takes them: in the
+            -- order of the batch, the two deadlocked (found after 1 s, the
+            -- heartbeat retried late, and recovery took live tasks).
+            ORDER BY t.id
             FOR UPDATE OF t
         ),
         gone AS (
@@ -418,6 +426,10 @@ BEGIN
           -- state keeps the planner from walking outbox_tasks_processing_idx and
           -- re-scanning the batch for every row.
           AND t.claimed_by = o.token
+        -- Locked in id order, as the heartbeat's UPDATE takes them: in the
+        -- order of the batch, the two deadlocked (found after 1 s, the
+        -- heartbeat retried late, and recovery took live tasks).
+        ORDER BY t.id
         FOR UPDATE OF t
     ),
     gone AS (

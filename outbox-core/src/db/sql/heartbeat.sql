@@ -7,9 +7,24 @@
 -- missing is no longer this worker's: its handler must stop), each with
 -- whether an operator asked to cancel it (the fallback for a cancel
 -- NOTIFY the worker missed).
-UPDATE outbox_tasks
+--
+-- The rows are locked in id order, as the outcome statements lock theirs
+-- (migration 26): an UPDATE alone locks them in whatever order its plan
+-- reads them (a bitmap scan: their order on disk), and a heartbeat and an
+-- outcome batch that took the same rows in different orders deadlocked.
+-- The deadlock is found after a second, and the heartbeat it cancelled
+-- came too late after an outage: recovery took the live tasks.
+WITH held AS (
+    SELECT id
+    FROM outbox_tasks
+    WHERE id = ANY($1::bigint[])
+      AND claimed_by = ANY($2::text[])
+      AND state = 'processing'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE outbox_tasks AS t
 SET heartbeat_at = coalesce($3::timestamptz, now())
-WHERE id = ANY($1::bigint[])
-  AND claimed_by = ANY($2::text[])
-  AND state = 'processing'
-RETURNING id, cancel_requested_at IS NOT NULL AS cancel
+FROM held
+WHERE t.id = held.id
+RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel
