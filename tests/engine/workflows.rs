@@ -417,6 +417,69 @@ async fn a_retried_parent_that_completes_is_not_counted_twice_by_a_child_that_ru
     );
 }
 
+/// A child cancelled by its parent's death counts its own death into a
+/// grandchild that runs anyway; when an operator's retry of the parent
+/// revives the child and it completes, the grandchild must not count it a
+/// second time: the child's death marked its edge to the grandchild
+/// settled, and the revive leaves it so.
+#[tokio::test]
+async fn a_revived_child_that_completes_is_not_counted_twice_by_a_grandchild_that_runs_anyway() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("root", true);
+    let mut w = Workflow::new("revived-child");
+    w.add("root", &work("root", 1))
+        .unwrap()
+        .add_after("child", &["root"], &work("child", 2))
+        .unwrap()
+        // Open until the test makes its task due.
+        .add_step(
+            "hold",
+            &work("hold", 5),
+            Step::new().options(outbox::TaskOptions::new().delay(Duration::from_secs(3600))),
+        )
+        .unwrap()
+        .add_step(
+            "anyway",
+            &work("anyway", 7),
+            Step::new()
+                .after(["child", "hold"])
+                .on_parent_dead(OnParentDead::Run),
+        )
+        .unwrap();
+    let id = submit(&db, w).await;
+    let worker = start(&db, &shared);
+    let status = wait_step(&db.pool, id, "child", "cancelled").await;
+    assert_eq!(state_of(&status, "anyway"), "waiting");
+
+    shared.fail("root", false);
+    outbox::admin::retry_tasks(&db.pool, &[task_of(&status, "root")])
+        .await
+        .unwrap();
+    let status = wait_step(&db.pool, id, "child", "completed").await;
+    assert_eq!(
+        state_of(&status, "anyway"),
+        "waiting",
+        "child counted twice: {status:#?}"
+    );
+
+    sqlx::query("UPDATE outbox_tasks SET execute_at = now() WHERE id = $1")
+        .bind(task_of(&status, "hold").0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let status = wait_state(&db.pool, id, "completed").await;
+    worker.stop().await;
+    // root 1; child 2 + 1; hold 5; anyway 7 + 3 + 5.
+    assert_eq!(result_of(&status, "anyway"), Some(15));
+    let labels = shared.labels();
+    assert_eq!(
+        labels.iter().filter(|l| *l == "anyway").count(),
+        1,
+        "{labels:?}"
+    );
+}
+
 /// Migration 21 moved each step's dependencies onto the step: a workflow
 /// submitted before it finishes after it, its join reading both parents.
 #[tokio::test]
