@@ -181,6 +181,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0026_outcome_plans.up.sql"),
         down: include_str!("../../migrations/0026_outcome_plans.down.sql"),
     },
+    Migration {
+        version: 27,
+        name: "lookups_by_id",
+        up: include_str!("../../migrations/0027_lookups_by_id.up.sql"),
+        down: include_str!("../../migrations/0027_lookups_by_id.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

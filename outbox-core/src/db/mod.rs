@@ -207,11 +207,7 @@ pub(crate) async fn claim_tasks(
         .bind(start.front.map(|f| f.id))
         .fetch_all(conn)
         .await?;
-    let mut claimed = Claimed {
-        tasks: Vec::with_capacity(rows.len()),
-        first: None,
-        last: None,
-    };
+    let mut placed = Vec::with_capacity(rows.len());
     for r in &rows {
         let task = claimed_task(r, token)?;
         let at = ClaimPosition {
@@ -219,11 +215,15 @@ pub(crate) async fn claim_tasks(
             execute_at: r.try_get("execute_at")?,
             id: task.id,
         };
-        claimed.first = Some(claimed.first.map_or(at, |f| f.min(at)));
-        claimed.last = claimed.last.max(Some(at));
-        claimed.tasks.push(task);
+        placed.push((at, task));
     }
-    Ok(claimed)
+    // The statement returns them in id order; they start in claim order.
+    placed.sort_unstable_by_key(|(at, _)| *at);
+    Ok(Claimed {
+        first: placed.first().map(|(at, _)| *at),
+        last: placed.last().map(|(at, _)| *at),
+        tasks: placed.into_iter().map(|(_, task)| task).collect(),
+    })
 }
 
 /// One row a claim returned.

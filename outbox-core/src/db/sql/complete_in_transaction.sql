@@ -17,7 +17,10 @@ WITH task AS (
 gone AS (
     DELETE FROM outbox_tasks AS t
     USING task
-    WHERE t.id = task.id AND task.archive
+    -- t.id = $1 as well: a join alone could be planned as a walk of the
+    -- whole table when its statistics were taken while it was empty
+    -- (migration 27).
+    WHERE t.id = $1 AND t.id = task.id AND task.archive
     RETURNING t.*
 ),
 archived AS (
@@ -39,7 +42,7 @@ kept AS (
         result = $4::jsonb,
         updated_at = now()
     FROM task
-    WHERE t.id = task.id AND NOT task.archive
+    WHERE t.id = $1 AND t.id = task.id AND NOT task.archive
     RETURNING t.id, t.queue, t.ordering_key
 ),
 handed AS (

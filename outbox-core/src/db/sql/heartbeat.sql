@@ -14,6 +14,11 @@
 -- outcome batch that took the same rows in different orders deadlocked.
 -- The deadlock is found after a second, and the heartbeat it cancelled
 -- came too late after an outage: recovery took the live tasks.
+--
+-- The UPDATE finds them by `id = ANY`, not by a join with `held`: with
+-- statistics taken while the task table was empty, a join was planned
+-- with the whole table outside and `held` read again for each of its rows
+-- (migration 27).
 WITH held AS (
     SELECT id
     FROM outbox_tasks
@@ -25,6 +30,5 @@ WITH held AS (
 )
 UPDATE outbox_tasks AS t
 SET heartbeat_at = coalesce($3::timestamptz, now())
-FROM held
-WHERE t.id = held.id
+WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
 RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel

@@ -32,8 +32,10 @@ done AS (
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($3::timestamptz, now())
-    FROM stuck
-    WHERE t.id = stuck.id
+    -- By `id = ANY`, not a join with `stuck`, which statistics taken while
+    -- the task table was empty could plan as a walk of the whole table
+    -- (migration 27).
+    WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck))
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
 ),
 handed AS (

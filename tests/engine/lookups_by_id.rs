@@ -1,0 +1,197 @@
+//! The worker's statements find tasks by primary key whatever the planner
+//! believes of the task table's size (migration 27).
+//!
+//! When autovacuum analyzed `outbox_tasks` while it was empty and its pages
+//! stayed, the planner took the table for one row until the next analyze.
+//! A statement that joined it by id with a short list (a claim's picks, an
+//! outcome's batch, a heartbeat's tasks, recovery's finds) could then be
+//! planned with the whole table read through its primary key and the list
+//! read again for each of its rows: a drain of workflow steps fell from
+//! about 20,000 to 1,700 steps/s, and outcome statements ran into their
+//! timeout. Counted here: the primary key's entries each of the worker's
+//! statements reads, with 5,000 rows the statistics do not know about.
+
+use chrono::{DateTime, Duration, Utc};
+use outbox_tests::TestDb;
+use sqlx::{PgConnection, Row};
+
+const CLAIM: &str = include_str!("../../outbox-core/src/db/sql/claim_tasks.sql");
+const HEARTBEAT: &str = include_str!("../../outbox-core/src/db/sql/heartbeat.sql");
+const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
+const FINISH: &str = include_str!("../../outbox-core/src/db/sql/finish_tasks.sql");
+const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
+const COMPLETE_IN_TX: &str =
+    include_str!("../../outbox-core/src/db/sql/complete_in_transaction.sql");
+const CLAIM_LIMITED: &str = include_str!("../../outbox-core/src/db/sql/claim_limited.sql");
+
+/// Fewer entries than one walk of the primary key (at least 10,000: the
+/// 5,000 deleted rows' entries and the 5,000 live ones).
+const BY_KEY: i64 = 1_000;
+
+/// Entries of the task table's primary key read so far in this transaction.
+async fn key_reads(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT pg_stat_get_xact_tuples_returned('outbox_tasks_pkey'::regclass)")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Claims up to `n` tasks of queue `lookups` under `token`, as the worker
+/// does: their ids and claim counts.
+async fn claim(conn: &mut PgConnection, n: i64, token: &str) -> Vec<(i64, i32)> {
+    sqlx::query(CLAIM)
+        .bind("lookups")
+        .bind(n)
+        .bind(token)
+        .bind(None::<DateTime<Utc>>)
+        .bind(-1_i16)
+        .bind(DateTime::UNIX_EPOCH)
+        .bind(0_i64)
+        .bind(None::<DateTime<Utc>>)
+        .bind(None::<i64>)
+        .fetch_all(conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<i64, _>("id"), r.get::<i32, _>("claims")))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_empty() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    sqlx::raw_sql(
+        // Analyzed empty, its pages kept (autovacuum would truncate them),
+        // then filled behind the statistics' back.
+        "ALTER TABLE outbox_tasks SET (autovacuum_enabled = false); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'test.gone', 'lookups-gone', '{}', 1 FROM generate_series(1, 5000); \
+         DELETE FROM outbox_tasks; \
+         ANALYZE outbox_tasks; \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, execute_at) \
+         SELECT 'test.later', 'lookups-later', '{}', 1, now() + interval '1 year' \
+         FROM generate_series(1, 5000); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'test.now', 'lookups', '{}', 3 FROM generate_series(1, 31); \
+         INSERT INTO outbox_queues (name, global_concurrency) VALUES ('lookups-limited', 10); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'test.now', 'lookups-limited', '{}', 3 FROM generate_series(1, 30)",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let (tuples, pages): (f32, i32) = sqlx::query_as(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = 'outbox_tasks'::regclass",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert!(tuples < 1.0 && pages > 0, "{tuples} rows in {pages} pages");
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let mut reads = key_reads(&mut tx).await;
+    let mut check = async |tx: &mut PgConnection, what: &str| {
+        let now = key_reads(tx).await;
+        let read = now - reads;
+        reads = now;
+        assert!(
+            read < BY_KEY,
+            "{what} read {read} entries of the task table's primary key"
+        );
+    };
+
+    let ids: Vec<i64> = claim(&mut tx, 20, "claim-a")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids.len(), 20);
+    check(&mut tx, "the claim").await;
+
+    let held: Vec<i64> = sqlx::query(HEARTBEAT)
+        .bind(&ids)
+        .bind(vec!["claim-a"])
+        .bind(None::<DateTime<Utc>>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<i64, _>("id"))
+        .collect();
+    assert_eq!(held.len(), 20);
+    check(&mut tx, "the heartbeat").await;
+
+    let (done, failed) = ids.split_at(10);
+    let completed = sqlx::query(COMPLETE)
+        .bind(done.to_vec())
+        .bind(vec![1_i32; done.len()])
+        .bind(vec!["claim-a"; done.len()])
+        .bind(None::<DateTime<Utc>>)
+        .bind(vec!["lookups"])
+        .bind(vec![1_i32])
+        .bind(Some("hand-on claim"))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 10);
+    check(&mut tx, "the success outcome").await;
+
+    let retried = sqlx::query(FINISH)
+        .bind(failed.to_vec())
+        .bind(vec![1_i32; failed.len()])
+        .bind(vec!["claim-a"; failed.len()])
+        .bind(vec!["pending"; failed.len()])
+        .bind(vec![1_i32; failed.len()])
+        .bind(vec![0_i64; failed.len()])
+        .bind(vec![false; failed.len()])
+        .bind(vec![Some("it failed"); failed.len()])
+        .bind(None::<DateTime<Utc>>)
+        .bind(vec![None::<String>; failed.len()])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(retried.len(), 10);
+    check(&mut tx, "the failure outcome").await;
+
+    // Tasks whose worker went silent: recovered an hour later.
+    assert_eq!(claim(&mut tx, 20, "claim-b").await.len(), 20);
+    check(&mut tx, "the second claim").await;
+    let recovered = sqlx::query(RECOVER)
+        .bind(1_000_000_i64)
+        .bind(100_i64)
+        .bind(Some(Utc::now() + Duration::hours(1)))
+        .bind(None::<String>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(recovered.len(), 20);
+    check(&mut tx, "the recovery").await;
+
+    let limited = sqlx::query(CLAIM_LIMITED)
+        .bind("lookups-limited")
+        .bind(20_i64)
+        .bind("claim-c")
+        .bind(None::<DateTime<Utc>>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(limited.len(), 10, "a global concurrency of 10");
+    check(&mut tx, "the claim of a limited queue").await;
+
+    // A handler that completes its task in its own transaction.
+    let one = claim(&mut tx, 1, "claim-d").await;
+    assert_eq!(one.len(), 1);
+    check(&mut tx, "the third claim").await;
+    let gone: Vec<i64> = sqlx::query_scalar(COMPLETE_IN_TX)
+        .bind(one[0].0)
+        .bind(one[0].1)
+        .bind("claim-d")
+        .bind(None::<String>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(gone, [one[0].0]);
+    check(&mut tx, "the completion in the handler's transaction").await;
+    tx.rollback().await.unwrap();
+}
