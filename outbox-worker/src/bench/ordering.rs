@@ -17,10 +17,12 @@ pub(crate) struct OrderingArgs {
     /// figures).
     #[arg(long, default_value_t = 1000, value_parser = flags::count(0, 10_000_000))]
     pub(crate) ordered_keys: usize,
-    /// Tasks of the one-hot-key drain.
+    /// Tasks of the one-hot-key drain (part of the ordering figures:
+    /// `--ordered-keys 0` skips it with them).
     #[arg(long, default_value_t = 2000, value_parser = flags::count(1, 10_000_000))]
     hot_key_tasks: usize,
-    /// Tasks waiting behind one key while the claim is timed.
+    /// Tasks waiting behind one key while the claim is timed (part of the
+    /// ordering figures, like `--hot-key-tasks`).
     #[arg(long, default_value_t = 50_000, value_parser = flags::count(1, 100_000_000))]
     key_backlog: usize,
 }
