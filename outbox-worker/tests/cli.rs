@@ -930,7 +930,9 @@ async fn bench_smoke_run_prints_every_figure() {
         &[
             "submit_steps_per_s",
             "drain_steps_per_s",
+            "plain_tasks_per_s",
             "cost_vs_plain",
+            "cost_vs_main_drain",
             "fan_in_drain_s",
         ],
     );
