@@ -91,7 +91,12 @@ pub fn install() -> Result<PrometheusHandle, String> {
     );
     metrics::describe_gauge!(
         "outbox_relay_parked_aggregates",
-        "Aggregates the relay holds back"
+        "Aggregates the relay holds back (a refused event, or a delay not yet run out)"
+    );
+    metrics::describe_gauge!(
+        "outbox_relay_refused_aggregates",
+        "Aggregates the relay holds back because the broker refused one of their events \
+         (they wait for `events retry` or `events skip`)"
     );
     metrics::describe_gauge!(
         "outbox_relay_stopped",
@@ -178,8 +183,14 @@ async fn relay_gauges(state: &AppState) {
     for (name, _) in &state.relays {
         let row = rows.iter().find(|r| &r.name == name);
         let relay = name.clone();
-        let (behind, age, parked, aggregates) = row.map_or((0, 0.0, 0, 0), |r| {
-            (r.behind, r.lag_s, r.parked, r.parked_aggregates)
+        let (behind, age, parked, aggregates, refused) = row.map_or((0, 0.0, 0, 0, 0), |r| {
+            (
+                r.behind,
+                r.lag_s,
+                r.parked,
+                r.parked_aggregates,
+                r.refused_aggregates,
+            )
         });
         let stopped = row.is_some_and(|r| r.problem.is_some());
         metrics::gauge!("outbox_relay_stopped", "relay" => relay.clone())
@@ -188,6 +199,8 @@ async fn relay_gauges(state: &AppState) {
         metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds", "relay" => relay.clone())
             .set(age);
         metrics::gauge!("outbox_relay_parked_events", "relay" => relay.clone()).set(parked as f64);
-        metrics::gauge!("outbox_relay_parked_aggregates", "relay" => relay).set(aggregates as f64);
+        metrics::gauge!("outbox_relay_parked_aggregates", "relay" => relay.clone())
+            .set(aggregates as f64);
+        metrics::gauge!("outbox_relay_refused_aggregates", "relay" => relay).set(refused as f64);
     }
 }

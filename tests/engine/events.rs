@@ -623,7 +623,15 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     );
     assert!(parked[0].retry_at.is_none(), "waits for an operator");
     let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
-    assert_eq!((sub.parked, sub.parked_aggregates, sub.behind), (3, 1, 0));
+    assert_eq!(
+        (
+            sub.parked,
+            sub.parked_aggregates,
+            sub.refused_aggregates,
+            sub.behind
+        ),
+        (3, 1, 1, 0)
+    );
     let got = sink.messages();
     for agg in ["a", "b"] {
         let seqs: Vec<i64> = got
@@ -690,6 +698,44 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     // Held-back events count as published once they go, like the rest;
     // the skipped one does not.
     wait_published(&db.pool, 9).await;
+}
+
+#[tokio::test]
+async fn a_delayed_aggregate_is_held_back_but_not_counted_as_refused() {
+    let db = TestDb::migrated().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    emit_all(
+        &mut tx,
+        [
+            Event::new("order", "1", "later", json!({})).delay(Duration::from_secs(3600)),
+            Event::new("order", "1", "after", json!({})),
+            Event::new("order", "2", "now", json!({})),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    sink.wait_until("the other aggregate", |g| g.len() == 1)
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sub = loop {
+        let sub = outbox::relay::subscriptions(&db.pool).await.unwrap()[0].clone();
+        if sub.parked == 2 {
+            break sub;
+        }
+        assert!(Instant::now() < deadline, "never held back: {sub:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    worker.stop().await;
+    // Held back until the delay runs out, with the event behind it; no
+    // operator is needed, so nothing counts as refused.
+    assert_eq!(
+        (sub.parked_aggregates, sub.refused_aggregates),
+        (1, 0),
+        "{sub:?}"
+    );
 }
 
 /// Waits until the first subscription says it published `n` events, then

@@ -25,10 +25,15 @@ pub struct Subscription {
     pub holders: i64,
     /// Events it has published.
     pub published: i64,
-    /// Events it holds back (parked aggregates' events).
+    /// Events it holds back (parked aggregates' events): refused ones, the
+    /// events behind them, and events whose delay has not run out.
     pub parked: i64,
-    /// Aggregates it holds back.
+    /// Aggregates it holds back, for any of those reasons.
     pub parked_aggregates: i64,
+    /// Of those, the aggregates held back by an event the broker refused:
+    /// they wait for an operator's retry or skip. (The others go on by
+    /// themselves once their delays run out.)
+    pub refused_aggregates: i64,
     /// The log's last position.
     pub head: i64,
     /// Why its relay reads nothing, if the log's position sequence is not
@@ -51,6 +56,7 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
             published: row.try_get("published")?,
             parked: row.try_get("parked")?,
             parked_aggregates: row.try_get("parked_aggregates")?,
+            refused_aggregates: row.try_get("refused_aggregates")?,
             head: row.try_get("head")?,
             problem: crate::db::event_log::head_problem(
                 row.try_get("head")?,

@@ -17,7 +17,8 @@ pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
 pub const PUBLISH_DURATION: &str = "outbox_relay_publish_seconds";
 /// 1 while the relay's circuit is open (the broker presumed down), by relay.
 pub const CIRCUIT_OPEN: &str = "outbox_relay_circuit_open";
-/// Events held back because their aggregate was parked, by relay.
+/// Events held back, by relay: refused, behind a refused event of their
+/// aggregate, or delayed (their delay not yet run out when first read).
 pub const PARKED: &str = "outbox_relay_parked_total";
 /// Event log partitions dropped at the maximum age before every
 /// subscription had passed them (events lost to a stuck subscription).

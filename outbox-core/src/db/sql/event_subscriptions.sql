@@ -1,7 +1,9 @@
 -- Every subscription with how far behind it is: its slowest partition's
 -- position, the events of its stream past it (counted up to a million),
 -- how long the oldest of them has waited, its live relay workers, what it
--- has published, and the events it holds back; with the log's head, the
+-- has published, and the events it holds back (with the aggregates held
+-- back by a refused event, which wait for an operator, apart from those
+-- waiting for a delay to run out); with the log's head, the
 -- sequence's cache and increment, and its furthest partition's position,
 -- for what would stop its relay (head_problem in event_log.rs).
 WITH head AS (
@@ -32,6 +34,8 @@ SELECT s.name, s.stream, s.partitions, s.position,
        (SELECT count(*) FROM outbox_event_parked AS p WHERE p.subscription = s.name) AS parked,
        (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
         WHERE p.subscription = s.name) AS parked_aggregates,
+       (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
+        WHERE p.subscription = s.name AND p.error IS NOT NULL) AS refused_aggregates,
        (SELECT position FROM head) AS head,
        (SELECT cache FROM head) AS sequence_cache,
        (SELECT increment FROM head) AS sequence_increment,
