@@ -43,8 +43,9 @@ struct Cli {
     /// Log line format.
     #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
-    /// How long `migrate`, `tasks` and `stats` may take before they give up
-    /// (exit 3), e.g. when a table lock holds them (1s to 1d).
+    /// How long an operator command (every one but `run`, `demo`, `bench`
+    /// and `dashboard`) may take before it gives up (exit 3), e.g. when a
+    /// lock holds it (1s to 1d).
     #[arg(long, env = "OUTBOX_COMMAND_TIMEOUT", default_value = "60s", global = true, value_parser = flags::duration(SECOND, DAY))]
     command_timeout: Duration,
 }

@@ -89,7 +89,16 @@ async fn open(
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
     let options = adjust(options);
-    let target = format!("{}:{}", options.get_host(), options.get_port());
+    // What the connection goes to: a Unix socket (`host=/dir` in the URL)
+    // wins over the host name.
+    let target = match options.get_socket() {
+        Some(dir) => format!(
+            "the socket in {} (port {})",
+            dir.display(),
+            options.get_port()
+        ),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => {
             return Err(Failure::unreachable(format!(
@@ -136,12 +145,16 @@ fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             if code.starts_with("28") || code == "3D000" {
+                // The message alone: the error's Display adds the server's
+                // source line, which means nothing to an operator.
                 Failure::config(format!(
-                    "PostgreSQL at {target} refused the connection: {db} (check DATABASE_URL)"
+                    "PostgreSQL at {target} refused the connection: {} (check DATABASE_URL)",
+                    db.message()
                 ))
             } else {
                 Failure::unreachable(format!(
-                    "PostgreSQL at {target} refused the connection: {db}"
+                    "PostgreSQL at {target} refused the connection: {}",
+                    db.message()
                 ))
             }
         }

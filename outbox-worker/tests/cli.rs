@@ -218,6 +218,21 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
         "connection refused by 127.0.0.1:1",
     )
     .await;
+    // A database that does not exist: the server's message, without the
+    // source line its error carries.
+    let (server, rest) = db.url.rsplit_once('/').expect("a URL with a path");
+    let query = rest
+        .split_once('?')
+        .map_or(String::new(), |(_, q)| format!("?{q}"));
+    let missing = format!("{server}/no_such_database{query}");
+    let out = cli(&["stats", "--database-url", &missing]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let message = stderr(&out);
+    assert!(
+        message.contains("refused the connection: database \"no_such_database\" does not exist (check DATABASE_URL)")
+            && !message.contains(" at line "),
+        "{message}"
+    );
 
     let empty = TestDb::empty().await;
     for command in [&["run"][..], &["tasks", "list"], &["stats"]] {
