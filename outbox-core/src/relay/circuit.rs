@@ -41,6 +41,8 @@ pub(crate) enum Admit {
 }
 
 pub(crate) struct Circuit {
+    /// The relay it guards, for the log.
+    relay: std::sync::Arc<str>,
     phase: Mutex<Phase>,
     changed: Notify,
     /// How long a probe may take before another is let through.
@@ -48,8 +50,9 @@ pub(crate) struct Circuit {
 }
 
 impl Circuit {
-    pub(crate) fn new(probe_timeout: Duration) -> Self {
+    pub(crate) fn new(relay: std::sync::Arc<str>, probe_timeout: Duration) -> Self {
         Self {
+            relay,
             phase: Mutex::new(Phase::Closed { failures: 0 }),
             changed: Notify::new(),
             probe_timeout,
@@ -109,7 +112,7 @@ impl Circuit {
             *phase = Phase::Closed { failures: 0 };
             drop(phase);
             if was_open {
-                tracing::info!("relay circuit closed: the broker answers again");
+                tracing::info!(relay = %self.relay, "relay circuit closed: the broker answers again");
             }
             self.changed.notify_waiters();
         }
@@ -147,8 +150,17 @@ impl Circuit {
             // Failures of publishes that started before it opened.
             open @ Phase::Open { .. } => (open, OPEN_AFTER),
         };
-        if matches!(next, Phase::Open { .. }) && !matches!(*phase, Phase::Open { .. }) {
-            tracing::warn!("relay circuit open: the broker keeps failing; claims pause");
+        // Once per outage: a probe that fails reopens the circuit quietly.
+        match (&*phase, &next) {
+            (Phase::Closed { .. }, Phase::Open { cool_down, .. }) => tracing::warn!(
+                relay = %self.relay,
+                "relay circuit open: the broker keeps failing; publishing pauses, one probe every {cool_down:?} at first"
+            ),
+            (Phase::HalfOpen { .. }, Phase::Open { cool_down, .. }) => tracing::debug!(
+                relay = %self.relay,
+                "relay circuit probe failed; the next in {cool_down:?}"
+            ),
+            _ => {}
         }
         *phase = next;
         streak
@@ -165,7 +177,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn opens_after_a_streak_lets_one_probe_through_and_closes_on_success() {
-        let c = Circuit::new(Duration::from_secs(10));
+        let c = Circuit::new("test".into(), Duration::from_secs(10));
         for _ in 0..OPEN_AFTER - 1 {
             c.failure();
             assert_eq!(c.admit(Duration::ZERO).await, Admit::Go);
@@ -191,7 +203,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_that_never_reports_is_replaced() {
-        let c = Circuit::new(Duration::from_secs(2));
+        let c = Circuit::new("test".into(), Duration::from_secs(2));
         for _ in 0..OPEN_AFTER {
             c.failure();
         }
@@ -203,7 +215,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waiters_go_as_soon_as_the_probe_succeeds() {
-        let c = std::sync::Arc::new(Circuit::new(Duration::from_secs(60)));
+        let c = std::sync::Arc::new(Circuit::new("test".into(), Duration::from_secs(60)));
         for _ in 0..OPEN_AFTER {
             c.failure();
         }

@@ -93,7 +93,7 @@ pub(crate) async fn run(
             give_up_after: relay.give_up_after.unwrap_or(1).max(1),
             publish_timeout: relay.publish_timeout,
             concurrency: relay.concurrency,
-            circuit: Circuit::new(relay.publish_timeout * 2),
+            circuit: Circuit::new(Arc::from(relay.name.as_str()), relay.publish_timeout * 2),
         },
         engine,
         deadline,
