@@ -245,6 +245,18 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     let pool = connect_migrated(&args.db, 2).await?;
     let rows =
         outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
+    if rows.is_empty()
+        && let Some(name) = &args.subscription
+        && !outbox::relay::subscriptions(&pool)
+            .await?
+            .iter()
+            .any(|s| &s.name == name)
+    {
+        // An empty list would read as "nothing held back".
+        return Err(Failure::runtime(format!(
+            "there is no subscription {name:?} (see `events subscriptions`)"
+        )));
+    }
     if args.json {
         return print_json(&rows);
     }
@@ -256,10 +268,27 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
         "{:<16} {:<24} {:>10} {:<36} {:<20} {:<25} ERROR",
         "SUBSCRIPTION", "AGGREGATE", "POSITION", "EVENT ID", "TYPE", "RETRY AT"
     );
+    // The rows come aggregate by aggregate, each one's first first: only
+    // that one has a time of its own; the others wait behind it.
+    let mut first: Option<(String, String, String, i64)> = None;
     for r in rows {
-        let retry = r
-            .retry_at
-            .map_or_else(|| "(operator)".to_owned(), |t| t.to_rfc3339());
+        let retry = match &first {
+            Some((sub, t, i, at))
+                if (sub, t, i) == (&r.subscription, &r.aggregatetype, &r.aggregateid) =>
+            {
+                format!("(behind {at})")
+            }
+            _ => {
+                first = Some((
+                    r.subscription.clone(),
+                    r.aggregatetype.clone(),
+                    r.aggregateid.clone(),
+                    r.position,
+                ));
+                r.retry_at
+                    .map_or_else(|| "(operator)".to_owned(), |t| t.to_rfc3339())
+            }
+        };
         println!(
             "{:<16} {:<24} {:>10} {:<36} {:<20} {:<25} {}",
             r.subscription,

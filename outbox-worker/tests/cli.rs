@@ -1230,6 +1230,12 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     );
     assert!(ok(&cli(&with_db(&["events", "parked"])).await).contains("no events held back"));
     refused(
+        &with_db(&["events", "parked", "--subscription", "nobody"]),
+        1,
+        "there is no subscription \"nobody\"",
+    )
+    .await;
+    refused(
         &with_db(&["events", "retry", "nobody", "order", "42"]),
         1,
         "holds nothing back",
@@ -1375,6 +1381,8 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     let parked = ok(&cli(&["events", "parked", "--database-url", &db.url]).await);
     assert!(parked.contains("order/bad"), "{parked}");
     assert!(parked.contains("http_refused"), "{parked}");
+    // The event behind the refused one waits for it, not for a time.
+    assert!(parked.contains("(behind "), "{parked}");
     let subs = ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
     assert!(subs.contains("hooks"), "{subs}");
     // A relay that reads nothing fails the listing, for scripts and health
