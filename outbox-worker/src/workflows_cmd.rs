@@ -110,6 +110,19 @@ async fn cancel(args: ShowArgs) -> Result<(), Failure> {
     if args.json {
         return print_json(&report);
     }
+    if report.steps_cancelled == 0 && report.tasks_cancelled == 0 {
+        // Nothing was left to cancel: say why, rather than print zeros.
+        let status = workflow::workflow_status(&pool, WorkflowId(args.id)).await?;
+        if let Some(w) = status.map(|s| s.workflow)
+            && w.finished_at.is_some()
+        {
+            println!(
+                "workflow {} had already ended ({}): nothing to cancel",
+                args.id, w.state
+            );
+            return Ok(());
+        }
+    }
     println!(
         "workflow {}: {} waiting steps cancelled, {} tasks cancelled or asked to stop",
         args.id, report.steps_cancelled, report.tasks_cancelled

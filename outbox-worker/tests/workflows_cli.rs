@@ -64,6 +64,15 @@ async fn workflows_are_listed_shown_and_cancelled_and_bad_flags_are_refused() {
     assert_eq!(shown["state"], "failed");
     assert_eq!(shown["step_list"][0]["state"], "dead");
     assert_eq!(shown["step_list"][1]["state"], "cancelled");
+    // Cancelled again, it says the workflow had ended instead of counting
+    // zeros.
+    let again = ok(&cli(&["workflows", "cancel", &id_text, at[0], at[1]]).await);
+    assert!(
+        again.contains(&format!(
+            "workflow {id_text} had already ended (failed): nothing to cancel"
+        )),
+        "{again}"
+    );
 
     for (args, code, needle) in [
         (
