@@ -153,17 +153,23 @@ fn print_status(s: &WorkflowStatus) {
         "STEP", "STATE", "TASK STATE", "TASK", "TYPE"
     );
     for step in &s.step_list {
-        let mut note = if step.after.is_empty() {
-            "-".to_owned()
-        } else {
-            step.after.join(",")
-        };
+        // Labelled parts, so that a step's own error does not read as its
+        // parent's.
+        let mut parts = Vec::new();
+        if !step.after.is_empty() {
+            parts.push(format!("after {}", step.after.join(",")));
+        }
         if let Some(undone) = &step.compensates {
-            note = format!("{note} (undoes {undone})");
+            parts.push(format!("undoes {undone}"));
         }
         if let Some(error) = &step.last_error {
-            note = format!("{note}: {error}");
+            parts.push(format!("error: {error}"));
         }
+        let note = if parts.is_empty() {
+            "-".to_owned()
+        } else {
+            parts.join("; ")
+        };
         println!(
             "{:<24} {:<10} {:<12} {:<10} {:<24} {}",
             step.name,
