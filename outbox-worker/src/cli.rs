@@ -204,7 +204,7 @@ struct RunArgs {
     /// separated by spaces). The scheme picks the sink: nats://,
     /// kafka://HOST:PORT[,HOST:PORT...], amqp:// (RabbitMQ), redis://,
     /// http:// or https:// (webhooks). Query parameters set queue (default
-    /// events), concurrency (default 100), route (default
+    /// events), concurrency (default 256; Kafka 1024), route (default
     /// outbox.event.{aggregate_type}), give_up_after, timeout_ms and the
     /// sink's own options. Secrets never go in the URL: the relay reads
     /// OUTBOX_RELAY_<NAME>_SECRET. Example:
@@ -214,13 +214,17 @@ struct RunArgs {
 }
 
 fn parse_relay(s: &str) -> Result<(String, String), String> {
-    let (name, url) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not NAME=URL (for example nats=nats://127.0.0.1:4222)"))?;
+    // The value arrives split at spaces (OUTBOX_RELAYS lists relays that
+    // way), so a part may be a word of what was typed.
+    let refused = || {
+        format!(
+            "{s:?} is not NAME=URL (for example nats=nats://127.0.0.1:4222; spaces separate \
+             relays, so a URL must not contain one)"
+        )
+    };
+    let (name, url) = s.split_once('=').ok_or_else(refused)?;
     if name.is_empty() || url.is_empty() {
-        return Err(format!(
-            "{s:?} is not NAME=URL (for example nats=nats://127.0.0.1:4222)"
-        ));
+        return Err(refused());
     }
     Ok((name.to_owned(), url.to_owned()))
 }

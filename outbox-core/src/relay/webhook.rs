@@ -211,11 +211,19 @@ pub(crate) fn from_url(
         ));
     }
     let secret = params.secret(name);
-    Ok(Arc::new(WebhookSink::new(
-        endpoint.as_str(),
-        secret.as_deref(),
-        Duration::from_millis(timeout),
-    )?))
+    Ok(Arc::new(
+        WebhookSink::new(
+            endpoint.as_str(),
+            secret.as_deref(),
+            Duration::from_millis(timeout),
+        )
+        .map_err(|e| {
+            format!(
+                "relay {name:?}: {e} (its secret comes from {}, unless the application gave one)",
+                super::url::secret_var(name)
+            )
+        })?,
+    ))
 }
 
 #[cfg(test)]
@@ -258,6 +266,24 @@ mod tests {
         };
         let error = sink.publish(&message).await.unwrap_err();
         assert!(error.is_transient(), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_secret_that_is_not_base64_names_its_relay_and_variable() {
+        let Err(error) = crate::relay::Relay::from_url_with_secret(
+            "hooks-1",
+            "http://127.0.0.1:1/hook",
+            "whsec_!!!notbase64",
+        )
+        .await
+        else {
+            panic!("a secret that is not base64 was taken");
+        };
+        assert!(
+            error.starts_with("relay \"hooks-1\": the webhook secret after whsec_ is not base64")
+                && error.contains("OUTBOX_RELAY_HOOKS_1_SECRET"),
+            "{error}"
+        );
     }
 
     #[test]
