@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox::Worker;
-use outbox::events::{Event, emit, emit_all, inbox};
+use outbox::events::{Emitted, Event, emit, emit_all, inbox};
 use outbox::relay::{Message, Relay};
 use outbox_tests::TestDb;
 use outbox_tests::proxy::FaultProxy;
@@ -703,18 +703,7 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
 #[tokio::test]
 async fn a_delayed_aggregate_is_held_back_but_not_counted_as_refused() {
     let db = TestDb::migrated().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    emit_all(
-        &mut tx,
-        [
-            Event::new("order", "1", "later", json!({})).delay(Duration::from_secs(3600)),
-            Event::new("order", "1", "after", json!({})),
-            Event::new("order", "2", "now", json!({})),
-        ],
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    emit_a_delayed_aggregate(&db.pool, Duration::from_secs(3600)).await;
     let sink = Capture::default();
     let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
     sink.wait_until("the other aggregate", |g| g.len() == 1)
@@ -738,6 +727,24 @@ async fn a_delayed_aggregate_is_held_back_but_not_counted_as_refused() {
     );
 }
 
+/// Emits, in one transaction, an event of aggregate order/1 delayed by
+/// `delay`, one more of order/1, and one of order/2.
+async fn emit_a_delayed_aggregate(pool: &PgPool, delay: Duration) -> Vec<Emitted> {
+    let mut tx = pool.begin().await.unwrap();
+    let emitted = emit_all(
+        &mut tx,
+        [
+            Event::new("order", "1", "delayed", json!({})).delay(delay),
+            Event::new("order", "1", "after", json!({})),
+            Event::new("order", "2", "now", json!({})),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    emitted
+}
+
 /// Waits until the first subscription says it published `n` events, then
 /// checks that it does not go past them.
 async fn wait_published(pool: &PgPool, n: i64) {
@@ -759,18 +766,7 @@ async fn wait_published(pool: &PgPool, n: i64) {
 #[tokio::test]
 async fn a_delayed_event_waits_with_its_aggregate_behind_it() {
     let db = TestDb::migrated().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let later = emit_all(
-        &mut tx,
-        [
-            Event::new("order", "1", "soon", json!({})).delay(Duration::from_millis(1500)),
-            Event::new("order", "1", "after", json!({})),
-            Event::new("order", "2", "now", json!({})),
-        ],
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let later = emit_a_delayed_aggregate(&db.pool, Duration::from_millis(1500)).await;
     let emitted_at = Instant::now();
     let sink = Capture::default();
     let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
