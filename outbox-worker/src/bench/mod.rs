@@ -747,6 +747,7 @@ impl Bench {
         let started = Instant::now();
         let running = tokio::spawn(worker.run(shutdown.clone()));
         let mut done = 0;
+        let mut first = None;
         while done < count {
             match tokio::time::timeout(Duration::from_secs(120), events.recv()).await {
                 Ok(Ok(e)) if e.kind == TaskEventKind::Completed => done += 1,
@@ -758,8 +759,12 @@ impl Bench {
                     )));
                 }
             }
+            if done > 0 && first.is_none() {
+                first = Some(Instant::now());
+            }
         }
         let seconds = started.elapsed().as_secs_f64();
+        let after_first = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let counters = counters.snapshot();
         shutdown.cancel();
         running.await.map_err(Failure::runtime)??;
@@ -768,6 +773,7 @@ impl Bench {
         Ok(Drain {
             rate: count as f64 / seconds,
             seconds,
+            after_first,
             counters,
         })
     }
@@ -881,6 +887,9 @@ const SUBMIT_QUEUE: &str = "outbox-bench-submit";
 struct Drain {
     rate: f64,
     seconds: f64,
+    /// From the first outcome to the last: the drain without its worker's
+    /// start and first claim (for comparing drains of a few seconds).
+    after_first: f64,
     counters: outbox::CountersSnapshot,
 }
 
