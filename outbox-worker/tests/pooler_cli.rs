@@ -67,6 +67,25 @@ async fn every_command_works_through_pgbouncer_with_pooler() {
     .await["id"]
         .as_i64()
         .expect("an id");
+    // What the cancel and the retry act on: due in an hour, so it is still
+    // waiting whenever they come (the failing task dies after four quick
+    // attempts, and a dead task is not cancelled again: on a slow machine
+    // the cancel came after its death and the test failed).
+    let waiting = json(
+        url,
+        &[
+            "tasks",
+            "submit",
+            "outbox.noop",
+            "{}",
+            "--delay",
+            "1h",
+            "--json",
+        ],
+    )
+    .await["id"]
+        .as_i64()
+        .expect("an id");
 
     // Every sleep completes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -84,12 +103,12 @@ async fn every_command_works_through_pgbouncer_with_pooler() {
     }
     let listed = ok(&through(url, &["tasks", "list", "--json"]).await);
     assert!(listed.contains("outbox.sleep"), "{listed}");
-    let (id, failing) = (ids[0].to_string(), failing.to_string());
+    let (id, failing, waiting) = (ids[0].to_string(), failing.to_string(), waiting.to_string());
     for command in [
         vec!["tasks", "show", id.as_str()],
         vec!["tasks", "explain", failing.as_str()],
-        vec!["tasks", "cancel", failing.as_str()],
-        vec!["tasks", "retry", failing.as_str()],
+        vec!["tasks", "cancel", waiting.as_str()],
+        vec!["tasks", "retry", waiting.as_str()],
         vec!["queues", "pause", "default"],
         vec!["queues", "resume", "default"],
         vec!["queues", "list"],
