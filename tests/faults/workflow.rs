@@ -1,5 +1,6 @@
 //! Workflows through faults: a worker killed -9 with a group's steps in
-//! flight, and PostgreSQL restarted and stopped while a chord fans in.
+//! flight, PostgreSQL restarted and stopped while a chord fans in, and a
+//! saga's worker killed -9 in the middle of a compensation.
 //! A step's release commits with its parent's completion, so neither can
 //! leave a step released twice or never.
 
@@ -205,4 +206,129 @@ async fn a_restart_and_an_outage_mid_fan_in_release_the_chord_once() {
     assert_eq!(counter.callbacks.load(Ordering::Relaxed), 1);
     assert_eq!(total, PARTS as i64, "the chord saw every part's result");
     assert!(parts >= PARTS);
+}
+
+/// Runs of the steps of workflow `id` that compensate `step`.
+async fn compensation_runs(pool: &PgPool, id: WorkflowId, step: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(e.task_id) FROM outbox_workflow_steps s \
+         JOIN executions e ON e.task_id = s.task_id \
+         WHERE s.workflow_id = $1 AND s.compensates = $2",
+    )
+    .bind(id.0)
+    .bind(step)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_compensation_cut_short_by_a_kill_runs_again_and_none_runs_for_a_step_that_did_not_complete()
+ {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    // a, then b, then c, which dies (four quick attempts), then d. Each
+    // has a compensation; b's takes four seconds, long enough to be killed
+    // in.
+    let on_record = |after: &[&str]| {
+        outbox::Step::new()
+            .after(after)
+            .options(outbox::TaskOptions::new().queue(outbox_tests::tasks::RECORD_QUEUE))
+    };
+    let mut w = Workflow::new("saga-fault");
+    w.add_step("a", &Record { ms: 1 }, on_record(&[]))
+        .unwrap()
+        .compensate("a", &Record { ms: 10 })
+        .unwrap()
+        .add_step("b", &Record { ms: 1 }, on_record(&["a"]))
+        .unwrap()
+        .compensate("b", &Record { ms: 4000 })
+        .unwrap()
+        .add_step(
+            "c",
+            &outbox_worker::builtin::Fail {
+                times: 100,
+                message: "out of stock".to_owned(),
+            },
+            on_record(&["b"]),
+        )
+        .unwrap()
+        .compensate("c", &Record { ms: 1 })
+        .unwrap()
+        .add_step("d", &Record { ms: 1 }, on_record(&["c"]))
+        .unwrap()
+        .compensate("d", &Record { ms: 1 })
+        .unwrap();
+    let id = w.submit(&mut *db.conn().await).await.unwrap();
+
+    // Killed while b's compensation runs.
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM outbox_workflow_steps s JOIN executions e \
+             ON e.task_id = s.task_id WHERE s.workflow_id = {id} AND s.compensates = 'b')"
+        ),
+        Duration::from_secs(90),
+    )
+    .await;
+    first.signal("KILL");
+    first.wait(Duration::from_secs(30)).await;
+    let cut_short: bool = sqlx::query_scalar(
+        "SELECT t.state = 'processing' FROM outbox_workflow_steps s \
+         JOIN outbox_tasks t ON t.id = s.task_id WHERE s.workflow_id = $1 AND s.compensates = 'b'",
+    )
+    .bind(id.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(cut_short, "the kill came while b's compensation ran");
+    let undone_a_before = compensation_runs(&db.pool, id, "a").await;
+
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
+    wait_until(
+        &db.pool,
+        &format!("SELECT state = 'compensated' FROM outbox_workflows WHERE id = {id}"),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert!(second.is_running(), "{}", second.log());
+    let runs = [
+        compensation_runs(&db.pool, id, "a").await,
+        compensation_runs(&db.pool, id, "b").await,
+        compensation_runs(&db.pool, id, "c").await,
+        compensation_runs(&db.pool, id, "d").await,
+    ];
+    eprintln!(
+        "saga kill -9: compensations run a {}, b {}, c {}, d {} (a {} before the kill)",
+        runs[0], runs[1], runs[2], runs[3], undone_a_before
+    );
+    // b's compensation ran again after the kill, then a's (in reverse
+    // order: none of a's started before b's ended); c died and d never
+    // ran, so neither is compensated.
+    assert_eq!(undone_a_before, 0, "a's compensation waited for b's");
+    assert!(
+        runs[1] >= 2,
+        "b's compensation, cut short, ran again: {runs:?}"
+    );
+    assert!(runs[0] >= 1, "a's compensation ran: {runs:?}");
+    assert_eq!((runs[2], runs[3]), (0, 0), "{runs:?}");
+    let states: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, state FROM outbox_workflow_steps WHERE workflow_id = $1 \
+         AND compensates IS NULL ORDER BY name",
+    )
+    .bind(id.0)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        [
+            ("a", "completed"),
+            ("b", "completed"),
+            ("c", "dead"),
+            ("d", "cancelled")
+        ]
+        .map(|(n, s)| (n.to_owned(), s.to_owned()))
+    );
 }
