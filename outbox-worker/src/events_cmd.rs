@@ -247,10 +247,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
         outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
     if rows.is_empty()
         && let Some(name) = &args.subscription
-        && !outbox::relay::subscriptions(&pool)
-            .await?
-            .iter()
-            .any(|s| &s.name == name)
+        && !outbox::relay::subscription_exists(&pool, name).await?
     {
         // An empty list would read as "nothing held back".
         return Err(Failure::runtime(format!(

@@ -199,6 +199,20 @@ pub async fn sequence_problem(pool: &PgPool) -> Result<Option<String>> {
     .await?)
 }
 
+/// Whether a subscription named `name` exists (without reading how far
+/// behind it is, as [`subscriptions`] does).
+pub async fn subscription_exists(pool: &PgPool, name: &str) -> Result<bool> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_event_subscriptions WHERE name = $1)",
+        )
+        .bind(name)
+        .fetch_one(conn)
+        .await
+    })
+    .await?)
+}
+
 /// What [`delete_subscription`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

@@ -30,15 +30,18 @@ SELECT s.name, s.stream, s.partitions, s.position,
        coalesce(extract(epoch FROM now() - (SELECT e.created_at FROM outbox_event_log AS e
                                             WHERE e.position > s.position AND e.stream = s.stream
                                             ORDER BY e.position LIMIT 1)), 0)::float8 AS lag_s,
-       s.holders, s.published,
-       (SELECT count(*) FROM outbox_event_parked AS p WHERE p.subscription = s.name) AS parked,
-       (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
-        WHERE p.subscription = s.name) AS parked_aggregates,
-       (SELECT count(DISTINCT (p.aggregatetype, p.aggregateid)) FROM outbox_event_parked AS p
-        WHERE p.subscription = s.name AND p.error IS NOT NULL) AS refused_aggregates,
+       s.holders, s.published, h.parked, h.parked_aggregates, h.refused_aggregates,
        (SELECT position FROM head) AS head,
        (SELECT cache FROM head) AS sequence_cache,
        (SELECT increment FROM head) AS sequence_increment,
        s.furthest
 FROM subs AS s
+-- The held-back events, read once for the three counts.
+CROSS JOIN LATERAL (
+    SELECT count(*) AS parked,
+           count(DISTINCT (p.aggregatetype, p.aggregateid)) AS parked_aggregates,
+           count(DISTINCT (p.aggregatetype, p.aggregateid)) FILTER (WHERE p.error IS NOT NULL)
+               AS refused_aggregates
+    FROM outbox_event_parked AS p
+    WHERE p.subscription = s.name) AS h
 ORDER BY s.name
