@@ -358,6 +358,21 @@ fn state_of(status: &WorkflowStatus, step: &str) -> String {
     s.state.clone()
 }
 
+/// A step that stays open until the test makes its task due
+/// ([`make_due`]).
+fn held_open() -> Step {
+    Step::new().options(outbox::TaskOptions::new().delay(Duration::from_secs(3600)))
+}
+
+/// Makes `task` due now.
+async fn make_due(pool: &PgPool, task: outbox::TaskId) {
+    sqlx::query("UPDATE outbox_tasks SET execute_at = now() WHERE id = $1")
+        .bind(task.0)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// A child that runs anyway counts its parent's death once: when an
 /// operator's retry of that parent completes, the child must not count it
 /// again and run before its other parent.
@@ -369,12 +384,7 @@ async fn a_retried_parent_that_completes_is_not_counted_twice_by_a_child_that_ru
     let mut w = Workflow::new("counted-once");
     w.add("a", &work("a", 1))
         .unwrap()
-        // Open until the test makes its task due.
-        .add_step(
-            "hold",
-            &work("hold", 2),
-            Step::new().options(outbox::TaskOptions::new().delay(Duration::from_secs(3600))),
-        )
+        .add_step("hold", &work("hold", 2), held_open())
         .unwrap()
         .add_step(
             "anyway",
@@ -401,11 +411,7 @@ async fn a_retried_parent_that_completes_is_not_counted_twice_by_a_child_that_ru
         "a counted twice: {status:#?}"
     );
 
-    sqlx::query("UPDATE outbox_tasks SET execute_at = now() WHERE id = $1")
-        .bind(task_of(&status, "hold").0)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    make_due(&db.pool, task_of(&status, "hold")).await;
     let status = wait_state(&db.pool, id, "completed").await;
     worker.stop().await;
     assert_eq!(result_of(&status, "anyway"), Some(4 + 1 + 2));
@@ -432,12 +438,7 @@ async fn a_revived_child_that_completes_is_not_counted_twice_by_a_grandchild_tha
         .unwrap()
         .add_after("child", &["root"], &work("child", 2))
         .unwrap()
-        // Open until the test makes its task due.
-        .add_step(
-            "hold",
-            &work("hold", 5),
-            Step::new().options(outbox::TaskOptions::new().delay(Duration::from_secs(3600))),
-        )
+        .add_step("hold", &work("hold", 5), held_open())
         .unwrap()
         .add_step(
             "anyway",
@@ -463,11 +464,7 @@ async fn a_revived_child_that_completes_is_not_counted_twice_by_a_grandchild_tha
         "child counted twice: {status:#?}"
     );
 
-    sqlx::query("UPDATE outbox_tasks SET execute_at = now() WHERE id = $1")
-        .bind(task_of(&status, "hold").0)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    make_due(&db.pool, task_of(&status, "hold")).await;
     let status = wait_state(&db.pool, id, "completed").await;
     worker.stop().await;
     // root 1; child 2 + 1; hold 5; anyway 7 + 3 + 5.
