@@ -11,7 +11,8 @@ use crate::error::Result;
 
 /// Runs the real claim statement of `queue` for up to `limit` tasks, then
 /// releases what it took (no attempt counted); returns how many it claimed
-/// and how long the claim statement took.
+/// and how long the claim statement took. Each key's head is claimed alone
+/// (no run behind it).
 pub async fn claim_and_release(
     pool: &PgPool,
     queue: &str,
@@ -22,9 +23,17 @@ pub async fn claim_and_release(
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let token: Arc<str> = Arc::from(format!("bench/{}/{n}", std::process::id()));
     let started = Instant::now();
-    let claimed = db::claim_tasks(&mut conn, queue, limit, &token, None, db::ClaimStart::FRONT)
-        .await?
-        .tasks;
+    let claimed = db::claim_tasks(
+        &mut conn,
+        queue,
+        limit,
+        &token,
+        None,
+        db::ClaimStart::FRONT,
+        1,
+    )
+    .await?
+    .tasks;
     let took = started.elapsed();
     db::release_claims(&mut conn, &[token]).await?;
     Ok((claimed.len(), took))

@@ -187,6 +187,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0027_lookups_by_id.up.sql"),
         down: include_str!("../../migrations/0027_lookups_by_id.down.sql"),
     },
+    Migration {
+        version: 28,
+        name: "key_runs",
+        up: include_str!("../../migrations/0028_key_runs.up.sql"),
+        down: include_str!("../../migrations/0028_key_runs.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

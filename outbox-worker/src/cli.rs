@@ -114,6 +114,13 @@ struct RunArgs {
     /// pace (1ms to 1h): the buffer holds what starts in this time.
     #[arg(long, env = "OUTBOX_CLAIM_AHEAD_WINDOW", default_value = "50ms", value_parser = flags::duration(MS, HOUR))]
     claim_ahead_window: Duration,
+    /// The most tasks of one ordering key a claim takes together (1 to
+    /// 10000): the key's next task and those waiting behind it, run here
+    /// one after the other without a hand-over between them. 1 takes a
+    /// key's next task alone. Only in queues without limits that run one
+    /// task per key at a time.
+    #[arg(long, env = "OUTBOX_KEY_RUN", default_value_t = 8, value_parser = flags::count(1, 10_000))]
+    key_run: usize,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms
     /// (1ms to 1h).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
@@ -405,6 +412,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         poll_interval: args.poll_interval,
         claim_ahead: args.claim_ahead,
         claim_ahead_window: args.claim_ahead_window,
+        key_run: args.key_run,
         shutdown_grace: args.shutdown_grace,
         flush_timeout: args.flush_timeout,
         statement_timeout: args.statement_timeout,

@@ -19,11 +19,13 @@ use super::ordering::step;
 
 /// A worker that neither listens nor polls within the test's time: only
 /// the worker itself (a hand-on, or the wake-up after its own outcome) can
-/// move a key on.
+/// move a key on. Its claims take a key's next task alone (no run behind
+/// it, see key_runs.rs), so every step is handed on.
 fn quiet_config() -> WorkerConfig {
     WorkerConfig {
         listen: false,
         poll_interval: Duration::from_secs(3600),
+        key_run: 1,
         ..WorkerConfig::default()
     }
 }
@@ -190,6 +192,7 @@ async fn start_gated(
 fn polling_config() -> WorkerConfig {
     WorkerConfig {
         poll_interval: Duration::from_millis(200),
+        key_run: 1,
         ..WorkerConfig::default()
     }
 }
@@ -580,4 +583,126 @@ async fn a_worker_owing_a_key_stops_at_once_and_maintenance_hands_the_key_on() {
     .await;
     next.stop().await;
     assert_eq!(gate.1.lock().unwrap().clone(), vec![("owed".to_owned(), 2)]);
+}
+
+/// A worker whose claims take runs of a key's steps (the default), polling
+/// often.
+fn runs_config() -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(200),
+        key_run: 8,
+        ..WorkerConfig::default()
+    }
+}
+
+/// State, blocked flag and claim token of steps 2 and 3.
+async fn second_and_third(db: &TestDb) -> Vec<(String, bool, Option<String>)> {
+    let mut rows = Vec::new();
+    for n in [2, 3] {
+        rows.push(
+            sqlx::query_as(sqlx::AssertSqlSafe(state_of(n)))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap(),
+        );
+    }
+    rows
+}
+
+#[tokio::test]
+async fn a_run_stops_where_its_queue_is_paused_and_its_key_goes_on_after_the_resume() {
+    let db = TestDb::migrated().await;
+    let run = start_gated(&db, "k", 3, 0, runs_config(), 4).await;
+    // Steps 2 and 3 were claimed with step 1, as its run.
+    let claimed = second_and_third(&db).await;
+    assert!(
+        claimed
+            .iter()
+            .all(|(s, blocked, by)| s == "processing" && *blocked && by.is_some()),
+        "{claimed:?}"
+    );
+    // Paused while step 1 runs: its outcome ends the run, which goes back;
+    // step 2 gets the key and waits for the resume.
+    admin::pause_queue(&db.pool, "hand-on-gated").await.unwrap();
+    run.gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT s.state = 'pending' AND NOT s.blocked AND s.claimed_by IS NULL FROM ({}) AS s",
+            state_of(2)
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        second_and_third(&db).await,
+        vec![
+            ("pending".to_owned(), false, None),
+            ("pending".to_owned(), true, None)
+        ],
+        "the run went back: step 2 holds the key, step 3 waits behind it"
+    );
+    assert_eq!(
+        run.gate.1.lock().unwrap().len(),
+        1,
+        "nothing ran while paused"
+    );
+    admin::resume_queue(&db.pool, "hand-on-gated")
+        .await
+        .unwrap();
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    run.running.stop().await;
+    let started: Vec<i64> = run.gate.1.lock().unwrap().iter().map(|(_, n)| *n).collect();
+    assert_eq!(started, vec![1, 2, 3]);
+    assert_eq!(
+        run.counters.snapshot().tasks_run_on,
+        1,
+        "step 3, in step 2's run"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_stopping_mid_run_gives_the_run_back_and_another_runs_it_in_order() {
+    let db = TestDb::migrated().await;
+    let run = start_gated(&db, "k", 3, 0, runs_config(), 4).await;
+    // Shutdown asked while step 1 runs with steps 2 and 3 claimed behind
+    // it; step 1 then finishes, and its run goes back.
+    let GatedRun {
+        gate,
+        running,
+        counters,
+    } = run;
+    running.request_stop();
+    gate.0.add_permits(1);
+    running.stop().await;
+    assert_eq!(counters.snapshot().tasks_run_on, 0);
+    assert_eq!(
+        second_and_third(&db).await,
+        vec![
+            ("pending".to_owned(), false, None),
+            ("pending".to_owned(), true, None)
+        ],
+        "step 2 holds the key, step 3 waits behind it"
+    );
+    let worker = Worker::builder(db.pool.clone())
+        .config(runs_config())
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", 4)
+        .build()
+        .unwrap();
+    let again = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    again.stop().await;
+    let started: Vec<i64> = gate.1.lock().unwrap().iter().map(|(_, n)| *n).collect();
+    assert_eq!(started, vec![1, 2, 3]);
 }

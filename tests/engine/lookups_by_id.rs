@@ -54,6 +54,7 @@ async fn claim(conn: &mut PgConnection, n: i64, token: &str) -> Vec<(i64, i32)> 
         .bind(0_i64)
         .bind(None::<DateTime<Utc>>)
         .bind(None::<i64>)
+        .bind(1_i32)
         .fetch_all(conn)
         .await
         .unwrap()
@@ -136,6 +137,8 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(vec!["lookups"])
         .bind(vec![1_i32])
         .bind(Some("hand-on claim"))
+        .bind(Vec::<i64>::new())
+        .bind(vec![None::<DateTime<Utc>>; done.len()])
         .fetch_all(&mut *tx)
         .await
         .unwrap();
@@ -153,6 +156,7 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(vec![Some("it failed"); failed.len()])
         .bind(None::<DateTime<Utc>>)
         .bind(vec![None::<String>; failed.len()])
+        .bind(vec![None::<DateTime<Utc>>; failed.len()])
         .fetch_all(&mut *tx)
         .await
         .unwrap();

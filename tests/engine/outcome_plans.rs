@@ -44,6 +44,8 @@ async fn success_outcome(conn: &mut PgConnection, sql: &'static str) {
         .bind(vec!["plans"])
         .bind(vec![1_i32])
         .bind(Some("hand-on claim"))
+        .bind(Vec::<i64>::new())
+        .bind(vec![None::<DateTime<Utc>>])
         .fetch_all(conn)
         .await
         .unwrap();
@@ -61,6 +63,7 @@ async fn failure_outcome(conn: &mut PgConnection) {
         .bind(vec![Some("it failed")])
         .bind(None::<DateTime<Utc>>)
         .bind(vec![None::<String>])
+        .bind(vec![None::<DateTime<Utc>>])
         .fetch_all(conn)
         .await
         .unwrap();

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use outbox_tests::TestDb;
 use outbox_tests::process::{WorkerProcess, wait_until};
-use outbox_tests::tasks::{Record, create_executions_table};
+use outbox_tests::tasks::{Record, Step, create_executions_table, create_intervals_table};
 
 use crate::WORKER;
 
@@ -14,6 +14,20 @@ const TASKS: i64 = 30;
 pub(crate) const FAST_RECOVERY: &[&str] = &[
     "--queue",
     "record=8",
+    "--poll-interval",
+    "100ms",
+    "--heartbeat-interval",
+    "100ms",
+    "--heartbeat-timeout",
+    "1s",
+    "--maintenance-interval",
+    "100ms",
+];
+
+/// A worker of the ordered queue that recovers a lost task quickly.
+const RUNS: &[&str] = &[
+    "--queue",
+    "ordered=4",
     "--poll-interval",
     "100ms",
     "--heartbeat-interval",
@@ -182,4 +196,112 @@ async fn a_killed_workers_durable_steps_are_not_run_again() {
     .await
     .unwrap();
     assert_eq!(rerun, 0, "a recorded first step ran again");
+}
+
+/// kill -9 of a worker holding runs: each claim took a key's next step with
+/// the steps waiting behind it (`--key-run`), so most of what the worker
+/// holds at the kill are steps it had not started, still blocked in their
+/// keys' lines. Recovery returns every one of them and hands each key to
+/// the first step left in its line; the keys go on in order, and every
+/// step completes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_runs_are_recovered_in_key_order_and_each_step_completes_once() {
+    const KEYS: i64 = 4;
+    const STEPS: i64 = 24;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        for k in 0..KEYS {
+            batch.push(&Step::new(&format!("k{k}"), n, 30)).unwrap();
+        }
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let args = [RUNS, &["--key-run", "8"]].concat();
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, &args);
+    // Killed once it has finished some steps and holds runs: steps claimed
+    // behind a key's running one, not started.
+    let holding = "SELECT (SELECT count(*) >= 4 FROM intervals WHERE finished_at IS NOT NULL) \
+                   AND (SELECT count(*) >= 4 FROM outbox_tasks WHERE state = 'processing' AND blocked)";
+    wait_until(&db.pool, holding, Duration::from_secs(60)).await;
+    first.signal("KILL");
+    first.wait(Duration::from_secs(10)).await;
+    let (held, in_runs): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE blocked) FROM outbox_tasks \
+         WHERE state = 'processing'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        in_runs >= 4,
+        "the kill caught runs: {in_runs} of {held} held"
+    );
+
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, &args);
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT count(*) = {} FROM outbox_all_tasks WHERE state = 'completed'",
+            KEYS * STEPS
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    second.terminate_within(Duration::from_secs(10)).await;
+
+    // Every step completed once (one row each, none left), in key order:
+    // a step started only after the one before it of its key had ended, or
+    // after the kill cut that one short and recovery returned it.
+    let (rows, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM outbox_all_tasks")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((rows, distinct), (KEYS * STEPS, KEYS * STEPS));
+    let attempts: Vec<(String, i64, i64, Option<chrono::DateTime<chrono::Utc>>)> =
+        sqlx::query_as("SELECT key, n, pid, finished_at FROM intervals ORDER BY key, started_at")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let killed = i64::from(first.pid());
+    for pair in attempts.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 {
+            assert!(
+                a.1 <= b.1,
+                "key {}: step {} ran after step {}",
+                a.0,
+                b.1,
+                a.1
+            );
+            assert!(
+                a.3.is_some() || a.2 == killed,
+                "key {}: step {} of a live worker never ended",
+                a.0,
+                a.1
+            );
+        }
+    }
+    let ran: i64 = sqlx::query_scalar("SELECT count(DISTINCT task_id) FROM intervals")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ran, KEYS * STEPS, "every step ran");
+    let recovered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE last_error LIKE 'worker lost (heartbeat expired)%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    eprintln!(
+        "kill -9 holding runs: {held} steps held ({in_runs} of them claimed behind their key's head); \
+         {recovered} recovered; {} attempts for {} steps",
+        attempts.len(),
+        KEYS * STEPS
+    );
+    assert_eq!(
+        recovered, held,
+        "each step held at the kill was recovered once"
+    );
 }

@@ -122,6 +122,21 @@ const STEPS: i64 = 50;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
+    hot_keys_through_terminations(1).await;
+}
+
+/// The same with runs (`key_run`): a claim takes a key's next steps
+/// together and each outcome but the last keeps the key. An outcome whose
+/// answer is lost (its session terminated after the commit) is fenced out
+/// when retried, and the rest of its run goes back and on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_sessions_break_no_run_of_a_hot_key() {
+    hot_keys_through_terminations(8).await;
+}
+
+/// Drains hot keys while every engine session is terminated again and
+/// again; `key_run` 1 hands each key on step by step, more claims runs.
+async fn hot_keys_through_terminations(key_run: usize) {
     use outbox_tests::tasks::{
         IntervalRecorder, Step, assert_one_at_a_time, create_intervals_table,
     };
@@ -141,6 +156,7 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
             // released by its claim token, not left to stuck-task recovery
             // (which would leave the key stalled here until the deadline).
             heartbeat_timeout: Duration::from_secs(3600),
+            key_run,
             ..WorkerConfig::default()
         })
         .handler::<Step>(IntervalRecorder)
@@ -167,17 +183,22 @@ async fn terminated_sessions_break_no_hand_on_of_a_hot_key() {
     let by_key = assert_one_at_a_time(&db.pool).await;
     let c = counters.snapshot();
     eprintln!(
-        "terminate, hot keys: {terminated} sessions terminated over {rounds} rounds; {total} steps \
-         on {KEYS} keys, {} handed on, {} run twice",
+        "terminate, hot keys, key runs of {key_run}: {terminated} sessions terminated over \
+         {rounds} rounds; {total} steps on {KEYS} keys, {} handed on, {} run on in runs, {} run twice",
         c.tasks_handed_on,
+        c.tasks_run_on,
         twice.len()
     );
     assert!(terminated > 0, "the test terminated sessions");
     assert!(twice.is_empty(), "steps run twice: {twice:?}");
-    assert!(
-        c.tasks_handed_on > 0,
-        "the hand-on ran through the terminations"
-    );
+    if key_run == 1 {
+        assert!(
+            c.tasks_handed_on > 0,
+            "the hand-on ran through the terminations"
+        );
+    } else {
+        assert!(c.tasks_run_on > 0, "runs went on through the terminations");
+    }
     let expected: Vec<(String, Vec<i64>)> = (0..KEYS)
         .map(|k| (format!("k{k}"), (1..=STEPS).collect()))
         .collect();

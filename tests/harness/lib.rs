@@ -227,6 +227,12 @@ impl RunningWorker {
         seen
     }
 
+    /// Asks the worker to stop (no new claims from now on) without waiting;
+    /// [`Self::stop`] then waits for it.
+    pub fn request_stop(&self) {
+        self.shutdown.cancel();
+    }
+
     /// Stops the worker gracefully and waits for it.
     pub async fn stop(self) {
         self.shutdown.cancel();

@@ -12,6 +12,7 @@ pub(crate) mod throughput;
 pub(crate) mod unique;
 pub(crate) mod workers;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -140,6 +141,21 @@ pub(crate) struct ClaimedTask {
     /// that took the task, and the fence of everything written about this
     /// attempt afterwards.
     pub(crate) token: Arc<str>,
+    /// The tasks of its ordering key claimed with it to run after it, in
+    /// key order (a run, migration 28): each starts once the outcome of the
+    /// one before it has committed (see worker/runs.rs).
+    pub(crate) run: Vec<ClaimedTask>,
+    /// It was claimed behind another task of its key, in that task's run.
+    pub(crate) follows: bool,
+}
+
+impl ClaimedTask {
+    /// The task and the rest of its run, as held: (id, claim token).
+    pub(crate) fn held(&self) -> impl Iterator<Item = (i64, Arc<str>)> + '_ {
+        std::iter::once(self)
+            .chain(&self.run)
+            .map(|t| (t.id, Arc::clone(&t.token)))
+    }
 }
 
 /// A place in the claim order: (priority, execute_at, id), smallest first.
@@ -186,7 +202,9 @@ pub(crate) struct Claimed {
 }
 
 /// TX1: claims up to `limit` due tasks of `queue` under claim `token`,
-/// reading from `start` (see claim_tasks.sql).
+/// reading from `start` (see claim_tasks.sql). Each keyed task comes with
+/// the run of its key's tasks claimed behind it, up to `run_length` tasks
+/// in all (1: none; see migration 28).
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     queue: &str,
@@ -194,6 +212,7 @@ pub(crate) async fn claim_tasks(
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
     start: ClaimStart,
+    run_length: usize,
 ) -> sqlx::Result<Claimed> {
     let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
         .bind(queue.to_owned())
@@ -205,17 +224,42 @@ pub(crate) async fn claim_tasks(
         .bind(start.floor.id)
         .bind(start.front.map(|f| f.execute_at))
         .bind(start.front.map(|f| f.id))
+        .bind(i32::try_from(run_length).unwrap_or(i32::MAX))
         .fetch_all(conn)
         .await?;
     let mut placed = Vec::with_capacity(rows.len());
+    // The rest of each run, by its key, in key order once sorted.
+    let mut runs: HashMap<String, Vec<ClaimedTask>> = HashMap::new();
+    let mut heads: HashMap<String, usize> = HashMap::new();
     for r in &rows {
         let task = claimed_task(r, token)?;
+        if r.try_get::<bool, _>("follows")? {
+            let key: String = r.try_get("ordering_key")?;
+            runs.entry(key).or_default().push(task);
+            continue;
+        }
+        if let Some(key) = r.try_get::<Option<String>, _>("ordering_key")? {
+            heads.insert(key, placed.len());
+        }
         let at = ClaimPosition {
             priority: r.try_get("priority")?,
             execute_at: r.try_get("execute_at")?,
             id: task.id,
         };
         placed.push((at, task));
+    }
+    for (key, mut run) in runs {
+        run.sort_unstable_by_key(|t| t.key_seq);
+        match heads.get(&key) {
+            Some(&head) => placed[head].1.run = run,
+            // Cannot happen (a run is claimed with its head); if it did, its
+            // tasks would run out of order, so they stay held and unstarted
+            // until this worker releases them or recovery returns them.
+            None => tracing::error!(
+                task_ids = ?run.iter().map(|t| t.id).collect::<Vec<_>>(),
+                "a claim returned a run without its head"
+            ),
+        }
     }
     // The statement returns them in id order; they start in claim order.
     placed.sort_unstable_by_key(|(at, _)| *at);
@@ -242,6 +286,13 @@ fn claimed_task(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<Cla
         trace_context: r.try_get("trace_context")?,
         workflow_id: r.try_get("workflow_id")?,
         token: Arc::clone(token),
+        run: Vec::new(),
+        // Only a claim's rows say (a hand-on's task is a key's next alone).
+        follows: match r.try_get("follows") {
+            Ok(follows) => follows,
+            Err(sqlx::Error::ColumnNotFound(_)) => false,
+            Err(error) => return Err(error),
+        },
     })
 }
 
@@ -280,6 +331,9 @@ pub(crate) struct Finish {
     pub(crate) error: Option<String>,
     /// A handler's result, as JSON text.
     pub(crate) result: Option<String>,
+    /// When the attempt started, for a task of a run (claimed before it
+    /// started); None: the claim's moment stands.
+    pub(crate) started_at: Option<DateTime<Utc>>,
 }
 
 /// A completion's offer to claim the next task of each ordering key it lets
@@ -305,6 +359,10 @@ pub(crate) struct Completed {
     /// Keys let go of but not handed on: another transaction held their
     /// row. They are owed a hand-over ([`hand_on_deferred_keys`]).
     pub(crate) deferred: Vec<QueueKey>,
+    /// Tasks whose run was to go on but whose queue was paused or given
+    /// limits since: they let go of their key, and the rest of the run is
+    /// given back (worker/runs.rs).
+    pub(crate) halted: Vec<i64>,
 }
 
 /// An ordering key, with its queue.
@@ -334,12 +392,15 @@ pub(crate) async fn hand_on_deferred_keys(
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
 /// `delete` (retention zero), and hands each ordering key let go of to its
 /// next task, claiming that task for this worker if `offer` allows it.
+/// The tasks in `continuing` keep their key: the next task of their run
+/// runs here next (migration 28).
 pub(crate) async fn complete_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     delete: bool,
     now: Option<DateTime<Utc>>,
     offer: Option<&HandOnOffer>,
+    continuing: &[i64],
 ) -> sqlx::Result<Completed> {
     let ids: Vec<i64> = batch.iter().map(|f| f.id).collect();
     let claims: Vec<i32> = batch.iter().map(|f| f.claims).collect();
@@ -357,6 +418,8 @@ pub(crate) async fn complete_tasks(
         .bind(offer.map(|o| o.queues.as_slice()).unwrap_or_default())
         .bind(offer.map(|o| o.places.as_slice()).unwrap_or_default())
         .bind(offer.map(|o| o.token.to_string()))
+        .bind(continuing)
+        .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
     let mut completed = Completed::default();
@@ -364,7 +427,11 @@ pub(crate) async fn complete_tasks(
         if let Some(key) = deferred_key(r)? {
             completed.deferred.push(key);
         } else if !r.try_get::<bool, _>("handed")? {
-            completed.written.push(r.try_get("id")?);
+            let id = r.try_get("id")?;
+            completed.written.push(id);
+            if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
+                completed.halted.push(id);
+            }
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
         {
@@ -400,6 +467,7 @@ pub(crate) async fn finish_tasks(
                 .map(|f| f.result.as_deref())
                 .collect::<Vec<_>>(),
         )
+        .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
     let mut written = Vec::with_capacity(rows.len());

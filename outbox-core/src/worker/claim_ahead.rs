@@ -40,7 +40,15 @@ use crate::db::ClaimedTask;
 /// capacity (concurrency plus the claim-ahead buffer).
 pub(crate) struct Places {
     _slot: OwnedSemaphorePermit,
-    _capacity: OwnedSemaphorePermit,
+    capacity: OwnedSemaphorePermit,
+}
+
+impl Places {
+    /// Frees the slot and keeps the place in the capacity, for the next
+    /// task of a run (see worker/runs.rs).
+    pub(crate) fn into_capacity(self) -> OwnedSemaphorePermit {
+        self.capacity
+    }
 }
 
 /// A claimed task waiting for a slot, with its place in the capacity.
@@ -174,7 +182,7 @@ pub(crate) async fn dispatch(d: Dispatcher) {
             done.clone(),
             Places {
                 _slot: slot,
-                _capacity: next.capacity,
+                capacity: next.capacity,
             },
         ));
     }
@@ -194,10 +202,8 @@ async fn give_back(shared: &Shared, unstarted: Vec<Buffered>) {
     if unstarted.is_empty() {
         return;
     }
-    let tasks: Vec<(i64, Arc<str>)> = unstarted
-        .iter()
-        .map(|b| (b.task.id, Arc::clone(&b.task.token)))
-        .collect();
+    // With the runs claimed behind them.
+    let tasks: Vec<(i64, Arc<str>)> = unstarted.iter().flat_map(|b| b.task.held()).collect();
     let give_up = tokio::time::Instant::now() + shared.deadline;
     let released = release_until(shared, give_up, Release::Tasks(&tasks)).await;
     match released {

@@ -33,10 +33,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::claim_ahead::Buffered;
 use super::deferred_keys;
 use super::events::{TaskEvent, TaskEventKind};
 use super::executor::Done;
 use super::outage::Outage;
+use super::runs;
 use crate::db::{self, Finish, NextState, classify::is_transient, session::call};
 use crate::task::TaskId;
 
@@ -111,6 +113,7 @@ async fn lane(
         }
         let parts = writer.write(&buffer).await;
         publish(&writer.shared, &events, &buffer, &parts);
+        writer.go_on(buffer, &parts).await;
     }
 }
 
@@ -135,6 +138,8 @@ struct Written {
     /// Queues where a key went on to a task nobody here claimed yet: their
     /// producer looks for it now rather than at the next poll.
     wake: HashSet<Arc<str>>,
+    /// Written, but their runs stop: the queue was paused or given limits.
+    halted: Vec<i64>,
 }
 
 /// Writes batches, retrying through outages.
@@ -175,6 +180,7 @@ impl Writer {
                     let _ = self.owe_keys.send(key);
                 }
                 written.ids.extend(done.written);
+                written.halted.extend(done.halted);
                 written.wake.extend(done.woken.into_iter().map(Arc::from));
             }
             None => written.unwritten.extend(part.iter().map(|d| d.finish.id)),
@@ -278,12 +284,28 @@ impl Writer {
                 claimed: Vec::new(),
                 woken: wake,
                 deferred,
+                halted: Vec::new(),
             });
         }
         let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
+        // Tasks whose run goes on here keep their key (worker/runs.rs);
+        // once claiming stopped, every run is given back instead.
+        let continuing: Vec<i64> = if shared.hand_on.stopped() {
+            Vec::new()
+        } else {
+            part.iter()
+                .filter(|d| d.run.is_some())
+                .map(|d| d.finish.id)
+                .collect()
+        };
+        // No hand-on for the last task of a run either: the key's next task
+        // is better claimed with a run of its own (a hand-on takes it alone)
+        // than at once.
         let offer = shared.hand_on.offer(
             &shared.holdings,
-            part.iter().filter(|d| d.ordered).map(|d| &*d.queue),
+            part.iter()
+                .filter(|d| d.ordered && d.run.is_none() && !d.follows)
+                .map(|d| &*d.queue),
         );
         let result = call(&shared.engine, shared.deadline, "outcome", async |conn| {
             db::complete_tasks(
@@ -292,6 +314,7 @@ impl Writer {
                 config.delete_completed,
                 now,
                 offer.as_ref().map(|o| &o.offer),
+                &continuing,
             )
             .await
         })
@@ -310,6 +333,70 @@ impl Writer {
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// Once a batch is settled: starts the next task of each run whose
+    /// task is done, and gives back the rest of the others (see
+    /// worker/runs.rs).
+    async fn go_on(&self, batch: Vec<Done>, written: &Written) {
+        if batch.iter().all(|d| d.run.is_none()) {
+            return;
+        }
+        let shared = &self.shared;
+        let ids: HashSet<i64> = written.ids.iter().copied().collect();
+        let mut give_back: Vec<(i64, Arc<str>)> = Vec::new();
+        for d in batch {
+            if d.run.is_none() {
+                continue;
+            }
+            let id = d.finish.id;
+            let settled = match runs::next(&d, ids.contains(&id), written.unwritten.contains(&id)) {
+                // Its queue was paused or given limits, or claiming stopped.
+                runs::Next::GoOn if written.halted.contains(&id) || shared.hand_on.stopped() => {
+                    runs::Next::GiveBack
+                }
+                settled => settled,
+            };
+            let Some((mut run, capacity)) = d.run else {
+                continue;
+            };
+            match settled {
+                runs::Next::Hold => {}
+                runs::Next::GiveBack => give_back.extend(run.iter().flat_map(|t| t.held())),
+                runs::Next::GoOn => {
+                    let mut task = run.remove(0);
+                    task.run = run;
+                    match shared.hand_on.run_on(Buffered { task, capacity }) {
+                        Ok(()) => shared.counters.run_on(),
+                        // The dispatcher stopped (shutdown).
+                        Err(held) => give_back.extend(held),
+                    }
+                }
+            }
+        }
+        if give_back.is_empty() {
+            return;
+        }
+        let released = self
+            .retrying("run release", || {
+                call(&shared.engine, shared.deadline, "release", async |conn| {
+                    db::release_unstarted(conn, &give_back).await
+                })
+            })
+            .await;
+        match released {
+            // Still held: released at exit, or recovered.
+            None => return,
+            Some(Ok(_)) => {}
+            Some(Err(error)) => tracing::error!(
+                task_ids = ?give_back.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+                %error,
+                "could not give back the rest of a run; stuck-task recovery will return it"
+            ),
+        }
+        for (id, token) in &give_back {
+            shared.holdings.done(*id, token);
         }
     }
 

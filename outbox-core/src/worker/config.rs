@@ -27,6 +27,12 @@ pub struct WorkerConfig {
     /// How long, at the queue's current pace, a claimed-ahead task may wait
     /// for its slot: the buffer holds what this worker starts in this time.
     pub claim_ahead_window: Duration,
+    /// The most tasks of one ordering key a claim takes together (a run):
+    /// the key's next task and up to this many minus one waiting behind it,
+    /// run here one after the other without handing the key on between
+    /// them. Only in queues without limits that run one task per key at a
+    /// time. 1: each claim takes a key's next task alone.
+    pub key_run: usize,
     /// The most outcomes one TX2 writes.
     pub max_finish_batch: usize,
     /// How many TX2 statements may be in flight at once.
@@ -128,6 +134,7 @@ impl Default for WorkerConfig {
             max_claim_batch: 100,
             claim_ahead: 200,
             claim_ahead_window: Duration::from_millis(50),
+            key_run: 8,
             max_finish_batch: 1000,
             finish_lanes: 2,
             shutdown_grace: Duration::from_secs(30),

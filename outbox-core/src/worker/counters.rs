@@ -13,6 +13,7 @@ pub struct WorkerCounters {
     outcomes_written: AtomicU64,
     heartbeat_queries: AtomicU64,
     tasks_handed_on: AtomicU64,
+    tasks_run_on: AtomicU64,
     keys_deferred: AtomicU64,
 }
 
@@ -32,6 +33,10 @@ pub struct CountersSnapshot {
     /// Tasks claimed by an outcome statement that handed their ordering
     /// key straight on to them (no claim statement of their own).
     pub tasks_handed_on: u64,
+    /// Tasks claimed in a run behind an earlier task of their ordering key
+    /// (counted among `tasks_claimed`) that started once it was done,
+    /// without a hand-over between them.
+    pub tasks_run_on: u64,
     /// Ordering keys an outcome let go of but could not hand on in its own
     /// statement, another transaction holding the key's lock: each was
     /// handed on by a statement of its own once the lock was free.
@@ -55,6 +60,7 @@ impl WorkerCounters {
             outcomes_written: self.outcomes_written.load(Ordering::Relaxed),
             heartbeat_queries: self.heartbeat_queries.load(Ordering::Relaxed),
             tasks_handed_on: self.tasks_handed_on.load(Ordering::Relaxed),
+            tasks_run_on: self.tasks_run_on.load(Ordering::Relaxed),
             keys_deferred: self.keys_deferred.load(Ordering::Relaxed),
         }
     }
@@ -74,6 +80,10 @@ impl WorkerCounters {
     pub(crate) fn handed_on(&self, tasks: usize) {
         self.tasks_handed_on
             .fetch_add(tasks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn run_on(&self) {
+        self.tasks_run_on.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn deferred(&self, keys: usize) {

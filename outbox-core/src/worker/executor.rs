@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tracing::Instrument;
 
 use super::Shared;
@@ -36,6 +36,12 @@ pub(crate) struct Done {
     pub(crate) ordered: bool,
     /// The workflow the task is a step of, if known: picks its outcome lane.
     pub(crate) workflow_id: Option<i64>,
+    /// The rest of the task's run (its key's tasks claimed with it), and
+    /// the place in the queue's capacity they go on with (see
+    /// worker/runs.rs).
+    pub(crate) run: Option<(Vec<ClaimedTask>, OwnedSemaphorePermit)>,
+    /// It was claimed in a run behind an earlier task of its key.
+    pub(crate) follows: bool,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -44,10 +50,13 @@ pub(crate) struct Done {
 /// of piling up outcomes in memory.
 pub(crate) async fn execute(
     shared: Arc<Shared>,
-    task: ClaimedTask,
+    mut task: ClaimedTask,
     done: mpsc::Sender<Done>,
     permit: Places,
 ) {
+    // Held with the task; started, or given back, once its outcome is
+    // written (worker/runs.rs).
+    let run = std::mem::take(&mut task.run);
     let attempt = task.retry_count + 1;
     // ERROR level so the span (and its fields) is enabled under any filter
     // that lets a line through: every line about a task names it.
@@ -72,11 +81,17 @@ pub(crate) async fn execute(
         let queue: Arc<str> = Arc::from(task.queue.as_str());
         let started = std::time::Instant::now();
         let completed_in = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // A task of a run was claimed before it started: its outcome says
+        // when it did (migration 28).
+        let mut started_at = None;
         // A task claimed ahead and let go of before its slot came never
         // starts (see worker/heartbeat.rs).
         let result = if shared.holdings.was_let_go(task.id, &task.token) {
             None
         } else {
+            if task.follows {
+                started_at = Some(shared.config.clock.now().unwrap_or_else(chrono::Utc::now));
+            }
             run_handler(
                 &shared,
                 &task,
@@ -104,7 +119,7 @@ pub(crate) async fn execute(
         } else {
             result
         };
-        let (finish, kind) = outcome_to_finish(&shared, &task, result, let_go);
+        let (finish, kind) = outcome_to_finish(&shared, &task, result, let_go, started_at);
         match kind {
             TaskEventKind::Completed => tracing::debug!("task completed"),
             TaskEventKind::Snoozed => tracing::debug!("task snoozed"),
@@ -114,6 +129,13 @@ pub(crate) async fn execute(
             TaskEventKind::Released => tracing::info!("task stopped at shutdown; releasing it"),
             _ => tracing::warn!(error = finish.error.as_deref().unwrap_or(""), outcome = ?kind, "task failed"),
         }
+        // A run keeps its place in the capacity for its next task; the slot
+        // is free now.
+        let (run, permit) = if run.is_empty() {
+            (None, Some(permit))
+        } else {
+            (Some((run, permit.into_capacity())), None)
+        };
         let done_msg = Done {
             finish,
             kind,
@@ -122,6 +144,8 @@ pub(crate) async fn execute(
             completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
             ordered: task.ordered,
             workflow_id: task.workflow_id,
+            run,
+            follows: task.follows,
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");
@@ -241,8 +265,10 @@ fn outcome_to_finish(
     task: &ClaimedTask,
     result: Result<Outcome, String>,
     let_go: bool,
+    started_at: Option<chrono::DateTime<chrono::Utc>>,
 ) -> (Finish, TaskEventKind) {
     let base = Finish {
+        started_at,
         id: task.id,
         claims: task.claims,
         token: Arc::clone(&task.token),

@@ -60,6 +60,24 @@ impl HandOn {
         Self { lanes, stop }
     }
 
+    /// Claiming stopped (shutdown): no run goes on either.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// Sends the next task of a run to its queue's dispatcher, with the
+    /// run's place in the capacity; if the dispatcher stopped, returns what
+    /// the run still holds, (id, claim token) each, to give back.
+    pub(crate) fn run_on(&self, next: Buffered) -> Result<(), Vec<(i64, Arc<str>)>> {
+        match self.lanes.get(&next.task.queue) {
+            Some(lane) => lane
+                .to_dispatch
+                .send(next)
+                .map_err(|refused| refused.0.task.held().collect()),
+            None => Err(next.task.held().collect()),
+        }
+    }
+
     /// An offer for successes of ordered tasks in `queues` (one entry per
     /// success), or `None` when there is nothing to offer.
     pub(crate) fn offer<'a>(

@@ -105,14 +105,13 @@ impl Holdings {
         token
     }
 
-    /// The claim's answer arrived: its tasks (if any) are held from now on.
+    /// The claim's answer arrived: its tasks (if any, with their runs) are
+    /// held from now on.
     pub(crate) fn settle(&self, token: &Arc<str>, tasks: &[ClaimedTask]) {
         let mut inner = self.lock();
         inner.claiming.remove(token);
-        for task in tasks {
-            inner
-                .attempts
-                .insert((task.id, Arc::clone(&task.token)), Handler::Waiting);
+        for held in tasks.iter().flat_map(ClaimedTask::held) {
+            inner.attempts.insert(held, Handler::Waiting);
         }
     }
 

@@ -41,6 +41,7 @@ pub(crate) mod outage;
 mod presence;
 mod producer;
 pub(crate) mod registry;
+mod runs;
 mod shutdown;
 mod table_watch;
 mod throughput;

@@ -207,7 +207,16 @@ async fn claim_loop(
                     db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
                 Ok((tasks, held_back, None))
             } else {
-                let claimed = db::claim_tasks(conn, &queue, wanted, &token, now, start).await?;
+                let claimed = db::claim_tasks(
+                    conn,
+                    &queue,
+                    wanted,
+                    &token,
+                    now,
+                    start,
+                    shared.config.key_run,
+                )
+                .await?;
                 let claim = Claim {
                     wanted,
                     got: claimed.tasks.len(),
@@ -229,7 +238,9 @@ async fn claim_loop(
                     None => floor.forget(),
                 }
                 shared.holdings.settle(&token, &tasks);
-                shared.counters.claimed(tasks.len());
+                shared
+                    .counters
+                    .claimed(tasks.iter().map(|t| 1 + t.run.len()).sum());
                 let got = tasks.len();
                 for task in tasks {
                     let Some(capacity) = permits.pop() else { break };

@@ -63,6 +63,10 @@ pub(crate) struct BenchArgs {
     /// `run --claim-ahead`).
     #[arg(long, default_value_t = 200, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
     claim_ahead: usize,
+    /// Tasks of one ordering key each claim of the drains may take together
+    /// (see `run --key-run`; 1 to 10000).
+    #[arg(long, default_value_t = 8, value_parser = flags::count(1, 10_000))]
+    key_run: usize,
     /// Tasks per insert transaction.
     #[arg(long, default_value_t = 5000, value_parser = flags::count(1, 1_000_000))]
     insert_batch: usize,
@@ -151,6 +155,7 @@ struct Report {
     tasks: usize,
     concurrency: usize,
     claim_ahead: usize,
+    key_run: usize,
     insert_batch: usize,
     insert_tasks_per_s: f64,
     single_submit_clients: usize,
@@ -320,6 +325,7 @@ pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failu
         tasks: args.tasks,
         concurrency: args.concurrency,
         claim_ahead: args.claim_ahead,
+        key_run: args.key_run,
         insert_batch: args.insert_batch,
         single_submit_clients: args.submitters,
         single_submits: args.single_submits,
@@ -731,6 +737,7 @@ impl Bench {
         let config = WorkerConfig {
             delete_completed: delete,
             claim_ahead: self.args.claim_ahead,
+            key_run: self.args.key_run,
             ..WorkerConfig::default()
         };
         let (probes, _) = mpsc::unbounded_channel();

@@ -40,6 +40,12 @@ pub(crate) struct OrderingReport {
     /// Hot-key tasks claimed by the outcome of the task before them (see
     /// the guide's hand-on), not by a claim statement.
     hot_key_handed_on: u64,
+    /// Tasks of the ordered drain that ran on in a run behind an earlier
+    /// task of their key (`--key-run`), with no hand-over or claim of
+    /// their own.
+    ordered_run_on: u64,
+    /// The same for the hot key.
+    hot_key_run_on: u64,
     key_backlog: usize,
     /// The claim statement (10 tasks) with 1,000 due tasks and no backlog.
     claim_ms: Latency,
@@ -61,10 +67,12 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
     let ratio = drain.rate / unordered.max(1e-9);
     bench.say(format!(
         "ordered: {n} tasks over {keys} keys, inserted at {insert:.0} tasks/s, drained at {:.0} tasks/s \
-         ({ratio:.2}x the unordered drain, concurrency {}; {} handed on, {} keys handed on later, \
-         {} claims carrying {} tasks, {} outcome statements)",
+         ({ratio:.2}x the unordered drain, concurrency {}, key runs of {}; {} ran on in runs, \
+         {} handed on, {} keys handed on later, {} claims carrying {} tasks, {} outcome statements)",
         drain.rate,
         bench.args.concurrency,
+        bench.args.key_run,
+        drain.counters.tasks_run_on,
         drain.counters.tasks_handed_on,
         drain.counters.keys_deferred,
         drain.counters.claim_queries,
@@ -77,9 +85,9 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
     let hot_drain = bench.drain_count(false, hot).await?;
     let c = &hot_drain.counters;
     bench.say(format!(
-        "ordered: one hot key, {hot} tasks: {:.0} tasks/s ({} handed on by the outcome before them, \
-         {} claim statements, {} times handed on later)",
-        hot_drain.rate, c.tasks_handed_on, c.claim_queries, c.keys_deferred
+        "ordered: one hot key, {hot} tasks: {:.0} tasks/s ({} ran on in runs, {} handed on by the \
+         outcome before them, {} claim statements, {} times handed on later)",
+        hot_drain.rate, c.tasks_run_on, c.tasks_handed_on, c.claim_queries, c.keys_deferred
     ));
 
     bench.insert(1000).await?;
@@ -105,6 +113,8 @@ pub(crate) async fn measure(bench: &Bench, unordered: f64) -> Result<OrderingRep
         hot_key_tasks: hot,
         hot_key_tasks_per_s: hot_drain.rate,
         hot_key_handed_on: hot_drain.counters.tasks_handed_on,
+        ordered_run_on: drain.counters.tasks_run_on,
+        hot_key_run_on: hot_drain.counters.tasks_run_on,
         key_backlog: backlog,
         claim_ms: claim,
         claim_with_backlog_ms: with_backlog,

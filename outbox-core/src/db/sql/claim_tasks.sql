@@ -29,6 +29,10 @@
 -- waits for it and every later claim sees the change (a queue with limits
 -- is claimed by claim_limited.sql). A queue without a row has no limits:
 -- workers add the row before they claim.
+--
+-- $10 is the longest run of one key's tasks a claim takes with the key's
+-- head (1: the head alone; migration 28). The tasks of a run come back
+-- with `follows` and their key, still blocked.
 SELECT id, task_type, queue, payload, retry_count, max_attempts, claims, ordered, key_seq,
-       created_at, trace_context, priority, execute_at, workflow_id
-FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9)
+       created_at, trace_context, priority, execute_at, workflow_id, follows, ordering_key
+FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)

@@ -19,6 +19,7 @@
 -- The statement itself is outbox_complete_tasks (migration 26), which plans
 -- it once per session.
 SELECT id, handed, claimed, queue, task_type, payload, retry_count, max_attempts, claims,
-       key_seq, created_at, trace_context, ordered, workflow_id, deferred_key
+       key_seq, created_at, trace_context, ordered, workflow_id, deferred_key, run_halted
 FROM outbox_complete_tasks($1::bigint[], $2::int[], $3::text[], $4::timestamptz, $5::text[],
-                           $6::int[], $7::text, false)
+                           $6::int[], $7::text, false, $8::bigint[],
+                           $9::timestamptz[])

@@ -17,7 +17,7 @@ WITH done AS (
         updated_at = now()
     WHERE id = $1
       AND claimed_by = $2
-    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
+    RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
@@ -25,7 +25,9 @@ handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
     FROM done
     WHERE ordering_key IS NOT NULL
-      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+      AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+           -- A task of a run (migration 28): see finish_tasks.sql.
+           OR blocked)
     HAVING count(*) > 0
 )
 SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0

@@ -20,4 +20,5 @@
 -- it once per session.
 SELECT id, queue, deferred_key
 FROM outbox_finish_tasks($1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[],
-                         $6::bigint[], $7::bool[], $8::text[], $9::timestamptz, $10::text[])
+                         $6::bigint[], $7::bool[], $8::text[], $9::timestamptz, $10::text[],
+                         $11::timestamptz[])

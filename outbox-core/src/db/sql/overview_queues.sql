@@ -18,7 +18,9 @@ WITH live AS (
     FROM outbox_tasks WHERE blocked
     GROUP BY queue
 ), running AS (
-    SELECT queue, count(*) AS processing
+    -- Tasks claimed in a run (migration 28) stay blocked: they count as
+    -- processing, not as waiting.
+    SELECT queue, count(*) AS processing, count(*) FILTER (WHERE blocked) AS in_runs
     FROM outbox_tasks WHERE state = 'processing'
     GROUP BY queue
 ), dead AS (
@@ -37,7 +39,7 @@ SELECT q.queue,
        coalesce(l.available, 0) AS available,
        coalesce(l.scheduled, 0) AS scheduled,
        coalesce(l.retrying, 0) AS retrying,
-       coalesce(w.blocked, 0) AS blocked,
+       coalesce(w.blocked, 0) - coalesce(r.in_runs, 0) AS blocked,
        coalesce(r.processing, 0) AS processing,
        coalesce(d.dead, 0) AS dead,
        coalesce(h.completed, 0) AS completed_last_hour,

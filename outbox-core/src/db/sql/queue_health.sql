@@ -5,7 +5,10 @@ SELECT
       WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now()) AS claimable,
     (SELECT count(*) FROM outbox_tasks
       WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at > now()) AS scheduled,
-    (SELECT count(*) FROM outbox_tasks WHERE blocked) AS blocked,
+    -- Tasks claimed in a run (migration 28) stay blocked: they count as
+    -- processing, not as waiting.
+    (SELECT count(*) FROM outbox_tasks WHERE blocked)
+      - (SELECT count(*) FROM outbox_tasks WHERE state = 'processing' AND blocked) AS blocked,
     (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') AS processing,
     (SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL) AS dead,
     (SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0)::float8 FROM outbox_tasks

@@ -36,7 +36,7 @@ done AS (
     -- the task table was empty could plan as a walk of the whole table
     -- (migration 27).
     WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck))
-    RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
+    RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
@@ -44,7 +44,10 @@ handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
     FROM done
     WHERE ordering_key IS NOT NULL
-      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+      AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+           -- A task of a run (migration 28): its key goes to the first
+           -- task left in its line, if nothing holds it.
+           OR blocked)
     HAVING count(*) > 0
 )
 SELECT id, dead FROM done WHERE (SELECT count(*) FROM handed) >= 0

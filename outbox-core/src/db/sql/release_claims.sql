@@ -22,7 +22,7 @@ WITH done AS (
       AND claimed_by = ANY($1::text[])
       AND ($2::bigint[] IS NULL
            OR (id, claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[])))
-    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
+    RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
@@ -30,7 +30,10 @@ handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
     FROM done
     WHERE ordering_key IS NOT NULL
-      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+      AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
+           -- A task of a run (migration 28): its key goes to the first
+           -- task left in its line, if nothing holds it.
+           OR blocked)
     HAVING count(*) > 0
 )
 SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0

@@ -1,0 +1,102 @@
+//! Runs: a claim that takes the next task of an ordering key also takes up
+//! to `key_run - 1` tasks waiting behind it, in key order (migration 28).
+//! They are written once, to PROCESSING, and stay blocked in the database,
+//! so nothing else can claim them or counts them as holding the key.
+//!
+//! Here they go on one at a time: a task's run travels with it (with its
+//! place in the queue's capacity) to its outcome, and only once that
+//! outcome has committed as done does the next task go to the queue's
+//! dispatcher, with the rest of the run. So a key's tasks start in key
+//! order and never before the one ahead has committed, as when the key is
+//! handed on, but without a hand-over between them: the outcome says its
+//! key goes on here (`continuing`), and only the run's last task lets go
+//! of it.
+//!
+//! Any other end gives the rest of the run back (PENDING, no attempt
+//! counted): a failure, a snooze, a cancel seen here, a stale or rejected
+//! outcome, or a worker that stopped claiming. The release hands the key to
+//! the first task left in its line when nothing holds it
+//! (release_claims.sql). An outcome not written by the flush deadline
+//! leaves its run held: released at exit, or recovered.
+
+use super::events::TaskEventKind;
+use super::executor::Done;
+
+/// What becomes of the rest of a run once its task's outcome is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// The task is done: the next one starts.
+    GoOn,
+    /// Give the rest back.
+    GiveBack,
+    /// The outcome is not written: the run stays held with the task.
+    Hold,
+}
+
+/// How the outcome of `d` was settled: `written` (as the handler said),
+/// `unwritten` (not by the flush deadline).
+pub(crate) fn next(d: &Done, written: bool, unwritten: bool) -> Next {
+    if unwritten {
+        Next::Hold
+    } else if (written && d.kind == TaskEventKind::Completed) || (!written && d.completed_in) {
+        // Completed, by the outcome or by the handler's own transaction
+        // (which handed the key to the next task of the run, still ours).
+        Next::GoOn
+    } else {
+        Next::GiveBack
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{Next, next};
+    use crate::db::{Finish, NextState};
+    use crate::worker::events::TaskEventKind;
+    use crate::worker::executor::Done;
+
+    fn done(kind: TaskEventKind, completed_in: bool) -> Done {
+        Done {
+            finish: Finish {
+                id: 1,
+                claims: 1,
+                token: Arc::from("w/1"),
+                state: NextState::Completed,
+                add_retry: 0,
+                delay_us: 0,
+                dead: false,
+                error: None,
+                result: None,
+                started_at: None,
+            },
+            kind,
+            task_type: Arc::from("t"),
+            queue: Arc::from("q"),
+            completed_in,
+            ordered: true,
+            workflow_id: None,
+            run: None,
+            follows: false,
+        }
+    }
+
+    #[test]
+    fn a_run_goes_on_only_after_its_task_is_done() {
+        use TaskEventKind::*;
+        assert_eq!(next(&done(Completed, false), true, false), Next::GoOn);
+        // Completed in the handler's transaction; the outcome found the row
+        // no longer held.
+        assert_eq!(next(&done(Completed, true), false, false), Next::GoOn);
+        // Fenced out: another attempt has the task now.
+        assert_eq!(next(&done(Completed, false), false, false), Next::GiveBack);
+        for kind in [Failed, Dead, Snoozed, Released] {
+            assert_eq!(
+                next(&done(kind, false), true, false),
+                Next::GiveBack,
+                "{kind:?}"
+            );
+        }
+        assert_eq!(next(&done(Completed, false), false, true), Next::Hold);
+    }
+}
