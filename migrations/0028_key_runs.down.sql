@@ -1,372 +1,165 @@
 -- Back to migration 27: a claim takes each key's head only, and every
--- outcome lets go of its key.
+-- outcome lets go of its key. The functions of migration 27 were kept.
 DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
                                  timestamptz, bigint, integer);
 DROP FUNCTION outbox_complete_tasks(bigint[], integer[], text[], timestamptz, text[], integer[],
                                     text, boolean, bigint[], timestamptz[]);
 DROP FUNCTION outbox_finish_tasks(bigint[], integer[], text[], text[], integer[], bigint[], boolean[],
-                                  text[], timestamptz, text[], timestamptz[]);
+                                  text[], timestamptz, text[], timestamptz[], bigint[]);
+DROP INDEX outbox_tasks_key_holders_idx;
+CREATE INDEX outbox_tasks_key_holders_idx
+    ON outbox_tasks (queue, ordering_key)
+    WHERE ordering_key IS NOT NULL AND NOT blocked AND state <> 'completed'
+      AND (dead_at IS NULL OR NOT skip_dead);
 
-CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
-                                   floor_priority smallint, floor_execute_at timestamptz,
-                                   floor_id bigint, front_execute_at timestamptz,
-                                   front_id bigint)
-RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
-               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
-               created_at timestamptz, trace_context text, priority smallint,
-               execute_at timestamptz, workflow_id bigint)
+CREATE OR REPLACE FUNCTION outbox_keys_let_go(q text[], k text[], patience interval,
+                                   hand_queues text[], hand_places integer[], token text,
+                                   at timestamptz)
+RETURNS TABLE (id bigint, queue text, claimed boolean, task_type text, payload text,
+               retry_count integer, max_attempts integer, claims integer, key_seq bigint,
+               created_at timestamptz, trace_context text, deferred_key text)
 LANGUAGE plpgsql
--- No JIT: a plan that has to use a node the settings below disable
--- costs 10^10, above jit_above_cost, and is compiled on every call (a
--- claim that sorted its rows took 0.6 s).
-SET jit = off
 SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    keys_q text[];
+    keys_k text[];
+    busy_q text[];
+    busy_k text[];
+    got integer;
+    open_queues text[] := '{}';
+    handed_ids bigint[];
+    taken_ids bigint[];
+    woken_queues text[];
 BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    -- An operator's pause or limit waits for this claim; one that
-    -- committed first is seen.
-    PERFORM 1 FROM outbox_queues AS o
-    WHERE o.name = q
-      AND o.paused_at IS NULL AND o.global_concurrency IS NULL AND o.rate_per_second IS NULL
-    FOR SHARE;
-    IF NOT FOUND AND EXISTS (SELECT 1 FROM outbox_queues AS o WHERE o.name = q) THEN
+    SELECT coalesce(array_agg(d.q), '{}'), coalesce(array_agg(d.k), '{}')
+    INTO keys_q, keys_k
+    FROM (SELECT DISTINCT x.q, x.k FROM unnest(q, k) AS x(q, k) WHERE x.k IS NOT NULL) AS d;
+    IF cardinality(keys_k) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    WITH next AS (
-        (SELECT r.id FROM (
-         SELECT t.id
-         FROM outbox_tasks AS t
-         WHERE t.queue = q
-           AND t.state IN ('pending', 'failed') AND t.dead_at IS NULL AND NOT t.blocked
-           AND t.execute_at <= coalesce(clock, now())
-           AND t.priority < floor_priority
-         ORDER BY t.priority, t.execute_at, t.id
-         LIMIT n
-         FOR UPDATE SKIP LOCKED) AS r)
-        UNION ALL
-        (SELECT r.id FROM (
-         SELECT t.id
-         FROM outbox_tasks AS t
-         WHERE t.queue = q
-           AND t.state IN ('pending', 'failed') AND t.dead_at IS NULL AND NOT t.blocked
-           AND t.execute_at <= coalesce(clock, now())
-           AND (t.priority, t.execute_at, t.id) > (floor_priority, floor_execute_at, floor_id)
-         ORDER BY t.priority, t.execute_at, t.id
-         LIMIT n
-         FOR UPDATE SKIP LOCKED) AS r)
-        UNION ALL
-        (SELECT r.id FROM (
-         SELECT t.id
-         FROM outbox_tasks AS t
-         WHERE t.queue = q
-           AND t.state IN ('pending', 'failed') AND t.dead_at IS NULL AND NOT t.blocked
-           AND t.execute_at <= coalesce(clock, now())
-           AND t.priority = floor_priority
-           AND (t.execute_at, t.id) <= (floor_execute_at, floor_id)
-           AND (t.execute_at, t.id) >= (coalesce(front_execute_at, '-infinity'),
-                                        coalesce(front_id, 0))
-         ORDER BY t.priority, t.execute_at, t.id
-         LIMIT n
-         FOR UPDATE SKIP LOCKED) AS r)
-        LIMIT n
-    )
-    -- The worker puts the rows in claim order (found by id, they come back
-    -- in id order). One clock for the whole claim, read once the rows are
-    -- locked: the moment each was claimed, whatever order they are written.
-    UPDATE outbox_tasks AS t
-    SET state = 'processing',
-        claims = t.claims + 1,
-        claimed_by = token,
-        heartbeat_at = coalesce(clock, now()),
-        attempted_at = coalesce(clock, (SELECT clock_timestamp())),
-        updated_at = coalesce(clock, now())
-    WHERE t.id = ANY (ARRAY(SELECT next.id FROM next))
-    RETURNING t.id, t.task_type, t.queue, t.payload::text, t.retry_count, t.max_attempts,
-              t.claims, t.ordering_key IS NOT NULL, t.key_seq, t.created_at, t.trace_context,
-              t.priority, t.execute_at, t.workflow_id;
-END
-$$;
-
-CREATE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integer[],
-                                      attempt_tokens text[], clock timestamptz,
-                                      hand_queues text[], hand_places integer[],
-                                      hand_token text, delete_all boolean)
-RETURNS TABLE (id bigint, handed boolean, claimed boolean, queue text, task_type text,
-               payload text, retry_count integer, max_attempts integer, claims integer,
-               key_seq bigint, created_at timestamptz, trace_context text, ordered boolean,
-               workflow_id bigint, deferred_key text)
-LANGUAGE plpgsql
--- No JIT: a plan that has to use a node the settings below disable
--- costs 10^10, above jit_above_cost, and is compiled on every call (a
--- claim that sorted its rows took 0.6 s).
-SET jit = off
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF delete_all THEN
-        RETURN QUERY
-        WITH batch AS (
-            -- Each attempt's row by its primary key, locked in id order (see
-            -- the other branch).
-            SELECT t.id, t.cancelled
-            FROM (SELECT * FROM unnest(attempt_ids, attempt_claims, attempt_tokens)
-                                AS a(id, claims, token)
-                  ORDER BY a.id OFFSET 0) AS o
-            CROSS JOIN LATERAL (
-                SELECT t.id, t.cancel_requested_at IS NOT NULL AS cancelled
-                FROM outbox_tasks AS t
-                WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
-                OFFSET 0
-                FOR UPDATE OF t) AS t
-        ),
-        gone AS (
-            DELETE FROM outbox_tasks AS t
-            WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b WHERE NOT b.cancelled))
-            RETURNING t.id, t.queue, t.ordering_key
-        ),
-        cancelled AS (
-            UPDATE outbox_tasks AS t
-            SET state = 'failed',
-                dead_at = now(),
-                finished_at = now(),
-                last_error = 'cancelled by an operator',
-                claimed_by = NULL,
-                heartbeat_at = NULL,
-                updated_at = now()
-            WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b WHERE b.cancelled))
-            RETURNING t.id, t.queue, t.ordering_key
-        ),
-        handed AS (
-            -- Every one of them let go of its ordering key (a cancelled task is
-            -- skipped): the key goes on, after every row above is written, if its
-            -- row can be taken soon enough (as in complete_tasks.sql).
-            SELECT l.*
-            FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-                  FROM (SELECT queue, ordering_key FROM gone
-                        UNION ALL
-                        SELECT queue, ordering_key FROM cancelled) AS k
-                  WHERE ordering_key IS NOT NULL
-                  HAVING count(*) > 0) AS released,
-                 LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
-                                            hand_queues, hand_places, hand_token, clock) AS l
-        )
-        SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
-               NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
-               NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
-               NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
-               NULL::text AS deferred_key
-        FROM gone
-        UNION ALL
-        SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM cancelled
-        UNION ALL
-        SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
-               created_at, trace_context, true, NULL, NULL
-        FROM handed WHERE deferred_key IS NULL
-        UNION ALL
-        SELECT NULL, true, false, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               deferred_key
-        FROM handed WHERE deferred_key IS NOT NULL;
-    ELSE
-        RETURN QUERY
-        WITH batch AS (
-            -- Locked first, so that what decides a row's fate is its latest version
-            -- (a cancel committed meanwhile is seen), and the DELETE and UPDATE
-            -- below split the batch between them exactly. Each attempt's row is
-            -- probed by its primary key (LATERAL, OFFSET 0: no join order to
-            -- choose), in id order, as the heartbeat locks them: in the order of
-            -- the batch, the two deadlocked (found after 1 s, the heartbeat
-            -- retried late, and recovery took live tasks). The claim token is
-            -- unique to the claim statement (only PROCESSING rows have one: a
-            -- CHECK constraint says so).
-            SELECT t.id, t.cancelled, t.covers_completed
-            FROM (SELECT * FROM unnest(attempt_ids, attempt_claims, attempt_tokens)
-                                AS a(id, claims, token)
-                  ORDER BY a.id OFFSET 0) AS o
-            CROSS JOIN LATERAL (
-                SELECT t.id,
-                       t.cancel_requested_at IS NOT NULL AS cancelled,
-                       coalesce(t.unique_states & 8, 0) <> 0 AS covers_completed
-                FROM outbox_tasks AS t
-                WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
-                OFFSET 0
-                FOR UPDATE OF t) AS t
-        ),
-        -- The rows are written found by `id = ANY`, never by a join with
-        -- the batch (see migration 27).
-        gone AS (
-            DELETE FROM outbox_tasks AS t
-            WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b
-                                    WHERE NOT b.cancelled AND NOT b.covers_completed))
-            RETURNING t.*
-        ),
-        archived AS (
-            INSERT INTO outbox_task_history (id, task_type, queue, payload, priority, retry_count,
-                                             max_attempts, claims, execute_at, created_at, attempted_at,
-                                             finished_at, last_error, result, unique_key, ordering_key,
-                                             key_seq)
-            SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
-                   execute_at, created_at, attempted_at, coalesce(clock, clock_timestamp()), last_error,
-                   NULL, unique_key, ordering_key, key_seq
-            FROM gone
-        ),
-        kept AS (
-            UPDATE outbox_tasks AS t
-            SET state = CASE WHEN t.id = ANY (cancelled_ids.ids) THEN 'failed'
-                             ELSE 'completed' END::outbox_task_state,
-                -- An operator asked to cancel it: it ends dead, whatever it returned.
-                dead_at = CASE WHEN t.id = ANY (cancelled_ids.ids)
-                               THEN coalesce(clock, clock_timestamp()) END,
-                last_error = CASE WHEN t.id = ANY (cancelled_ids.ids) THEN 'cancelled by an operator'
-                                  ELSE t.last_error END,
-                finished_at = coalesce(clock, clock_timestamp()),
-                claimed_by = NULL,
-                heartbeat_at = NULL,
-                updated_at = coalesce(clock, now())
-            FROM (SELECT ARRAY(SELECT b.id FROM batch AS b WHERE b.cancelled) AS ids) AS cancelled_ids
-            WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b
-                                    WHERE b.cancelled OR b.covers_completed))
-            RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
-        ),
-        handed AS (
-            -- Tasks that let go of their ordering key hand it on (after every row
-            -- above is written: the aggregate reads them all first), if its row can
-            -- be taken soon enough. A task gone to the history has let go of it.
-            SELECT l.*
-            FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-                  FROM (SELECT queue, ordering_key FROM gone
-                        UNION ALL
-                        SELECT queue, ordering_key FROM kept
-                        WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-                  WHERE ordering_key IS NOT NULL
-                  HAVING count(*) > 0) AS released,
-                 LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
-                                            hand_queues, hand_places, hand_token, clock) AS l
-        )
-        SELECT id, false AS handed, NULL::bool AS claimed, NULL::text AS queue, NULL::text AS task_type,
-               NULL::text AS payload, NULL::int AS retry_count, NULL::int AS max_attempts,
-               NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
-               NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
-               NULL::text AS deferred_key
-        FROM gone
-        UNION ALL
-        SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM kept
-        UNION ALL
-        SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
-               created_at, trace_context, true, NULL, NULL
-        FROM handed WHERE deferred_key IS NULL
-        UNION ALL
-        SELECT NULL, true, false, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               deferred_key
-        FROM handed WHERE deferred_key IS NOT NULL;
+    IF patience IS NOT NULL THEN
+        -- The usual case first, as cheaply as the lock itself: every row free.
+        SELECT count(*) INTO got FROM (
+            SELECT 1 FROM outbox_keys AS o
+            WHERE (o.queue, o.ordering_key) IN (SELECT x.q, x.k FROM unnest(keys_q, keys_k) AS x(q, k))
+            FOR UPDATE SKIP LOCKED) AS l;
+        IF got < cardinality(keys_k) THEN
+            -- Some row is held elsewhere or missing: wait as patience
+            -- allows (the rows taken above are this transaction's and are
+            -- taken again at once), hand on what was taken, return the rest.
+            SELECT coalesce(array_agg(l.queue) FILTER (WHERE l.held), '{}'),
+                   coalesce(array_agg(l.ordering_key) FILTER (WHERE l.held), '{}'),
+                   coalesce(array_agg(l.queue) FILTER (WHERE l.held IS NOT TRUE), '{}'),
+                   coalesce(array_agg(l.ordering_key) FILTER (WHERE l.held IS NOT TRUE), '{}')
+            INTO keys_q, keys_k, busy_q, busy_k
+            FROM outbox_keys_try_lock(keys_q, keys_k, patience) AS l;
+            RETURN QUERY
+            SELECT NULL::bigint, b.q, NULL::boolean, NULL::text, NULL::text, NULL::integer,
+                   NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz, NULL::text, b.k
+            FROM unnest(busy_q, busy_k) AS b(q, k);
+            IF cardinality(keys_k) = 0 THEN
+                RETURN;
+            END IF;
+        END IF;
     END IF;
-END
-$$;
-
-CREATE FUNCTION outbox_finish_tasks(attempt_ids bigint[], attempt_claims integer[],
-                                    attempt_tokens text[], new_states text[],
-                                    add_retries integer[], delays_us bigint[], deads boolean[],
-                                    errors text[], clock timestamptz, results text[])
-RETURNS TABLE (id bigint, queue text, deferred_key text)
-LANGUAGE plpgsql
--- No JIT: a plan that has to use a node the settings below disable
--- costs 10^10, above jit_above_cost, and is compiled on every call (a
--- claim that sorted its rows took 0.6 s).
-SET jit = off
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH batch AS (
-        -- Locked first, so that what decides a row's fate is its latest version
-        -- and the DELETE and UPDATE below split the batch between them exactly.
-        -- Each attempt's row is probed by its primary key, in id order, as in
-        -- outbox_complete_tasks.
-        SELECT t.id, o.state, o.add_retry, o.delay_us, o.dead, o.error, o.result,
-               t.cancelled,
-               o.state = 'completed' AND NOT t.cancelled AND NOT t.covers_completed AS archive
-        FROM (SELECT * FROM unnest(attempt_ids, attempt_claims, attempt_tokens, new_states,
-                                   add_retries, delays_us, deads, errors, results)
-                            AS a(id, claims, token, state, add_retry, delay_us, dead, error, result)
-              ORDER BY a.id OFFSET 0) AS o
-        CROSS JOIN LATERAL (
-            SELECT t.id,
-                   t.cancel_requested_at IS NOT NULL AS cancelled,
-                   coalesce(t.unique_states & 8, 0) <> 0 AS covers_completed
+    -- The hand-over (migration 23's outbox_keys_hand_on_held).
+    IF token IS NOT NULL AND cardinality(hand_queues) > 0 THEN
+        -- The queues that may take a hand-on now. A queue without a row has
+        -- no limits (as for the plain claim).
+        PERFORM 1 FROM outbox_queues AS s WHERE s.name = ANY (hand_queues) FOR SHARE;
+        SELECT coalesce(array_agg(h.name), '{}') INTO open_queues
+        FROM unnest(hand_queues) AS h(name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM outbox_queues AS s
+            WHERE s.name = h.name
+              AND (s.paused_at IS NOT NULL OR s.global_concurrency IS NOT NULL
+                   OR s.rate_per_second IS NOT NULL));
+    END IF;
+    -- Which tasks get their key, and which of them this worker takes. Read
+    -- into arrays first, so that the UPDATE below finds them by primary key.
+    WITH keys AS (
+        SELECT x.q, x.k FROM unnest(keys_q, keys_k) AS x(q, k)
+    ),
+    room AS MATERIALIZED (
+        SELECT keys.q, keys.k,
+               coalesce(s.per_key_concurrency, 1) - (
+                   SELECT count(*) FROM (
+                       SELECT 1 FROM outbox_tasks AS h
+                       WHERE h.queue = keys.q AND h.ordering_key = keys.k
+                         AND h.ordering_key IS NOT NULL AND NOT h.blocked
+                         AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)
+                       LIMIT coalesce(s.per_key_concurrency, 1)) AS holders) AS free
+        FROM keys LEFT JOIN outbox_queues AS s ON s.name = keys.q
+    ),
+    next AS MATERIALIZED (
+        SELECT w.id, w.queue, w.priority,
+               -- Startable by this worker now if it has the place and no
+               -- claimable task of the queue is more urgent (below).
+               w.queue = ANY (open_queues)
+                   AND w.state IN ('pending', 'failed') AND w.dead_at IS NULL
+                   AND w.execute_at <= coalesce(at, now()) AS due
+        FROM room, LATERAL (
+            -- Only tasks that still need the key (belt and braces: a
+            -- cancel takes a waiting task out of the line itself).
+            SELECT t.id, t.queue, t.state, t.dead_at, t.execute_at, t.priority
             FROM outbox_tasks AS t
-            WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
-            OFFSET 0
-            FOR UPDATE OF t) AS t
+            WHERE t.queue = room.q AND t.ordering_key = room.k AND t.blocked
+              AND t.state <> 'completed' AND (t.dead_at IS NULL OR NOT t.skip_dead)
+            ORDER BY t.key_seq
+            LIMIT greatest(room.free, 0)) AS w
+        WHERE room.free > 0
     ),
-    gone AS (
-        DELETE FROM outbox_tasks AS t
-        USING batch
-        WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b WHERE b.archive))
-          AND t.id = batch.id AND batch.archive
-        RETURNING t.*, batch.result AS new_result
+    -- Whether a claimable task of the queue is more urgent than a given
+    -- priority: asked once per queue and priority among the due tasks,
+    -- not once per task.
+    urgent AS (
+        SELECT g.queue, g.priority,
+               EXISTS (
+                   SELECT 1 FROM outbox_tasks AS o
+                   WHERE o.queue = g.queue
+                     AND o.state IN ('pending', 'failed') AND o.dead_at IS NULL
+                     AND NOT o.blocked AND o.execute_at <= coalesce(at, now())
+                     AND o.priority < g.priority) AS beaten
+        FROM (SELECT DISTINCT next.queue, next.priority FROM next WHERE next.due) AS g
     ),
-    archived AS (
-        INSERT INTO outbox_task_history (id, task_type, queue, payload, priority, retry_count,
-                                         max_attempts, claims, execute_at, created_at, attempted_at,
-                                         finished_at, last_error, result, unique_key, ordering_key,
-                                         key_seq)
-        SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
-               execute_at, created_at, attempted_at, coalesce(clock, clock_timestamp()), last_error,
-               new_result::jsonb, unique_key, ordering_key, key_seq
-        FROM gone
-    ),
-    kept AS (
-        UPDATE outbox_tasks AS t
-        SET state = CASE WHEN o.cancelled THEN 'failed' ELSE o.state::outbox_task_state END,
-            retry_count = t.retry_count + o.add_retry,
-            execute_at = CASE WHEN o.state = 'completed' OR o.cancelled THEN t.execute_at
-                              ELSE coalesce(clock, now()) + o.delay_us * interval '1 microsecond' END,
-            dead_at = CASE WHEN o.dead OR o.cancelled THEN coalesce(clock, clock_timestamp()) END,
-            last_error = CASE WHEN o.cancelled THEN 'cancelled by an operator'
-                              ELSE coalesce(o.error, t.last_error) END,
-            result = CASE WHEN NOT o.cancelled THEN o.result::jsonb END,
-            finished_at = CASE WHEN o.state = 'pending' AND NOT o.cancelled THEN NULL
-                               ELSE coalesce(clock, clock_timestamp()) END,
-            claimed_by = NULL,
-            heartbeat_at = NULL,
-            updated_at = coalesce(clock, now())
-        FROM batch AS o
-        WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b WHERE NOT b.archive))
-          AND t.id = o.id AND NOT o.archive
-        RETURNING t.id, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead
-    ),
-    handed AS (
-        -- Tasks that let go of their ordering key hand it on (after every row
-        -- above is written: the aggregate reads them all first), if its row can
-        -- be taken soon enough. A task gone to the history has let go of it.
-        -- Materialized (the function is volatile) and read whole below.
-        SELECT l.queue, l.deferred_key
-        FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-              FROM (SELECT queue, ordering_key FROM gone
-                    UNION ALL
-                    SELECT queue, ordering_key FROM kept
-                    WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-              WHERE ordering_key IS NOT NULL
-              HAVING count(*) > 0) AS released,
-             LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
-                                        '{}'::text[], '{}'::int[], NULL::text,
-                                        NULL::timestamptz) AS l
+    taken AS (
+        SELECT next.id, next.queue,
+               coalesce(next.due AND NOT u.beaten, false) AND row_number() OVER (
+                   PARTITION BY next.queue, coalesce(next.due AND NOT u.beaten, false)
+                   ORDER BY next.id
+               ) <= coalesce(p.places, 0) AS take
+        FROM next
+        LEFT JOIN urgent AS u ON u.queue = next.queue AND u.priority = next.priority
+        LEFT JOIN unnest(hand_queues, hand_places) AS p(name, places) ON p.name = next.queue
     )
-    SELECT id, NULL::text AS queue, NULL::text AS deferred_key FROM gone
-    UNION ALL
-    SELECT id, NULL, NULL FROM kept
-    UNION ALL
-    SELECT NULL, queue, deferred_key FROM handed WHERE deferred_key IS NOT NULL;
+    SELECT coalesce(array_agg(taken.id), '{}'),
+           coalesce(array_agg(taken.id) FILTER (WHERE taken.take), '{}'),
+           coalesce(array_agg(DISTINCT taken.queue) FILTER (WHERE NOT taken.take), '{}')
+    INTO handed_ids, taken_ids, woken_queues
+    FROM taken;
+    IF cardinality(handed_ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- Wakes those queues' workers at commit.
+    PERFORM pg_notify('outbox_tasks', w.name) FROM unnest(woken_queues) AS w(name);
+    RETURN QUERY
+    UPDATE outbox_tasks AS t
+    SET blocked = false,
+        state = CASE WHEN t.id = ANY (taken_ids) THEN 'processing' ELSE t.state END,
+        claims = t.claims + CASE WHEN t.id = ANY (taken_ids) THEN 1 ELSE 0 END,
+        claimed_by = CASE WHEN t.id = ANY (taken_ids) THEN token ELSE t.claimed_by END,
+        heartbeat_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, now())
+                            ELSE t.heartbeat_at END,
+        attempted_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, clock_timestamp())
+                            ELSE t.attempted_at END,
+        updated_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, now())
+                          ELSE t.updated_at END
+    WHERE t.id = ANY (handed_ids) AND t.blocked IS TRUE
+    RETURNING t.id, t.queue, t.id = ANY (taken_ids), t.task_type,
+              t.payload::text, t.retry_count, t.max_attempts, t.claims, t.key_seq,
+              t.created_at, t.trace_context, NULL::text;
 END
 $$;

@@ -9,30 +9,190 @@
 -- Now a claim that takes the head of a key also takes the tasks waiting
 -- behind it, up to `run_length` in all, in key order (only in queues
 -- that run one task per key at a time). They are written once, to
--- PROCESSING, and stay blocked: nothing counts them as holding the key,
--- no claim can take them, a task submitted meanwhile still queues behind
--- them. The worker runs them one after the other, each once the outcome
--- of the one before it has committed, and the outcomes of all but the
--- last say their key goes on (`continuing`): no hand-over until the run
--- ends. A task of a run is attempted when it starts, not when claimed:
--- its outcome writes that moment (`attempt_started`).
+-- PROCESSING, and stay blocked: no claim can take them, and a task
+-- submitted meanwhile still queues behind them. A PROCESSING task holds
+-- its key whether blocked or not (the holders' index below), so nothing
+-- hands the key on while a run goes on. The worker runs a run's tasks one
+-- after the other, each once the outcome of the one before it has
+-- committed; those outcomes say their key goes on (`continuing`) and skip
+-- the hand-over while the run's next task still holds the key. A task of
+-- a run is attempted when it starts, not when claimed: its outcome
+-- writes that moment (`attempt_started`).
 --
--- Whatever ends a run early gives its key to the first task left in the
--- key's line. An outcome other than done (failed, snoozed, given back)
--- of a task that is still blocked hands its key on like a let-go one,
--- which gives it to that task itself when it ran and nothing else holds
--- the key; stuck-task recovery and the release of a worker's claims do
--- the same (recover_stuck.sql, release_claims.sql). A run whose queue was
--- paused or given limits since its claim ends at its next outcome, which
--- lets go of the key and says so (`run_halted`); the worker gives the
--- rest back. An operator's cancel of a task of a run marks it like any
--- PROCESSING task.
-DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
-                                 timestamptz, bigint);
-DROP FUNCTION outbox_complete_tasks(bigint[], integer[], text[], timestamptz, text[], integer[],
-                                    text, boolean);
-DROP FUNCTION outbox_finish_tasks(bigint[], integer[], text[], text[], integer[], bigint[], boolean[],
-                                  text[], timestamptz, text[]);
+-- Whatever ends a run early leaves the key to the first task in its line.
+-- A task of a run that fails, snoozes or goes back holds the key itself
+-- (it is first in line); the worker gives the rest back
+-- (release_run.sql), and stuck-task recovery returns a dead worker's runs
+-- to their lines without counting an attempt (recover_stuck.sql); both
+-- hand the key to the first task in line if nothing holds it. A run whose
+-- queue was paused or given limits since its claim ends at its next
+-- outcome, which says so (`run_halted`). An operator's cancel of a task
+-- of a run marks it like any PROCESSING task.
+
+-- The tasks that hold their key: as before, and the PROCESSING tasks of a
+-- run, which stay blocked (a hand-over between two tasks of a run would
+-- otherwise find the key free).
+DROP INDEX outbox_tasks_key_holders_idx;
+CREATE INDEX outbox_tasks_key_holders_idx
+    ON outbox_tasks (queue, ordering_key)
+    WHERE ordering_key IS NOT NULL AND (NOT blocked OR state = 'processing')
+      AND state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead);
+
+CREATE OR REPLACE FUNCTION outbox_keys_let_go(q text[], k text[], patience interval,
+                                   hand_queues text[], hand_places integer[], token text,
+                                   at timestamptz)
+RETURNS TABLE (id bigint, queue text, claimed boolean, task_type text, payload text,
+               retry_count integer, max_attempts integer, claims integer, key_seq bigint,
+               created_at timestamptz, trace_context text, deferred_key text)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    keys_q text[];
+    keys_k text[];
+    busy_q text[];
+    busy_k text[];
+    got integer;
+    open_queues text[] := '{}';
+    handed_ids bigint[];
+    taken_ids bigint[];
+    woken_queues text[];
+BEGIN
+    SELECT coalesce(array_agg(d.q), '{}'), coalesce(array_agg(d.k), '{}')
+    INTO keys_q, keys_k
+    FROM (SELECT DISTINCT x.q, x.k FROM unnest(q, k) AS x(q, k) WHERE x.k IS NOT NULL) AS d;
+    IF cardinality(keys_k) = 0 THEN
+        RETURN;
+    END IF;
+    IF patience IS NOT NULL THEN
+        -- The usual case first, as cheaply as the lock itself: every row free.
+        SELECT count(*) INTO got FROM (
+            SELECT 1 FROM outbox_keys AS o
+            WHERE (o.queue, o.ordering_key) IN (SELECT x.q, x.k FROM unnest(keys_q, keys_k) AS x(q, k))
+            FOR UPDATE SKIP LOCKED) AS l;
+        IF got < cardinality(keys_k) THEN
+            -- Some row is held elsewhere or missing: wait as patience
+            -- allows (the rows taken above are this transaction's and are
+            -- taken again at once), hand on what was taken, return the rest.
+            SELECT coalesce(array_agg(l.queue) FILTER (WHERE l.held), '{}'),
+                   coalesce(array_agg(l.ordering_key) FILTER (WHERE l.held), '{}'),
+                   coalesce(array_agg(l.queue) FILTER (WHERE l.held IS NOT TRUE), '{}'),
+                   coalesce(array_agg(l.ordering_key) FILTER (WHERE l.held IS NOT TRUE), '{}')
+            INTO keys_q, keys_k, busy_q, busy_k
+            FROM outbox_keys_try_lock(keys_q, keys_k, patience) AS l;
+            RETURN QUERY
+            SELECT NULL::bigint, b.q, NULL::boolean, NULL::text, NULL::text, NULL::integer,
+                   NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz, NULL::text, b.k
+            FROM unnest(busy_q, busy_k) AS b(q, k);
+            IF cardinality(keys_k) = 0 THEN
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    -- The hand-over (migration 23's outbox_keys_hand_on_held).
+    IF token IS NOT NULL AND cardinality(hand_queues) > 0 THEN
+        -- The queues that may take a hand-on now. A queue without a row has
+        -- no limits (as for the plain claim).
+        PERFORM 1 FROM outbox_queues AS s WHERE s.name = ANY (hand_queues) FOR SHARE;
+        SELECT coalesce(array_agg(h.name), '{}') INTO open_queues
+        FROM unnest(hand_queues) AS h(name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM outbox_queues AS s
+            WHERE s.name = h.name
+              AND (s.paused_at IS NOT NULL OR s.global_concurrency IS NOT NULL
+                   OR s.rate_per_second IS NOT NULL));
+    END IF;
+    -- Which tasks get their key, and which of them this worker takes. Read
+    -- into arrays first, so that the UPDATE below finds them by primary key.
+    WITH keys AS (
+        SELECT x.q, x.k FROM unnest(keys_q, keys_k) AS x(q, k)
+    ),
+    room AS MATERIALIZED (
+        SELECT keys.q, keys.k,
+               coalesce(s.per_key_concurrency, 1) - (
+                   SELECT count(*) FROM (
+                       SELECT 1 FROM outbox_tasks AS h
+                       WHERE h.queue = keys.q AND h.ordering_key = keys.k
+                         AND h.ordering_key IS NOT NULL AND (NOT h.blocked OR h.state = 'processing')
+                         AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)
+                       LIMIT coalesce(s.per_key_concurrency, 1)) AS holders) AS free
+        FROM keys LEFT JOIN outbox_queues AS s ON s.name = keys.q
+    ),
+    next AS MATERIALIZED (
+        SELECT w.id, w.queue, w.priority,
+               -- Startable by this worker now if it has the place and no
+               -- claimable task of the queue is more urgent (below).
+               w.queue = ANY (open_queues)
+                   AND w.state IN ('pending', 'failed') AND w.dead_at IS NULL
+                   AND w.execute_at <= coalesce(at, now()) AS due
+        FROM room, LATERAL (
+            -- Only tasks that still need the key (belt and braces: a
+            -- cancel takes a waiting task out of the line itself).
+            SELECT t.id, t.queue, t.state, t.dead_at, t.execute_at, t.priority
+            FROM outbox_tasks AS t
+            WHERE t.queue = room.q AND t.ordering_key = room.k AND t.blocked
+              AND t.state <> 'completed' AND (t.dead_at IS NULL OR NOT t.skip_dead)
+            ORDER BY t.key_seq
+            LIMIT greatest(room.free, 0)) AS w
+        WHERE room.free > 0
+    ),
+    -- Whether a claimable task of the queue is more urgent than a given
+    -- priority: asked once per queue and priority among the due tasks,
+    -- not once per task.
+    urgent AS (
+        SELECT g.queue, g.priority,
+               EXISTS (
+                   SELECT 1 FROM outbox_tasks AS o
+                   WHERE o.queue = g.queue
+                     AND o.state IN ('pending', 'failed') AND o.dead_at IS NULL
+                     AND NOT o.blocked AND o.execute_at <= coalesce(at, now())
+                     AND o.priority < g.priority) AS beaten
+        FROM (SELECT DISTINCT next.queue, next.priority FROM next WHERE next.due) AS g
+    ),
+    taken AS (
+        SELECT next.id, next.queue,
+               coalesce(next.due AND NOT u.beaten, false) AND row_number() OVER (
+                   PARTITION BY next.queue, coalesce(next.due AND NOT u.beaten, false)
+                   ORDER BY next.id
+               ) <= coalesce(p.places, 0) AS take
+        FROM next
+        LEFT JOIN urgent AS u ON u.queue = next.queue AND u.priority = next.priority
+        LEFT JOIN unnest(hand_queues, hand_places) AS p(name, places) ON p.name = next.queue
+    )
+    SELECT coalesce(array_agg(taken.id), '{}'),
+           coalesce(array_agg(taken.id) FILTER (WHERE taken.take), '{}'),
+           coalesce(array_agg(DISTINCT taken.queue) FILTER (WHERE NOT taken.take), '{}')
+    INTO handed_ids, taken_ids, woken_queues
+    FROM taken;
+    IF cardinality(handed_ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- Wakes those queues' workers at commit.
+    PERFORM pg_notify('outbox_tasks', w.name) FROM unnest(woken_queues) AS w(name);
+    RETURN QUERY
+    UPDATE outbox_tasks AS t
+    SET blocked = false,
+        state = CASE WHEN t.id = ANY (taken_ids) THEN 'processing' ELSE t.state END,
+        claims = t.claims + CASE WHEN t.id = ANY (taken_ids) THEN 1 ELSE 0 END,
+        claimed_by = CASE WHEN t.id = ANY (taken_ids) THEN token ELSE t.claimed_by END,
+        heartbeat_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, now())
+                            ELSE t.heartbeat_at END,
+        attempted_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, clock_timestamp())
+                            ELSE t.attempted_at END,
+        updated_at = CASE WHEN t.id = ANY (taken_ids) THEN coalesce(at, now())
+                          ELSE t.updated_at END
+    WHERE t.id = ANY (handed_ids) AND t.blocked IS TRUE
+    RETURNING t.id, t.queue, t.id = ANY (taken_ids), t.task_type,
+              t.payload::text, t.retry_count, t.max_attempts, t.claims, t.key_seq,
+              t.created_at, t.trace_context, NULL::text;
+END
+$$;
+
+-- The claim and outcome functions are new overloads: a worker of the
+-- version before keeps calling the old ones (it never claims a run) until
+-- it is replaced.
 
 CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
                                    floor_priority smallint, floor_execute_at timestamptz,
@@ -261,7 +421,15 @@ BEGIN
                         UNION ALL
                         SELECT id, queue, ordering_key FROM cancelled) AS k
                   WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                       OR k.queue = ANY (halted))
+                       OR k.queue = ANY (halted)
+                       -- The run's next task holds the key (a PROCESSING
+                       -- task of the run); recovery may have taken it back.
+                       OR NOT EXISTS (
+                           SELECT 1 FROM outbox_tasks AS h
+                           WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key
+                             AND h.ordering_key IS NOT NULL AND h.id <> k.id
+                             AND (NOT h.blocked OR h.state = 'processing')
+                             AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                             hand_queues, hand_places, hand_token, clock) AS l
@@ -367,7 +535,15 @@ BEGIN
                         SELECT id, queue, ordering_key FROM kept
                         WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
                   WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                       OR k.queue = ANY (halted))
+                       OR k.queue = ANY (halted)
+                       -- The run's next task holds the key (a PROCESSING
+                       -- task of the run); recovery may have taken it back.
+                       OR NOT EXISTS (
+                           SELECT 1 FROM outbox_tasks AS h
+                           WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key
+                             AND h.ordering_key IS NOT NULL AND h.id <> k.id
+                             AND (NOT h.blocked OR h.state = 'processing')
+                             AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                             hand_queues, hand_places, hand_token, clock) AS l
@@ -401,8 +577,8 @@ CREATE FUNCTION outbox_finish_tasks(attempt_ids bigint[], attempt_claims integer
                                     attempt_tokens text[], new_states text[],
                                     add_retries integer[], delays_us bigint[], deads boolean[],
                                     errors text[], clock timestamptz, results text[],
-                                    attempt_started timestamptz[])
-RETURNS TABLE (id bigint, queue text, deferred_key text)
+                                    attempt_started timestamptz[], continuing bigint[])
+RETURNS TABLE (id bigint, queue text, deferred_key text, run_halted boolean)
 LANGUAGE plpgsql
 -- No JIT: a plan that has to use a node the settings below disable
 -- costs 10^10, above jit_above_cost, and is compiled on every call (a
@@ -412,7 +588,17 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    halted text[] := '{}';
 BEGIN
+    IF cardinality(continuing) > 0 THEN
+        -- As in outbox_complete_tasks: a run ends in a queue paused or
+        -- given limits since its claim.
+        SELECT coalesce(array_agg(s.name), '{}') INTO halted
+        FROM outbox_queues AS s
+        WHERE s.paused_at IS NOT NULL OR s.global_concurrency IS NOT NULL
+           OR s.rate_per_second IS NOT NULL;
+    END IF;
     RETURN QUERY
     WITH batch AS (
         -- Locked first, so that what decides a row's fate is its latest version
@@ -467,6 +653,10 @@ BEGIN
                                ELSE coalesce(clock, clock_timestamp()) END,
             -- A task of a run started after its claim (migration 28).
             attempted_at = coalesce(o.started, t.attempted_at),
+            -- A task of a run that ran and did not complete is the first in
+            -- its key's line: it holds the key now (the rest of its run goes
+            -- back behind it).
+            blocked = t.blocked AND o.state = 'completed',
             claimed_by = NULL,
             heartbeat_at = NULL,
             updated_at = coalesce(clock, now())
@@ -485,21 +675,23 @@ BEGIN
               FROM (SELECT queue, ordering_key FROM gone
                     UNION ALL
                     SELECT queue, ordering_key FROM kept
-                    WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
-                       -- A task of a run (still blocked) that failed, snoozed or
-                       -- was given back: its key goes to the first task in its
-                       -- line if nothing holds it (the task itself, when it ran).
-                       OR blocked) AS k
+                    WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
               WHERE ordering_key IS NOT NULL
               HAVING count(*) > 0) AS released,
              LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                         '{}'::text[], '{}'::int[], NULL::text,
                                         NULL::timestamptz) AS l
     )
-    SELECT id, NULL::text AS queue, NULL::text AS deferred_key FROM gone
+    SELECT id, NULL::text AS queue, NULL::text AS deferred_key,
+           cardinality(halted) > 0 AND queue = ANY (halted)
+               AND id IN (SELECT c.id FROM unnest(continuing) AS c(id)) AS run_halted
+    FROM gone
     UNION ALL
-    SELECT id, NULL, NULL FROM kept
+    SELECT id, NULL, NULL,
+           cardinality(halted) > 0 AND queue = ANY (halted)
+               AND id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+    FROM kept
     UNION ALL
-    SELECT NULL, queue, deferred_key FROM handed WHERE deferred_key IS NOT NULL;
+    SELECT NULL, queue, deferred_key, NULL FROM handed WHERE deferred_key IS NOT NULL;
 END
 $$;

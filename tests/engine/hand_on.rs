@@ -706,3 +706,81 @@ async fn a_worker_stopping_mid_run_gives_the_run_back_and_another_runs_it_in_ord
     let started: Vec<i64> = gate.1.lock().unwrap().iter().map(|(_, n)| *n).collect();
     assert_eq!(started, vec![1, 2, 3]);
 }
+
+#[tokio::test]
+async fn a_task_requeued_ahead_of_a_run_waits_for_the_run_and_never_runs_beside_it() {
+    let db = TestDb::migrated().await;
+    // Step 7 is submitted first (its place in the key's line comes before
+    // the others) and cancelled: skipped, it lets the key go on.
+    let mut conn = db.conn().await;
+    let first = outbox::submit(
+        &mut conn,
+        Gated {
+            key: "k".to_owned(),
+            n: 7,
+        },
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    admin::cancel_tasks(&db.pool, &[first]).await.unwrap();
+    // Steps 0, 1 (held at the gate) and 2, claimed as one run; step 1 runs.
+    let mut conn = db.conn().await;
+    for n in [0, 1, 2] {
+        let step = Gated {
+            key: "k".to_owned(),
+            n,
+        };
+        outbox::submit(&mut conn, step).await.unwrap();
+    }
+    drop(conn);
+    let gate = Gate::default();
+    let worker = Worker::builder(db.pool.clone())
+        .config(runs_config())
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", 4)
+        .build()
+        .unwrap();
+    let running = RunningWorker::start(worker);
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT s.state = 'processing' AND (SELECT count(*) = 1 FROM outbox_all_tasks \
+             WHERE (payload->>'n')::bigint = 0 AND state = 'completed') FROM ({}) AS s",
+            state_of(1)
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Retried now, between two tasks of the run: it queues again, behind
+    // what the run holds, and no hand-over (its own, or maintenance's) may
+    // give it the key meanwhile.
+    admin::retry_tasks(&db.pool, &[first]).await.unwrap();
+    let advanced: i64 = sqlx::query_scalar(include_str!(
+        "../../outbox-core/src/db/sql/advance_keys.sql"
+    ))
+    .bind(None::<String>)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(advanced, 0, "the run holds the key");
+    let seventh: (String, bool, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(state_of(7)))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        seventh,
+        ("pending".to_owned(), true, None),
+        "waiting in line"
+    );
+    gate.0.add_permits(1);
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 4 FROM outbox_all_tasks WHERE state = 'completed'",
+        Duration::from_secs(30),
+    )
+    .await;
+    running.stop().await;
+    let started: Vec<i64> = gate.1.lock().unwrap().iter().map(|(_, n)| *n).collect();
+    assert_eq!(started, vec![0, 1, 2, 7]);
+}

@@ -64,6 +64,7 @@ async fn failure_outcome(conn: &mut PgConnection) {
         .bind(None::<DateTime<Utc>>)
         .bind(vec![None::<String>])
         .bind(vec![None::<DateTime<Utc>>])
+        .bind(Vec::<i64>::new())
         .fetch_all(conn)
         .await
         .unwrap();

@@ -444,13 +444,15 @@ pub(crate) async fn complete_tasks(
 }
 
 /// TX2: writes a batch of outcomes in one statement; returns the ids that
-/// were written (a fenced-out stale outcome is missing from it) and the
-/// keys let go of that it could not hand on.
+/// were written (a fenced-out stale outcome is missing from it), the keys
+/// let go of that it could not hand on, and those of `continuing` (tasks
+/// whose run would go on) whose queue was paused or given limits since.
 pub(crate) async fn finish_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<(Vec<i64>, Vec<QueueKey>)> {
+    continuing: &[i64],
+) -> sqlx::Result<Completed> {
     let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))
         .bind(batch.iter().map(|f| f.id).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.claims).collect::<Vec<_>>())
@@ -468,17 +470,45 @@ pub(crate) async fn finish_tasks(
                 .collect::<Vec<_>>(),
         )
         .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
+        .bind(continuing)
         .fetch_all(conn)
         .await?;
-    let mut written = Vec::with_capacity(rows.len());
+    let mut done = Completed::default();
+    for r in &rows {
+        match deferred_key(r)? {
+            Some(key) => done.deferred.push(key),
+            None => {
+                let id = r.try_get("id")?;
+                done.written.push(id);
+                if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
+                    done.halted.push(id);
+                }
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Gives back the rest of a run (see release_run.sql): returns the ids put
+/// back and the keys it could not hand on yet.
+pub(crate) async fn release_run(
+    conn: &mut PgConnection,
+    tasks: &[(i64, Arc<str>)],
+) -> sqlx::Result<(Vec<i64>, Vec<QueueKey>)> {
+    let rows = sqlx::query(include_str!("sql/release_run.sql"))
+        .bind(tasks.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|(_, t)| &**t).collect::<Vec<_>>())
+        .fetch_all(conn)
+        .await?;
+    let mut released = Vec::with_capacity(rows.len());
     let mut deferred = Vec::new();
     for r in &rows {
         match deferred_key(r)? {
             Some(key) => deferred.push(key),
-            None => written.push(r.try_get("id")?),
+            None => released.push(r.try_get("id")?),
         }
     }
-    Ok((written, deferred))
+    Ok((released, deferred))
 }
 
 /// The fallback when one outcome was rejected for good: the attempt counts

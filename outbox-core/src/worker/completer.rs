@@ -265,29 +265,6 @@ impl Writer {
         let config = &shared.config;
         shared.counters.finished(part.len());
         let now = config.clock.now();
-        if !part.iter().all(|d| fast_path(&d.finish)) {
-            let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
-            let (written, deferred) =
-                call(&shared.engine, shared.deadline, "outcome", async |conn| {
-                    db::finish_tasks(conn, &finishes, now).await
-                })
-                .await?;
-            // A failure can let go of a key too (a dead task of a type that
-            // skips them): look for the key's next task at once.
-            let wake = part
-                .iter()
-                .filter(|d| d.ordered && written.contains(&d.finish.id))
-                .map(|d| d.queue.to_string())
-                .collect();
-            return Ok(db::Completed {
-                written,
-                claimed: Vec::new(),
-                woken: wake,
-                deferred,
-                halted: Vec::new(),
-            });
-        }
-        let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
         // Tasks whose run goes on here keep their key (worker/runs.rs);
         // once claiming stopped, every run is given back instead.
         let continuing: Vec<i64> = if shared.hand_on.stopped() {
@@ -298,6 +275,22 @@ impl Writer {
                 .map(|d| d.finish.id)
                 .collect()
         };
+        if !part.iter().all(|d| fast_path(&d.finish)) {
+            let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
+            let mut done = call(&shared.engine, shared.deadline, "outcome", async |conn| {
+                db::finish_tasks(conn, &finishes, now, &continuing).await
+            })
+            .await?;
+            // A failure can let go of a key too (a dead task of a type that
+            // skips them): look for the key's next task at once.
+            done.woken = part
+                .iter()
+                .filter(|d| d.ordered && done.written.contains(&d.finish.id))
+                .map(|d| d.queue.to_string())
+                .collect();
+            return Ok(done);
+        }
+        let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
         // No hand-on for the last task of a run either: the key's next task
         // is better claimed with a run of its own (a hand-on takes it alone)
         // than at once.
@@ -381,14 +374,20 @@ impl Writer {
         let released = self
             .retrying("run release", || {
                 call(&shared.engine, shared.deadline, "release", async |conn| {
-                    db::release_unstarted(conn, &give_back).await
+                    db::release_run(conn, &give_back).await
                 })
             })
             .await;
         match released {
             // Still held: released at exit, or recovered.
             None => return,
-            Some(Ok(_)) => {}
+            Some(Ok((_, deferred))) => {
+                self.shared.counters.deferred(deferred.len());
+                for key in deferred {
+                    // Closed only after every lane has ended.
+                    let _ = self.owe_keys.send(key);
+                }
+            }
             Some(Err(error)) => tracing::error!(
                 task_ids = ?give_back.iter().map(|(id, _)| id).collect::<Vec<_>>(),
                 %error,

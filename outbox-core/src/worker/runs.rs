@@ -14,10 +14,13 @@
 //!
 //! Any other end gives the rest of the run back (PENDING, no attempt
 //! counted): a failure, a snooze, a cancel seen here, a stale or rejected
-//! outcome, or a worker that stopped claiming. The release hands the key to
-//! the first task left in its line when nothing holds it
-//! (release_claims.sql). An outcome not written by the flush deadline
-//! leaves its run held: released at exit, or recovered.
+//! outcome, a task completed in its handler's own transaction, a queue
+//! paused or given limits since the claim, or a worker that stopped
+//! claiming. The release (release_run.sql) hands the key to the first task
+//! left in its line when nothing holds it, waiting for the key's lock as
+//! an outcome does (50 ms, then the key is owed a hand-over). An outcome
+//! not written by the flush deadline leaves its run held: released at
+//! exit, or recovered.
 
 use super::events::TaskEventKind;
 use super::executor::Done;
@@ -38,11 +41,14 @@ pub(crate) enum Next {
 pub(crate) fn next(d: &Done, written: bool, unwritten: bool) -> Next {
     if unwritten {
         Next::Hold
-    } else if (written && d.kind == TaskEventKind::Completed) || (!written && d.completed_in) {
-        // Completed, by the outcome or by the handler's own transaction
-        // (which handed the key to the next task of the run, still ours).
+    } else if written && d.kind == TaskEventKind::Completed {
         Next::GoOn
     } else {
+        // Not completed here. A task completed by its handler's own
+        // transaction (`complete_in`) is no exception: its outcome cannot
+        // tell that transaction committed from the task taken over by
+        // another worker, and the run's next task must not start before
+        // its task is known done.
         Next::GiveBack
     }
 }
@@ -85,9 +91,9 @@ mod tests {
     fn a_run_goes_on_only_after_its_task_is_done() {
         use TaskEventKind::*;
         assert_eq!(next(&done(Completed, false), true, false), Next::GoOn);
-        // Completed in the handler's transaction; the outcome found the row
-        // no longer held.
-        assert_eq!(next(&done(Completed, true), false, false), Next::GoOn);
+        // Completed in the handler's transaction, or so it seemed: the
+        // outcome found the row no longer held, which proves neither.
+        assert_eq!(next(&done(Completed, true), false, false), Next::GiveBack);
         // Fenced out: another attempt has the task now.
         assert_eq!(next(&done(Completed, false), false, false), Next::GiveBack);
         for kind in [Failed, Dead, Snoozed, Released] {

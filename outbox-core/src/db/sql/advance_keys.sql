@@ -21,8 +21,8 @@ WITH free AS (
     WHERE (SELECT count(*) FROM (
                SELECT 1 FROM outbox_tasks AS h
                WHERE h.queue = w.queue AND h.ordering_key = w.ordering_key
-                 AND h.ordering_key IS NOT NULL AND NOT h.blocked AND h.state <> 'completed'
-                 AND (h.dead_at IS NULL OR NOT h.skip_dead)
+                 AND h.ordering_key IS NOT NULL AND (NOT h.blocked OR h.state = 'processing')
+                 AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)
                LIMIT coalesce(s.per_key_concurrency, 1)) AS holders)
           < coalesce(s.per_key_concurrency, 1)
 )

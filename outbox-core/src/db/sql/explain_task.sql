@@ -10,7 +10,8 @@ SELECT
     t.skip_dead,
     (SELECT h.id FROM outbox_tasks AS h
       WHERE h.queue = t.queue AND h.ordering_key = t.ordering_key
-        AND h.ordering_key IS NOT NULL AND NOT h.blocked AND h.state <> 'completed'
+        AND h.ordering_key IS NOT NULL AND (NOT h.blocked OR h.state = 'processing')
+        AND h.state <> 'completed'
         AND (h.dead_at IS NULL OR NOT h.skip_dead)
         AND h.id <> t.id
       ORDER BY h.key_seq LIMIT 1) AS key_holder,

@@ -19,16 +19,24 @@ WITH stuck AS (
     FOR UPDATE SKIP LOCKED
 ),
 done AS (
+    -- A task of a run (still blocked, migration 28) goes back to its key's
+    -- line without counting an attempt: it may never have started. The
+    -- key then goes to the first task in line, counting attempts from
+    -- there on, so a task that kills its worker every time still ends dead.
     UPDATE outbox_tasks AS t
-    SET state = 'failed',
-        retry_count = t.retry_count + 1,
-        dead_at = CASE WHEN t.retry_count + 1 >= t.max_attempts OR t.cancel_requested_at IS NOT NULL
+    SET state = CASE WHEN t.blocked AND t.cancel_requested_at IS NULL THEN 'pending'
+                     ELSE 'failed' END::outbox_task_state,
+        retry_count = t.retry_count + CASE WHEN t.blocked THEN 0 ELSE 1 END,
+        dead_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                         OR (NOT t.blocked AND t.retry_count + 1 >= t.max_attempts)
                        THEN coalesce($3::timestamptz, now()) END,
         execute_at = coalesce($3::timestamptz, now()),
         last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                          WHEN t.blocked THEN t.last_error
                      ELSE 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
                           || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never') END,
-        finished_at = coalesce($3::timestamptz, now()),
+        finished_at = CASE WHEN t.blocked AND t.cancel_requested_at IS NULL THEN NULL
+                           ELSE coalesce($3::timestamptz, now()) END,
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($3::timestamptz, now())

@@ -12,8 +12,9 @@ WITH done AS (
         finished_at = NULL,
         execute_at = now(),
         -- A task that had let its ordering key go on (skipped) queues for it
-        -- again; one that held it (a dead head) holds it still.
-        blocked = (ordering_key IS NOT NULL AND dead_at IS NOT NULL AND skip_dead),
+        -- again; one that held it (a dead head) holds it still; one still in
+        -- its key's line (blocked) stays there.
+        blocked = (ordering_key IS NOT NULL AND (blocked OR (dead_at IS NOT NULL AND skip_dead))),
         -- An operator's cancel set skip_dead to let the key go on past this
         -- death; retried, the task is its type's again (`on_dead = "skip"`
         -- as the workers declared it), so that dying again it holds its key

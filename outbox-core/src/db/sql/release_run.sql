@@ -1,0 +1,37 @@
+-- Gives back the rest of a run (migration 28) whose task did not complete
+-- here: the given (task id, claim token) pairs still PROCESSING go back to
+-- PENDING without counting an attempt, still in their key's line, and
+-- each key goes to the first task in its line if nothing holds it. Unlike
+-- release_claims.sql (shutdown), the keys are taken as outcomes take them:
+-- a key whose row another transaction holds for more than 50 ms (an
+-- application's open submit) comes back as `deferred_key`, owed a
+-- hand-over (worker/deferred_keys.rs). $1 task ids, $2 claim tokens.
+WITH done AS (
+    UPDATE outbox_tasks
+    SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
+        -- An operator asked to cancel it: dead, not released.
+        dead_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        last_error = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                          ELSE last_error END,
+        claimed_by = NULL,
+        heartbeat_at = NULL,
+        execute_at = least(execute_at, now()),
+        updated_at = now()
+    WHERE id = ANY ($1::bigint[])
+      AND state = 'processing'
+      AND (id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+    RETURNING id, queue, ordering_key
+),
+handed AS (
+    SELECT l.queue, l.deferred_key
+    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
+          FROM done WHERE ordering_key IS NOT NULL
+          HAVING count(*) > 0) AS released,
+         LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
+                                    '{}'::text[], '{}'::int[], NULL::text,
+                                    NULL::timestamptz) AS l
+)
+SELECT id, NULL::text AS queue, NULL::text AS deferred_key FROM done
+UNION ALL
+SELECT NULL, queue, deferred_key FROM handed WHERE deferred_key IS NOT NULL
