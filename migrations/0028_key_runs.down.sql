@@ -3,9 +3,9 @@
 DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
                                  timestamptz, bigint, integer);
 DROP FUNCTION outbox_complete_tasks(bigint[], integer[], text[], timestamptz, text[], integer[],
-                                    text, boolean, bigint[], timestamptz[]);
+                                    text, boolean, bigint[], timestamptz[], bigint[]);
 DROP FUNCTION outbox_finish_tasks(bigint[], integer[], text[], text[], integer[], bigint[], boolean[],
-                                  text[], timestamptz, text[], timestamptz[], bigint[]);
+                                  text[], timestamptz, text[], timestamptz[], bigint[], bigint[]);
 DROP INDEX outbox_tasks_key_holders_idx;
 CREATE INDEX outbox_tasks_key_holders_idx
     ON outbox_tasks (queue, ordering_key)

@@ -134,6 +134,8 @@ BEGIN
             FROM outbox_tasks AS t
             WHERE t.queue = room.q AND t.ordering_key = room.k AND t.blocked
               AND t.state <> 'completed' AND (t.dead_at IS NULL OR NOT t.skip_dead)
+              -- A run's task is claimed already (migration 28).
+              AND t.state <> 'processing'
             ORDER BY t.key_seq
             LIMIT greatest(room.free, 0)) AS w
         WHERE room.free > 0
@@ -276,14 +278,15 @@ BEGIN
            coalesce(array_agg(next.key_seq) FILTER (WHERE next.ordering_key IS NOT NULL), '{}')
     INTO head_ids, keyed_ids, keyed_keys, keyed_seqs
     FROM next;
-    -- A run: the tasks waiting behind each keyed head, up to run_length
+    -- A run: the tasks waiting in each keyed head's line, up to run_length
     -- in all, claimed with it in key order (only where a key runs one
-    -- task at a time). They stay blocked, so nothing else counts them as
-    -- holding the key or can claim them; the worker starts each once the
+    -- task at a time). They stay blocked, so no claim can take them, and
+    -- hold the key as PROCESSING tasks; the worker starts each once the
     -- one before it has completed (worker/runs.rs). A run stops at the
-    -- first task that could not be claimed now on its own (not due,
-    -- retried, dead, or locked by another transaction), so it never steps
-    -- over one.
+    -- first task in line that could not be claimed now on its own (not
+    -- due, failed before, dead, or locked by another transaction), so it
+    -- never steps over one. The line is every task waiting for the key,
+    -- one an operator retried back into it ahead of the head included.
     IF run_length > 1 AND cardinality(keyed_ids) > 0
        AND coalesce((SELECT s.per_key_concurrency FROM outbox_queues AS s WHERE s.name = q), 1) = 1 THEN
         WITH heads AS (
@@ -299,7 +302,7 @@ BEGIN
                 FROM outbox_tasks AS t
                 WHERE t.queue = q AND t.ordering_key = heads.ordering_key AND t.blocked
                   AND t.state <> 'completed' AND (t.dead_at IS NULL OR NOT t.skip_dead)
-                  AND t.key_seq > heads.key_seq
+                  AND t.id <> heads.id
                 ORDER BY t.key_seq
                 LIMIT run_length - 1) AS w
         ),
@@ -346,7 +349,8 @@ CREATE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integ
                                       attempt_tokens text[], clock timestamptz,
                                       hand_queues text[], hand_places integer[],
                                       hand_token text, delete_all boolean,
-                                      continuing bigint[], attempt_started timestamptz[])
+                                      continuing bigint[], attempt_started timestamptz[],
+                                      run_next bigint[])
 RETURNS TABLE (id bigint, handed boolean, claimed boolean, queue text, task_type text,
                payload text, retry_count integer, max_attempts integer, claims integer,
                key_seq bigint, created_at timestamptz, trace_context text, ordered boolean,
@@ -390,6 +394,19 @@ BEGIN
                 OFFSET 0
                 FOR UPDATE OF t) AS t
         ),
+        -- The run's next task of each continuing one, still PROCESSING under a
+        -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
+        -- cannot take it back until this commits. One not taken (recovered, or
+        -- locked elsewhere) ends the run here: its key is let go of.
+        runs_on AS MATERIALIZED (
+            SELECT c.id
+            FROM unnest(continuing, run_next) AS c(id, next)
+            CROSS JOIN LATERAL (
+                SELECT f.id FROM outbox_tasks AS f
+                WHERE f.id = c.next AND f.state = 'processing'
+                  AND f.claimed_by = ANY (attempt_tokens)
+                FOR UPDATE OF f SKIP LOCKED) AS f
+        ),
         gone AS (
             DELETE FROM outbox_tasks AS t
             WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b WHERE NOT b.cancelled))
@@ -420,16 +437,8 @@ BEGIN
                   FROM (SELECT id, queue, ordering_key FROM gone
                         UNION ALL
                         SELECT id, queue, ordering_key FROM cancelled) AS k
-                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                       OR k.queue = ANY (halted)
-                       -- The run's next task holds the key (a PROCESSING
-                       -- task of the run); recovery may have taken it back.
-                       OR NOT EXISTS (
-                           SELECT 1 FROM outbox_tasks AS h
-                           WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key
-                             AND h.ordering_key IS NOT NULL AND h.id <> k.id
-                             AND (NOT h.blocked OR h.state = 'processing')
-                             AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)))
+                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT r.id FROM runs_on AS r)
+                       OR k.queue = ANY (halted))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                             hand_queues, hand_places, hand_token, clock) AS l
@@ -439,13 +448,13 @@ BEGIN
                NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
                NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
                NULL::text AS deferred_key,
-               cardinality(halted) > 0 AND queue = ANY (halted)
-                   AND id IN (SELECT c.id FROM unnest(continuing) AS c(id)) AS run_halted
+               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
         FROM gone
         UNION ALL
         SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               cardinality(halted) > 0 AND queue = ANY (halted)
-                   AND id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
         FROM cancelled
         UNION ALL
         SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
@@ -482,6 +491,19 @@ BEGIN
         ),
         -- The rows are written found by `id = ANY`, never by a join with
         -- the batch (see migration 27).
+        -- The run's next task of each continuing one, still PROCESSING under a
+        -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
+        -- cannot take it back until this commits. One not taken (recovered, or
+        -- locked elsewhere) ends the run here: its key is let go of.
+        runs_on AS MATERIALIZED (
+            SELECT c.id
+            FROM unnest(continuing, run_next) AS c(id, next)
+            CROSS JOIN LATERAL (
+                SELECT f.id FROM outbox_tasks AS f
+                WHERE f.id = c.next AND f.state = 'processing'
+                  AND f.claimed_by = ANY (attempt_tokens)
+                FOR UPDATE OF f SKIP LOCKED) AS f
+        ),
         gone AS (
             DELETE FROM outbox_tasks AS t
             WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b
@@ -534,16 +556,8 @@ BEGIN
                         UNION ALL
                         SELECT id, queue, ordering_key FROM kept
                         WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                       OR k.queue = ANY (halted)
-                       -- The run's next task holds the key (a PROCESSING
-                       -- task of the run); recovery may have taken it back.
-                       OR NOT EXISTS (
-                           SELECT 1 FROM outbox_tasks AS h
-                           WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key
-                             AND h.ordering_key IS NOT NULL AND h.id <> k.id
-                             AND (NOT h.blocked OR h.state = 'processing')
-                             AND h.state <> 'completed' AND (h.dead_at IS NULL OR NOT h.skip_dead)))
+                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT r.id FROM runs_on AS r)
+                       OR k.queue = ANY (halted))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                             hand_queues, hand_places, hand_token, clock) AS l
@@ -553,13 +567,13 @@ BEGIN
                NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
                NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
                NULL::text AS deferred_key,
-               cardinality(halted) > 0 AND queue = ANY (halted)
-                   AND id IN (SELECT c.id FROM unnest(continuing) AS c(id)) AS run_halted
+               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
         FROM gone
         UNION ALL
         SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               cardinality(halted) > 0 AND queue = ANY (halted)
-                   AND id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
         FROM kept
         UNION ALL
         SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
@@ -577,7 +591,8 @@ CREATE FUNCTION outbox_finish_tasks(attempt_ids bigint[], attempt_claims integer
                                     attempt_tokens text[], new_states text[],
                                     add_retries integer[], delays_us bigint[], deads boolean[],
                                     errors text[], clock timestamptz, results text[],
-                                    attempt_started timestamptz[], continuing bigint[])
+                                    attempt_started timestamptz[], continuing bigint[],
+                                    run_next bigint[])
 RETURNS TABLE (id bigint, queue text, deferred_key text, run_halted boolean)
 LANGUAGE plpgsql
 -- No JIT: a plan that has to use a node the settings below disable
@@ -621,6 +636,19 @@ BEGIN
             WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
             OFFSET 0
             FOR UPDATE OF t) AS t
+    ),
+    -- The run's next task of each continuing one, still PROCESSING under a
+    -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
+    -- cannot take it back until this commits. One not taken (recovered, or
+    -- locked elsewhere) ends the run here: its key is let go of.
+    runs_on AS MATERIALIZED (
+        SELECT c.id
+        FROM unnest(continuing, run_next) AS c(id, next)
+        CROSS JOIN LATERAL (
+            SELECT f.id FROM outbox_tasks AS f
+            WHERE f.id = c.next AND f.state = 'processing'
+              AND f.claimed_by = ANY (attempt_tokens)
+            FOR UPDATE OF f SKIP LOCKED) AS f
     ),
     gone AS (
         DELETE FROM outbox_tasks AS t
@@ -672,24 +700,25 @@ BEGIN
         -- Materialized (the function is volatile) and read whole below.
         SELECT l.queue, l.deferred_key
         FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-              FROM (SELECT queue, ordering_key FROM gone
+              FROM (SELECT id, queue, ordering_key FROM gone
                     UNION ALL
-                    SELECT queue, ordering_key FROM kept
+                    SELECT id, queue, ordering_key FROM kept
                     WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
               WHERE ordering_key IS NOT NULL
+                AND (k.id NOT IN (SELECT r.id FROM runs_on AS r) OR k.queue = ANY (halted))
               HAVING count(*) > 0) AS released,
              LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                         '{}'::text[], '{}'::int[], NULL::text,
                                         NULL::timestamptz) AS l
     )
     SELECT id, NULL::text AS queue, NULL::text AS deferred_key,
-           cardinality(halted) > 0 AND queue = ANY (halted)
-               AND id IN (SELECT c.id FROM unnest(continuing) AS c(id)) AS run_halted
+           id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+               AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
     FROM gone
     UNION ALL
     SELECT id, NULL, NULL,
-           cardinality(halted) > 0 AND queue = ANY (halted)
-               AND id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+           id IN (SELECT c.id FROM unnest(continuing) AS c(id))
+               AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
     FROM kept
     UNION ALL
     SELECT NULL, queue, deferred_key, NULL FROM handed WHERE deferred_key IS NOT NULL;

@@ -129,3 +129,184 @@ async fn a_key_run_of_one_claims_each_task_alone() {
     assert_eq!(by_key, vec![("one".to_owned(), (1..=6).collect())]);
     assert_eq!(counters.snapshot().tasks_run_on, 0);
 }
+
+const CLAIM: &str = include_str!("../../outbox-core/src/db/sql/claim_tasks.sql");
+const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
+const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
+const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
+
+/// Claims key `r`'s head with its run under `token`, as a worker does:
+/// (id, claims) in key order.
+async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)> {
+    use sqlx::Row;
+    let rows = sqlx::query(CLAIM)
+        .bind("ordered")
+        .bind(1_i64)
+        .bind(token)
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(-1_i16)
+        .bind(chrono::DateTime::UNIX_EPOCH)
+        .bind(0_i64)
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(None::<i64>)
+        .bind(8_i32)
+        .fetch_all(conn)
+        .await
+        .unwrap();
+    let mut run: Vec<(i64, i64, i32)> = rows
+        .iter()
+        .map(|r| (r.get("key_seq"), r.get("id"), r.get("claims")))
+        .collect();
+    run.sort_unstable();
+    run.into_iter()
+        .map(|(_, id, claims)| (id, claims))
+        .collect()
+}
+
+/// The outcome of `head` as the worker writes it when its run goes on with
+/// `next`: whether the statement says the run ends here.
+async fn complete_continuing(
+    conn: &mut sqlx::PgConnection,
+    head: (i64, i32),
+    token: &str,
+    next: i64,
+) -> bool {
+    use sqlx::Row;
+    let rows = sqlx::query(COMPLETE)
+        .bind(vec![head.0])
+        .bind(vec![head.1])
+        .bind(vec![token])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(Vec::<String>::new())
+        .bind(Vec::<i32>::new())
+        .bind(None::<String>)
+        .bind(vec![head.0])
+        .bind(vec![None::<chrono::DateTime<chrono::Utc>>])
+        .bind(vec![next])
+        .fetch_all(conn)
+        .await
+        .unwrap();
+    rows.iter()
+        .find(|r| r.get::<Option<i64>, _>("id") == Some(head.0))
+        .and_then(|r| r.get::<Option<bool>, _>("run_halted"))
+        .expect("the head's outcome written")
+}
+
+/// (state, blocked, claimed_by) of each task, in key order.
+async fn line(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<String>)> {
+    let mut rows = Vec::new();
+    for id in ids {
+        rows.push(
+            sqlx::query_as(
+                "SELECT state::text, blocked, claimed_by FROM outbox_all_tasks WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        );
+    }
+    rows
+}
+
+/// Stuck-task recovery as if the heartbeat timeout had passed.
+async fn recover(conn: &mut sqlx::PgConnection) {
+    sqlx::query(RECOVER)
+        .bind(1_i64)
+        .bind(100_i64)
+        .bind(Some(chrono::Utc::now() + chrono::Duration::hours(1)))
+        .bind(None::<String>)
+        .fetch_all(conn)
+        .await
+        .unwrap();
+}
+
+async fn submit_three(db: &TestDb) {
+    let mut batch = outbox::Batch::new();
+    for n in 1..=3 {
+        batch.push(&Step::new("r", n, 0)).unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+}
+
+/// Recovery and a run's outcome racing, each unaware of the other: the
+/// outcome keeps the key only for a next task it could lock as still its
+/// worker's, and where neither hands the key on, the worker's give-back
+/// does; no key is left waiting with nothing holding it.
+#[tokio::test]
+async fn recovery_racing_a_runs_outcome_leaves_its_key_to_the_first_in_line() {
+    let db = TestDb::migrated().await;
+    submit_three(&db).await;
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    assert_eq!(run.len(), 3, "the head and two behind it");
+    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+
+    // The outcome's transaction has the head locked (its batch) when
+    // recovery runs: recovery passes it over and takes the rest of the run
+    // back (uncommitted), then the outcome finds the next task taken.
+    let mut outcome = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_tasks WHERE id = $1 FOR UPDATE")
+        .bind(ids[0])
+        .execute(&mut *outcome)
+        .await
+        .unwrap();
+    let mut recovery = db.pool.begin().await.unwrap();
+    recover(&mut recovery).await;
+    let ends = complete_continuing(&mut outcome, run[0], "w/1", ids[1]).await;
+    assert!(ends, "the run's next task is not the worker's any more");
+    outcome.commit().await.unwrap();
+    recovery.commit().await.unwrap();
+    // Recovery saw the head holding the key; the outcome saw the run's next
+    // task as PROCESSING: neither handed the key on. The worker gives the
+    // rest of the run back, which does.
+    assert_eq!(
+        line(&db.pool, &ids[1..]).await,
+        vec![
+            ("pending".to_owned(), true, None),
+            ("pending".to_owned(), true, None)
+        ]
+    );
+    sqlx::query(RELEASE_RUN)
+        .bind(ids[1..].to_vec())
+        .bind(vec!["w/1"; 2])
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
+    assert_eq!(
+        line(&db.pool, &ids[1..]).await,
+        vec![
+            ("pending".to_owned(), false, None),
+            ("pending".to_owned(), true, None)
+        ],
+        "the key went to the first in line"
+    );
+}
+
+#[tokio::test]
+async fn a_runs_outcome_that_locks_its_next_task_first_keeps_it_from_recovery() {
+    let db = TestDb::migrated().await;
+    submit_three(&db).await;
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+    // The outcome first: it locks the run's next task, so recovery passes
+    // over it and the head, and takes back only the last one.
+    let mut outcome = db.pool.begin().await.unwrap();
+    let ends = complete_continuing(&mut outcome, run[0], "w/1", ids[1]).await;
+    assert!(!ends, "the run goes on");
+    let mut recovery = db.pool.begin().await.unwrap();
+    recover(&mut recovery).await;
+    recovery.commit().await.unwrap();
+    outcome.commit().await.unwrap();
+    let after = line(&db.pool, &ids).await;
+    assert_eq!(after[0].0, "completed");
+    assert_eq!(
+        after[1..],
+        [
+            ("processing".to_owned(), true, Some("w/1".to_owned())),
+            ("pending".to_owned(), true, None)
+        ],
+        "the next task is still the worker's and holds the key; the last waits behind it"
+    );
+}

@@ -139,6 +139,7 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(Some("hand-on claim"))
         .bind(Vec::<i64>::new())
         .bind(vec![None::<DateTime<Utc>>; done.len()])
+        .bind(Vec::<i64>::new())
         .fetch_all(&mut *tx)
         .await
         .unwrap();
@@ -157,6 +158,7 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(None::<DateTime<Utc>>)
         .bind(vec![None::<String>; failed.len()])
         .bind(vec![None::<DateTime<Utc>>; failed.len()])
+        .bind(Vec::<i64>::new())
         .bind(Vec::<i64>::new())
         .fetch_all(&mut *tx)
         .await

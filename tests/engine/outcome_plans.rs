@@ -46,6 +46,7 @@ async fn success_outcome(conn: &mut PgConnection, sql: &'static str) {
         .bind(Some("hand-on claim"))
         .bind(Vec::<i64>::new())
         .bind(vec![None::<DateTime<Utc>>])
+        .bind(Vec::<i64>::new())
         .fetch_all(conn)
         .await
         .unwrap();
@@ -64,6 +65,7 @@ async fn failure_outcome(conn: &mut PgConnection) {
         .bind(None::<DateTime<Utc>>)
         .bind(vec![None::<String>])
         .bind(vec![None::<DateTime<Utc>>])
+        .bind(Vec::<i64>::new())
         .bind(Vec::<i64>::new())
         .fetch_all(conn)
         .await

@@ -359,8 +359,9 @@ pub(crate) struct Completed {
     /// Keys let go of but not handed on: another transaction held their
     /// row. They are owed a hand-over ([`hand_on_deferred_keys`]).
     pub(crate) deferred: Vec<QueueKey>,
-    /// Tasks whose run was to go on but whose queue was paused or given
-    /// limits since: they let go of their key, and the rest of the run is
+    /// Tasks whose run was to go on but ends here (their queue was paused
+    /// or given limits since, or the run's next task is no longer this
+    /// worker's): they let go of their key, and the rest of the run is
     /// given back (worker/runs.rs).
     pub(crate) halted: Vec<i64>,
 }
@@ -392,15 +393,16 @@ pub(crate) async fn hand_on_deferred_keys(
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
 /// `delete` (retention zero), and hands each ordering key let go of to its
 /// next task, claiming that task for this worker if `offer` allows it.
-/// The tasks in `continuing` keep their key: the next task of their run
-/// runs here next (migration 28).
+/// A task in `continuing` (with the next task of its run) keeps its key
+/// while that next task is still this worker's: it runs here next
+/// (migration 28); otherwise the run ends (`Completed::halted`).
 pub(crate) async fn complete_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     delete: bool,
     now: Option<DateTime<Utc>>,
     offer: Option<&HandOnOffer>,
-    continuing: &[i64],
+    continuing: &[(i64, i64)],
 ) -> sqlx::Result<Completed> {
     let ids: Vec<i64> = batch.iter().map(|f| f.id).collect();
     let claims: Vec<i32> = batch.iter().map(|f| f.claims).collect();
@@ -418,8 +420,9 @@ pub(crate) async fn complete_tasks(
         .bind(offer.map(|o| o.queues.as_slice()).unwrap_or_default())
         .bind(offer.map(|o| o.places.as_slice()).unwrap_or_default())
         .bind(offer.map(|o| o.token.to_string()))
-        .bind(continuing)
+        .bind(continuing.iter().map(|(id, _)| *id).collect::<Vec<_>>())
         .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
+        .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
     let mut completed = Completed::default();
@@ -446,12 +449,14 @@ pub(crate) async fn complete_tasks(
 /// TX2: writes a batch of outcomes in one statement; returns the ids that
 /// were written (a fenced-out stale outcome is missing from it), the keys
 /// let go of that it could not hand on, and those of `continuing` (tasks
-/// whose run would go on) whose queue was paused or given limits since.
+/// whose run would go on, with its next task) whose run ends here: the
+/// queue was paused or given limits since, or the next task is no longer
+/// this worker's.
 pub(crate) async fn finish_tasks(
     conn: &mut PgConnection,
     batch: &[&Finish],
     now: Option<DateTime<Utc>>,
-    continuing: &[i64],
+    continuing: &[(i64, i64)],
 ) -> sqlx::Result<Completed> {
     let rows = sqlx::query(include_str!("sql/finish_tasks.sql"))
         .bind(batch.iter().map(|f| f.id).collect::<Vec<_>>())
@@ -470,7 +475,8 @@ pub(crate) async fn finish_tasks(
                 .collect::<Vec<_>>(),
         )
         .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
-        .bind(continuing)
+        .bind(continuing.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+        .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
     let mut done = Completed::default();

@@ -267,12 +267,14 @@ impl Writer {
         let now = config.clock.now();
         // Tasks whose run goes on here keep their key (worker/runs.rs);
         // once claiming stopped, every run is given back instead.
-        let continuing: Vec<i64> = if shared.hand_on.stopped() {
+        let continuing: Vec<(i64, i64)> = if shared.hand_on.stopped() {
             Vec::new()
         } else {
             part.iter()
-                .filter(|d| d.run.is_some())
-                .map(|d| d.finish.id)
+                .filter_map(|d| {
+                    let (run, _) = d.run.as_ref()?;
+                    Some((d.finish.id, run.first()?.id))
+                })
                 .collect()
         };
         if !part.iter().all(|d| fast_path(&d.finish)) {

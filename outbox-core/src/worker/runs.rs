@@ -1,7 +1,8 @@
 //! Runs: a claim that takes the next task of an ordering key also takes up
 //! to `key_run - 1` tasks waiting behind it, in key order (migration 28).
-//! They are written once, to PROCESSING, and stay blocked in the database,
-//! so nothing else can claim them or counts them as holding the key.
+//! They are written once, to PROCESSING, and stay blocked in the database:
+//! no claim can take them, and as PROCESSING tasks they hold the key, so
+//! no hand-over gives it to another task while the run goes on.
 //!
 //! Here they go on one at a time: a task's run travels with it (with its
 //! place in the queue's capacity) to its outcome, and only once that
@@ -9,8 +10,9 @@
 //! dispatcher, with the rest of the run. So a key's tasks start in key
 //! order and never before the one ahead has committed, as when the key is
 //! handed on, but without a hand-over between them: the outcome says its
-//! key goes on here (`continuing`), and only the run's last task lets go
-//! of it.
+//! key goes on here (`continuing`, with the next task, which it locks: the
+//! run goes on only while that task is still this worker's), and only the
+//! run's last task lets go of it.
 //!
 //! Any other end gives the rest of the run back (PENDING, no attempt
 //! counted): a failure, a snooze, a cancel seen here, a stale or rejected

@@ -11,4 +11,4 @@ SELECT id, handed, claimed, queue, task_type, payload, retry_count, max_attempts
        key_seq, created_at, trace_context, ordered, workflow_id, deferred_key, run_halted
 FROM outbox_complete_tasks($1::bigint[], $2::int[], $3::text[], $4::timestamptz, $5::text[],
                            $6::int[], $7::text, true, $8::bigint[],
-                           $9::timestamptz[])
+                           $9::timestamptz[], $10::bigint[])

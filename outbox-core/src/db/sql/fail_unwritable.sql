@@ -14,10 +14,13 @@ WITH done AS (
         finished_at = now(),
         claimed_by = NULL,
         heartbeat_at = NULL,
+        -- A task of a run (migration 28) is first in its key's line: it
+        -- holds the key now.
+        blocked = false,
         updated_at = now()
     WHERE id = $1
       AND claimed_by = $2
-    RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
+    RETURNING id, queue, ordering_key, state, dead_at, skip_dead
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
@@ -25,9 +28,7 @@ handed AS (
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
     FROM done
     WHERE ordering_key IS NOT NULL
-      AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
-           -- A task of a run (migration 28): see finish_tasks.sql.
-           OR blocked)
+      AND NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
     HAVING count(*) > 0
 )
 SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0

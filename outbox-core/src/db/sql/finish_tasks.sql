@@ -21,4 +21,4 @@
 SELECT id, queue, deferred_key, run_halted
 FROM outbox_finish_tasks($1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[],
                          $6::bigint[], $7::bool[], $8::text[], $9::timestamptz, $10::text[],
-                         $11::timestamptz[], $12::bigint[])
+                         $11::timestamptz[], $12::bigint[], $13::bigint[])

@@ -1,6 +1,7 @@
 -- Stuck-task recovery: PROCESSING tasks whose worker stopped heartbeating
 -- become claimable again at once. It counts as a failed attempt, so a task
--- that kills its worker every time ends dead instead of looping forever.
+-- that kills its worker every time ends dead instead of looping forever;
+-- the tasks of a run go back to their key's line without one (below).
 -- $1 heartbeat timeout in microseconds, $2 batch size, $3 clock override,
 -- $4 the maintenance leader running it (null for a direct call): the
 -- statement then changes nothing unless $4 still holds the maintenance

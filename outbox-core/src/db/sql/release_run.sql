@@ -5,7 +5,10 @@
 -- release_claims.sql (shutdown), the keys are taken as outcomes take them:
 -- a key whose row another transaction holds for more than 50 ms (an
 -- application's open submit) comes back as `deferred_key`, owed a
--- hand-over (worker/deferred_keys.rs). $1 task ids, $2 claim tokens.
+-- hand-over (worker/deferred_keys.rs). The keys of tasks that are no
+-- longer this worker's are let go of too: stuck-task recovery may have
+-- taken them back while the outcome before them skipped its hand-over,
+-- each unaware of the other. $1 task ids, $2 claim tokens.
 WITH done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
@@ -23,10 +26,16 @@ WITH done AS (
       AND (id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
     RETURNING id, queue, ordering_key
 ),
+keys AS (
+    SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
+    WHERE t.id = ANY ($1::bigint[]) AND t.ordering_key IS NOT NULL
+),
 handed AS (
     SELECT l.queue, l.deferred_key
-    FROM (SELECT array_agg(queue) AS q, array_agg(ordering_key) AS k
-          FROM done WHERE ordering_key IS NOT NULL
+    FROM (SELECT array_agg(k.queue) AS q, array_agg(k.ordering_key) AS k
+          FROM (SELECT queue, ordering_key FROM done WHERE ordering_key IS NOT NULL
+                UNION
+                SELECT queue, ordering_key FROM keys) AS k
           HAVING count(*) > 0) AS released,
          LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                     '{}'::text[], '{}'::int[], NULL::text,
