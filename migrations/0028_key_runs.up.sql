@@ -395,17 +395,17 @@ BEGIN
                 FOR UPDATE OF t) AS t
         ),
         -- The run's next task of each continuing one, still PROCESSING under a
-        -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
-        -- cannot take it back until this commits. One not taken (recovered, or
-        -- locked elsewhere) ends the run here: its key is let go of.
+        -- claim of this batch. Stuck-task recovery returns a run's waiting
+        -- tasks only with every other PROCESSING task of their claim and key
+        -- (recover_stuck.sql), so not while this one's task is still held. A
+        -- run whose next task is gone ends here: its key is let go of.
         runs_on AS MATERIALIZED (
             SELECT c.id
             FROM unnest(continuing, run_next) AS c(id, next)
             CROSS JOIN LATERAL (
                 SELECT f.id FROM outbox_tasks AS f
                 WHERE f.id = c.next AND f.state = 'processing'
-                  AND f.claimed_by = ANY (attempt_tokens)
-                FOR UPDATE OF f SKIP LOCKED) AS f
+                  AND f.claimed_by = ANY (attempt_tokens)) AS f
         ),
         gone AS (
             DELETE FROM outbox_tasks AS t
@@ -492,17 +492,17 @@ BEGIN
         -- The rows are written found by `id = ANY`, never by a join with
         -- the batch (see migration 27).
         -- The run's next task of each continuing one, still PROCESSING under a
-        -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
-        -- cannot take it back until this commits. One not taken (recovered, or
-        -- locked elsewhere) ends the run here: its key is let go of.
+        -- claim of this batch. Stuck-task recovery returns a run's waiting
+        -- tasks only with every other PROCESSING task of their claim and key
+        -- (recover_stuck.sql), so not while this one's task is still held. A
+        -- run whose next task is gone ends here: its key is let go of.
         runs_on AS MATERIALIZED (
             SELECT c.id
             FROM unnest(continuing, run_next) AS c(id, next)
             CROSS JOIN LATERAL (
                 SELECT f.id FROM outbox_tasks AS f
                 WHERE f.id = c.next AND f.state = 'processing'
-                  AND f.claimed_by = ANY (attempt_tokens)
-                FOR UPDATE OF f SKIP LOCKED) AS f
+                  AND f.claimed_by = ANY (attempt_tokens)) AS f
         ),
         gone AS (
             DELETE FROM outbox_tasks AS t
@@ -638,17 +638,17 @@ BEGIN
             FOR UPDATE OF t) AS t
     ),
     -- The run's next task of each continuing one, still PROCESSING under a
-    -- claim of this batch: locked, so that stuck-task recovery (SKIP LOCKED)
-    -- cannot take it back until this commits. One not taken (recovered, or
-    -- locked elsewhere) ends the run here: its key is let go of.
+    -- claim of this batch. Stuck-task recovery returns a run's waiting
+    -- tasks only with every other PROCESSING task of their claim and key
+    -- (recover_stuck.sql), so not while this one's task is still held. A
+    -- run whose next task is gone ends here: its key is let go of.
     runs_on AS MATERIALIZED (
         SELECT c.id
         FROM unnest(continuing, run_next) AS c(id, next)
         CROSS JOIN LATERAL (
             SELECT f.id FROM outbox_tasks AS f
             WHERE f.id = c.next AND f.state = 'processing'
-              AND f.claimed_by = ANY (attempt_tokens)
-            FOR UPDATE OF f SKIP LOCKED) AS f
+              AND f.claimed_by = ANY (attempt_tokens)) AS f
     ),
     gone AS (
         DELETE FROM outbox_tasks AS t

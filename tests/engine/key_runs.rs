@@ -209,11 +209,12 @@ async fn line(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<Str
     rows
 }
 
-/// Stuck-task recovery as if the heartbeat timeout had passed.
-async fn recover(conn: &mut sqlx::PgConnection) {
+/// Stuck-task recovery as if the heartbeat timeout had passed, `limit`
+/// tasks at most.
+async fn recover(conn: &mut sqlx::PgConnection, limit: i64) {
     sqlx::query(RECOVER)
         .bind(1_i64)
-        .bind(100_i64)
+        .bind(limit)
         .bind(Some(chrono::Utc::now() + chrono::Duration::hours(1)))
         .bind(None::<String>)
         .fetch_all(conn)
@@ -229,44 +230,69 @@ async fn submit_three(db: &TestDb) {
     batch.submit(&mut *db.conn().await).await.unwrap();
 }
 
-/// Recovery and a run's outcome racing, each unaware of the other: the
-/// outcome keeps the key only for a next task it could lock as still its
-/// worker's, and where neither hands the key on, the worker's give-back
-/// does; no key is left waiting with nothing holding it.
+/// Stuck-task recovery returns a run's waiting tasks only with every other
+/// PROCESSING task of their claim and key: not while the outcome of the
+/// run's current task is in flight (it holds that task's row), nor when
+/// its batch limit cuts the run. So an outcome that keeps the key for the
+/// run's next task never does so for a task recovery took back, and a
+/// whole run that is recovered leaves the key to the first in its line.
 #[tokio::test]
-async fn recovery_racing_a_runs_outcome_leaves_its_key_to_the_first_in_line() {
+async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome() {
     let db = TestDb::migrated().await;
     submit_three(&db).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     assert_eq!(run.len(), 3, "the head and two behind it");
     let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+    let held = || {
+        vec![
+            ("processing".to_owned(), true, Some("w/1".to_owned())),
+            ("processing".to_owned(), true, Some("w/1".to_owned())),
+        ]
+    };
 
-    // The outcome's transaction has the head locked (its batch) when
-    // recovery runs: recovery passes it over and takes the rest of the run
-    // back (uncommitted), then the outcome finds the next task taken.
+    // The head's outcome in flight, its row locked: recovery passes over
+    // it and takes back nothing of its run.
     let mut outcome = db.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM outbox_tasks WHERE id = $1 FOR UPDATE")
         .bind(ids[0])
         .execute(&mut *outcome)
         .await
         .unwrap();
-    let mut recovery = db.pool.begin().await.unwrap();
-    recover(&mut recovery).await;
+    recover(&mut worker, 100).await;
+    assert_eq!(line(&db.pool, &ids[1..]).await, held());
     let ends = complete_continuing(&mut outcome, run[0], "w/1", ids[1]).await;
-    assert!(ends, "the run's next task is not the worker's any more");
+    assert!(!ends, "the run goes on with its next task");
     outcome.commit().await.unwrap();
-    recovery.commit().await.unwrap();
-    // Recovery saw the head holding the key; the outcome saw the run's next
-    // task as PROCESSING: neither handed the key on. The worker gives the
-    // rest of the run back, which does.
+    assert_eq!(
+        line(&db.pool, &ids[1..]).await,
+        held(),
+        "the key kept for the run"
+    );
+
+    // A limit that cuts the run: nothing of it goes back.
+    recover(&mut worker, 1).await;
+    assert_eq!(line(&db.pool, &ids[1..]).await, held());
+    // Whole: both back in line, without an attempt, the key to the first.
+    recover(&mut worker, 100).await;
     assert_eq!(
         line(&db.pool, &ids[1..]).await,
         vec![
-            ("pending".to_owned(), true, None),
+            ("pending".to_owned(), false, None),
             ("pending".to_owned(), true, None)
-        ]
+        ],
+        "the key went to the first in line"
     );
+    let retries: Vec<i32> = sqlx::query_scalar(
+        "SELECT retry_count FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(&ids[1..])
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(retries, vec![0, 0]);
+    // The worker, late, gives back what it thinks is still its run:
+    // nothing changes.
     sqlx::query(RELEASE_RUN)
         .bind(ids[1..].to_vec())
         .bind(vec!["w/1"; 2])
@@ -278,35 +304,33 @@ async fn recovery_racing_a_runs_outcome_leaves_its_key_to_the_first_in_line() {
         vec![
             ("pending".to_owned(), false, None),
             ("pending".to_owned(), true, None)
-        ],
-        "the key went to the first in line"
+        ]
     );
 }
 
+/// A run's outcome whose next task is no longer the worker's ends the run
+/// and lets the key go on to it. Staged here by hand: the head completed
+/// with its run going on, recovery then took the whole run back, and the
+/// first of it is made to look like this claim's again.
 #[tokio::test]
-async fn a_runs_outcome_that_locks_its_next_task_first_keeps_it_from_recovery() {
+async fn a_runs_outcome_whose_next_task_was_taken_back_ends_the_run() {
     let db = TestDb::migrated().await;
     submit_three(&db).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
-    // The outcome first: it locks the run's next task, so recovery passes
-    // over it and the head, and takes back only the last one.
-    let mut outcome = db.pool.begin().await.unwrap();
-    let ends = complete_continuing(&mut outcome, run[0], "w/1", ids[1]).await;
-    assert!(!ends, "the run goes on");
-    let mut recovery = db.pool.begin().await.unwrap();
-    recover(&mut recovery).await;
-    recovery.commit().await.unwrap();
-    outcome.commit().await.unwrap();
-    let after = line(&db.pool, &ids).await;
-    assert_eq!(after[0].0, "completed");
+    assert!(!complete_continuing(&mut worker, run[0], "w/1", ids[1]).await);
+    recover(&mut worker, 100).await;
+    sqlx::query("UPDATE outbox_tasks SET state = 'processing', claimed_by = 'w/1', claims = claims + 1 WHERE id = $1")
+        .bind(ids[1])
+        .execute(&mut *worker)
+        .await
+        .unwrap();
+    let ends = complete_continuing(&mut worker, (ids[1], run[1].1 + 1), "w/1", ids[2]).await;
+    assert!(ends, "its next task is not the worker's: the run ends");
     assert_eq!(
-        after[1..],
-        [
-            ("processing".to_owned(), true, Some("w/1".to_owned())),
-            ("pending".to_owned(), true, None)
-        ],
-        "the next task is still the worker's and holds the key; the last waits behind it"
+        line(&db.pool, &ids[2..]).await,
+        vec![("pending".to_owned(), false, None)],
+        "the key went on to it"
     );
 }

@@ -138,7 +138,7 @@ struct Written {
     /// Queues where a key went on to a task nobody here claimed yet: their
     /// producer looks for it now rather than at the next poll.
     wake: HashSet<Arc<str>>,
-    /// Written, but their runs stop: the queue was paused or given limits.
+    /// Written, but their runs end here (see `db::Completed::halted`).
     halted: Vec<i64>,
 }
 
@@ -347,7 +347,8 @@ impl Writer {
             }
             let id = d.finish.id;
             let settled = match runs::next(&d, ids.contains(&id), written.unwritten.contains(&id)) {
-                // Its queue was paused or given limits, or claiming stopped.
+                // The run ends here (its queue paused or given limits, or its
+                // next task no longer ours), or claiming stopped.
                 runs::Next::GoOn if written.halted.contains(&id) || shared.hand_on.stopped() => {
                     runs::Next::GiveBack
                 }

@@ -7,8 +7,8 @@
 -- statement then changes nothing unless $4 still holds the maintenance
 -- lease, so a leader that went silent and lost its lease cannot act on
 -- what it saw before.
-WITH stuck AS (
-    SELECT id
+WITH candidates AS (
+    SELECT id, queue, ordering_key, claimed_by, blocked
     FROM outbox_tasks
     WHERE state = 'processing'
       AND heartbeat_at < coalesce($3::timestamptz, now()) - $1 * interval '1 microsecond'
@@ -18,6 +18,23 @@ WITH stuck AS (
     ORDER BY heartbeat_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+),
+-- A task of a run (PROCESSING and still blocked, migration 28) goes back
+-- only with every other PROCESSING task of its claim and key: one left
+-- out (its outcome in flight holds it, or this batch's limit cut the run)
+-- may still be done with the key by its worker, whose outcome then keeps
+-- it for the run's next task, or lets it go on. The next round takes it.
+stuck AS (
+    SELECT c.id FROM candidates AS c
+    WHERE NOT c.blocked
+       OR NOT EXISTS (
+            SELECT 1 FROM outbox_tasks AS e
+            WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
+              AND e.ordering_key IS NOT NULL
+              AND (NOT e.blocked OR e.state = 'processing')
+              AND e.state <> 'completed' AND (e.dead_at IS NULL OR NOT e.skip_dead)
+              AND e.state = 'processing' AND e.claimed_by = c.claimed_by
+              AND e.id NOT IN (SELECT a.id FROM candidates AS a))
 ),
 done AS (
     -- A task of a run (still blocked, migration 28) goes back to its key's

@@ -6,9 +6,9 @@
 -- a key whose row another transaction holds for more than 50 ms (an
 -- application's open submit) comes back as `deferred_key`, owed a
 -- hand-over (worker/deferred_keys.rs). The keys of tasks that are no
--- longer this worker's are let go of too: stuck-task recovery may have
--- taken them back while the outcome before them skipped its hand-over,
--- each unaware of the other. $1 task ids, $2 claim tokens.
+-- longer this worker's are let go of too (belt and braces: recovery takes
+-- a run back only whole, so no outcome before them kept a key for a task
+-- recovery had taken). $1 task ids, $2 claim tokens.
 WITH done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
