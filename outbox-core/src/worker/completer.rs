@@ -293,13 +293,13 @@ impl Writer {
             return Ok(done);
         }
         let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
-        // No hand-on for the last task of a run either: the key's next task
-        // is better claimed with a run of its own (a hand-on takes it alone)
-        // than at once.
+        // A task whose run goes on keeps its key: nothing to hand on. The
+        // last task of a run does hand on (a hot key then goes on task by
+        // task, as fast as a run: one outcome statement each).
         let offer = shared.hand_on.offer(
             &shared.holdings,
             part.iter()
-                .filter(|d| d.ordered && d.run.is_none() && !d.follows)
+                .filter(|d| d.ordered && d.run.is_none())
                 .map(|d| &*d.queue),
         );
         let result = call(&shared.engine, shared.deadline, "outcome", async |conn| {

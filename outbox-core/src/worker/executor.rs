@@ -40,8 +40,6 @@ pub(crate) struct Done {
     /// the place in the queue's capacity they go on with (see
     /// worker/runs.rs).
     pub(crate) run: Option<(Vec<ClaimedTask>, OwnedSemaphorePermit)>,
-    /// It was claimed in a run behind an earlier task of its key.
-    pub(crate) follows: bool,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -145,7 +143,6 @@ pub(crate) async fn execute(
             ordered: task.ordered,
             workflow_id: task.workflow_id,
             run,
-            follows: task.follows,
         };
         if done.send(done_msg).await.is_err() {
             tracing::error!("completer is gone; the task is released at exit");

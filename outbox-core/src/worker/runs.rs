@@ -85,7 +85,6 @@ mod tests {
             ordered: true,
             workflow_id: None,
             run: None,
-            follows: false,
         }
     }
 
