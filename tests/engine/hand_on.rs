@@ -669,7 +669,14 @@ async fn a_run_stops_where_its_queue_is_paused_and_its_key_goes_on_after_the_res
 #[tokio::test]
 async fn a_worker_stopping_mid_run_gives_the_run_back_and_another_runs_it_in_order() {
     let db = TestDb::migrated().await;
-    let run = start_gated(&db, "k", 3, 0, runs_config(), 4).await;
+    // A loaded machine may take seconds to write step 1's outcome at
+    // shutdown: past the flush deadline it would be left unwritten (and the
+    // step released to run again), which is another test's subject.
+    let config = WorkerConfig {
+        flush_timeout: Duration::from_secs(120),
+        ..runs_config()
+    };
+    let run = start_gated(&db, "k", 3, 0, config, 4).await;
     // Shutdown asked while step 1 runs with steps 2 and 3 claimed behind
     // it; step 1 then finishes, and its run goes back.
     let GatedRun {
@@ -680,6 +687,14 @@ async fn a_worker_stopping_mid_run_gives_the_run_back_and_another_runs_it_in_ord
     running.request_stop();
     gate.0.add_permits(1);
     running.stop().await;
+    let first: (String, bool, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(state_of(1)))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.0, "completed",
+        "step 1's outcome was written at shutdown"
+    );
     assert_eq!(counters.snapshot().tasks_run_on, 0);
     assert_eq!(
         second_and_third(&db).await,
