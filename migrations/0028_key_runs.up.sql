@@ -365,11 +365,27 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- Whether any attempt is a task of a run, which started after its claim.
-    runs_started boolean := EXISTS (SELECT 1 FROM unnest(attempt_started) AS s WHERE s IS NOT NULL);
+    -- Whether any attempt is a task of a run, which started after its
+    -- claim (the worker sends no array when none is).
+    runs_started boolean := attempt_started IS NOT NULL;
     halted text[] := '{}';
+    -- Whether any attempt's run would go on, and those whose run's next
+    -- task is still PROCESSING under a claim of this batch. Stuck-task
+    -- recovery takes a run's waiting tasks back only with every other
+    -- PROCESSING task of their claim and key (recover_stuck.sql): before
+    -- this statement has locked the attempt's row, recovery may take it and
+    -- the run's rest together, and the attempt is then not written; after,
+    -- it takes nothing of the run. A run whose next task is gone ends here:
+    -- its key is let go of.
+    any_runs boolean := cardinality(continuing) > 0;
+    running_on bigint[] := '{}';
 BEGIN
-    IF cardinality(continuing) > 0 THEN
+    IF any_runs THEN
+        SELECT coalesce(array_agg(c.id), '{}') INTO running_on
+        FROM unnest(continuing, run_next) AS c(id, next)
+        WHERE EXISTS (SELECT 1 FROM outbox_tasks AS f
+                      WHERE f.id = c.next AND f.state = 'processing'
+                        AND f.claimed_by = ANY (attempt_tokens));
         -- A run goes on only in a queue that may start tasks now: in one
         -- paused or given limits since the claim, the run ends here (its
         -- key is let go of, and the worker gives the rest back).
@@ -393,19 +409,6 @@ BEGIN
                 WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
                 OFFSET 0
                 FOR UPDATE OF t) AS t
-        ),
-        -- The run's next task of each continuing one, still PROCESSING under a
-        -- claim of this batch. Stuck-task recovery returns a run's waiting
-        -- tasks only with every other PROCESSING task of their claim and key
-        -- (recover_stuck.sql), so not while this one's task is still held. A
-        -- run whose next task is gone ends here: its key is let go of.
-        runs_on AS MATERIALIZED (
-            SELECT c.id
-            FROM unnest(continuing, run_next) AS c(id, next)
-            CROSS JOIN LATERAL (
-                SELECT f.id FROM outbox_tasks AS f
-                WHERE f.id = c.next AND f.state = 'processing'
-                  AND f.claimed_by = ANY (attempt_tokens)) AS f
         ),
         gone AS (
             DELETE FROM outbox_tasks AS t
@@ -437,7 +440,7 @@ BEGIN
                   FROM (SELECT id, queue, ordering_key FROM gone
                         UNION ALL
                         SELECT id, queue, ordering_key FROM cancelled) AS k
-                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT r.id FROM runs_on AS r)
+                  WHERE ordering_key IS NOT NULL AND (k.id <> ALL (running_on)
                        OR k.queue = ANY (halted))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
@@ -448,13 +451,13 @@ BEGIN
                NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
                NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
                NULL::text AS deferred_key,
-               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
+               any_runs AND id = ANY (continuing)
+                   AND (queue = ANY (halted) OR id <> ALL (running_on)) AS run_halted
         FROM gone
         UNION ALL
         SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
+               any_runs AND id = ANY (continuing)
+                   AND (queue = ANY (halted) OR id <> ALL (running_on))
         FROM cancelled
         UNION ALL
         SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
@@ -491,19 +494,6 @@ BEGIN
         ),
         -- The rows are written found by `id = ANY`, never by a join with
         -- the batch (see migration 27).
-        -- The run's next task of each continuing one, still PROCESSING under a
-        -- claim of this batch. Stuck-task recovery returns a run's waiting
-        -- tasks only with every other PROCESSING task of their claim and key
-        -- (recover_stuck.sql), so not while this one's task is still held. A
-        -- run whose next task is gone ends here: its key is let go of.
-        runs_on AS MATERIALIZED (
-            SELECT c.id
-            FROM unnest(continuing, run_next) AS c(id, next)
-            CROSS JOIN LATERAL (
-                SELECT f.id FROM outbox_tasks AS f
-                WHERE f.id = c.next AND f.state = 'processing'
-                  AND f.claimed_by = ANY (attempt_tokens)) AS f
-        ),
         gone AS (
             DELETE FROM outbox_tasks AS t
             WHERE t.id = ANY (ARRAY(SELECT b.id FROM batch AS b
@@ -556,7 +546,7 @@ BEGIN
                         UNION ALL
                         SELECT id, queue, ordering_key FROM kept
                         WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
-                  WHERE ordering_key IS NOT NULL AND (k.id NOT IN (SELECT r.id FROM runs_on AS r)
+                  WHERE ordering_key IS NOT NULL AND (k.id <> ALL (running_on)
                        OR k.queue = ANY (halted))
                   HAVING count(*) > 0) AS released,
                  LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
@@ -567,13 +557,13 @@ BEGIN
                NULL::int AS claims, NULL::bigint AS key_seq, NULL::timestamptz AS created_at,
                NULL::text AS trace_context, NULL::bool AS ordered, NULL::bigint AS workflow_id,
                NULL::text AS deferred_key,
-               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
+               any_runs AND id = ANY (continuing)
+                   AND (queue = ANY (halted) OR id <> ALL (running_on)) AS run_halted
         FROM gone
         UNION ALL
         SELECT id, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-                   AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
+               any_runs AND id = ANY (continuing)
+                   AND (queue = ANY (halted) OR id <> ALL (running_on))
         FROM kept
         UNION ALL
         SELECT id, true, claimed, queue, task_type, payload, retry_count, max_attempts, claims, key_seq,
@@ -605,8 +595,23 @@ AS $$
 #variable_conflict use_column
 DECLARE
     halted text[] := '{}';
+    -- Whether any attempt's run would go on, and those whose run's next
+    -- task is still PROCESSING under a claim of this batch. Stuck-task
+    -- recovery takes a run's waiting tasks back only with every other
+    -- PROCESSING task of their claim and key (recover_stuck.sql): before
+    -- this statement has locked the attempt's row, recovery may take it and
+    -- the run's rest together, and the attempt is then not written; after,
+    -- it takes nothing of the run. A run whose next task is gone ends here:
+    -- its key is let go of.
+    any_runs boolean := cardinality(continuing) > 0;
+    running_on bigint[] := '{}';
 BEGIN
-    IF cardinality(continuing) > 0 THEN
+    IF any_runs THEN
+        SELECT coalesce(array_agg(c.id), '{}') INTO running_on
+        FROM unnest(continuing, run_next) AS c(id, next)
+        WHERE EXISTS (SELECT 1 FROM outbox_tasks AS f
+                      WHERE f.id = c.next AND f.state = 'processing'
+                        AND f.claimed_by = ANY (attempt_tokens));
         -- As in outbox_complete_tasks: a run ends in a queue paused or
         -- given limits since its claim.
         SELECT coalesce(array_agg(s.name), '{}') INTO halted
@@ -636,19 +641,6 @@ BEGIN
             WHERE t.id = o.id AND t.claims = o.claims AND t.claimed_by = o.token
             OFFSET 0
             FOR UPDATE OF t) AS t
-    ),
-    -- The run's next task of each continuing one, still PROCESSING under a
-    -- claim of this batch. Stuck-task recovery returns a run's waiting
-    -- tasks only with every other PROCESSING task of their claim and key
-    -- (recover_stuck.sql), so not while this one's task is still held. A
-    -- run whose next task is gone ends here: its key is let go of.
-    runs_on AS MATERIALIZED (
-        SELECT c.id
-        FROM unnest(continuing, run_next) AS c(id, next)
-        CROSS JOIN LATERAL (
-            SELECT f.id FROM outbox_tasks AS f
-            WHERE f.id = c.next AND f.state = 'processing'
-              AND f.claimed_by = ANY (attempt_tokens)) AS f
     ),
     gone AS (
         DELETE FROM outbox_tasks AS t
@@ -705,20 +697,20 @@ BEGIN
                     SELECT id, queue, ordering_key FROM kept
                     WHERE NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))) AS k
               WHERE ordering_key IS NOT NULL
-                AND (k.id NOT IN (SELECT r.id FROM runs_on AS r) OR k.queue = ANY (halted))
+                AND (k.id <> ALL (running_on) OR k.queue = ANY (halted))
               HAVING count(*) > 0) AS released,
              LATERAL outbox_keys_let_go(released.q, released.k, interval '50 milliseconds',
                                         '{}'::text[], '{}'::int[], NULL::text,
                                         NULL::timestamptz) AS l
     )
     SELECT id, NULL::text AS queue, NULL::text AS deferred_key,
-           id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-               AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r)) AS run_halted
+           any_runs AND id = ANY (continuing)
+               AND (queue = ANY (halted) OR id <> ALL (running_on)) AS run_halted
     FROM gone
     UNION ALL
     SELECT id, NULL, NULL,
-           id IN (SELECT c.id FROM unnest(continuing) AS c(id))
-               AND (queue = ANY (halted) OR id NOT IN (SELECT r.id FROM runs_on AS r))
+           any_runs AND id = ANY (continuing)
+               AND (queue = ANY (halted) OR id <> ALL (running_on))
     FROM kept
     UNION ALL
     SELECT NULL, queue, deferred_key, NULL FROM handed WHERE deferred_key IS NOT NULL;

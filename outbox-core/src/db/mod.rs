@@ -421,7 +421,7 @@ pub(crate) async fn complete_tasks(
         .bind(offer.map(|o| o.places.as_slice()).unwrap_or_default())
         .bind(offer.map(|o| o.token.to_string()))
         .bind(continuing.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-        .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
+        .bind(attempts_started(batch))
         .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>())
         .fetch_all(conn)
         .await?;
@@ -474,7 +474,7 @@ pub(crate) async fn finish_tasks(
                 .map(|f| f.result.as_deref())
                 .collect::<Vec<_>>(),
         )
-        .bind(batch.iter().map(|f| f.started_at).collect::<Vec<_>>())
+        .bind(attempts_started(batch))
         .bind(continuing.iter().map(|(id, _)| *id).collect::<Vec<_>>())
         .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>())
         .fetch_all(conn)
@@ -493,6 +493,16 @@ pub(crate) async fn finish_tasks(
         }
     }
     Ok(done)
+}
+
+/// When each attempt of a batch started, if any is a task of a run (see
+/// [`Finish::started_at`]); none otherwise, which spares the statement a
+/// look at every attempt.
+fn attempts_started(batch: &[&Finish]) -> Option<Vec<Option<DateTime<Utc>>>> {
+    batch
+        .iter()
+        .any(|f| f.started_at.is_some())
+        .then(|| batch.iter().map(|f| f.started_at).collect())
 }
 
 /// Gives back the rest of a run (see release_run.sql): returns the ids put
