@@ -284,6 +284,11 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "100001 is not in 0..=100000",
         ),
         (&["run", "--claim-ahead=-1"], "invalid digit"),
+        (&["run", "--key-run", "0"], "0 is not in 1..=10000"),
+        (
+            &["bench", "--key-run", "10001"],
+            "10001 is not in 1..=10000",
+        ),
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
         (&["bench", "--claim-ahead", "1e9"], "invalid digit"),

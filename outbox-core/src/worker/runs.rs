@@ -10,9 +10,10 @@
 //! dispatcher, with the rest of the run. So a key's tasks start in key
 //! order and never before the one ahead has committed, as when the key is
 //! handed on, but without a hand-over between them: the outcome says its
-//! key goes on here (`continuing`, with the next task, which it locks: the
-//! run goes on only while that task is still this worker's), and only the
-//! run's last task lets go of it.
+//! key goes on here (`continuing`, with the next task: the run goes on
+//! only while that task is still this worker's, and stuck-task recovery
+//! takes a run back only whole), and only the run's last task lets go of
+//! it.
 //!
 //! Any other end gives the rest of the run back (PENDING, no attempt
 //! counted): a failure, a snooze, a cancel seen here, a stale or rejected
