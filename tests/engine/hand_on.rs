@@ -136,6 +136,17 @@ impl TaskHandler<Gated> for Gate {
     }
 }
 
+/// A worker of the gated queue with `config` and `concurrency`, its steps
+/// run by `gate`.
+fn gated_worker(db: &TestDb, config: WorkerConfig, gate: &Gate, concurrency: usize) -> Worker {
+    Worker::builder(db.pool.clone())
+        .config(config)
+        .handler::<Gated>(gate.clone())
+        .queue("hand-on-gated", concurrency)
+        .build()
+        .unwrap()
+}
+
 /// A worker on the gated queue, the gate that holds each key's first step,
 /// and the worker's counters.
 struct GatedRun {
@@ -167,12 +178,7 @@ async fn start_gated(
     }
     drop(conn);
     let gate = Gate::default();
-    let worker = Worker::builder(db.pool.clone())
-        .config(config)
-        .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", concurrency)
-        .build()
-        .unwrap();
+    let worker = gated_worker(db, config, &gate, concurrency);
     let counters = worker.counters();
     let running = RunningWorker::start(worker);
     wait_until(
@@ -567,14 +573,7 @@ async fn a_worker_owing_a_key_stops_at_once_and_maintenance_hands_the_key_on() {
 
     app.commit().await.unwrap();
     let gate = Gate::default();
-    let next = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .config(polling_config())
-            .handler::<Gated>(gate.clone())
-            .queue("hand-on-gated", 2)
-            .build()
-            .unwrap(),
-    );
+    let next = RunningWorker::start(gated_worker(&db, polling_config(), &gate, 2));
     wait_until(
         &db.pool,
         &format!("SELECT state = 'completed' FROM ({}) AS s", state_of(2)),
@@ -704,13 +703,7 @@ async fn a_worker_stopping_mid_run_gives_the_run_back_and_another_runs_it_in_ord
         ],
         "step 2 holds the key, step 3 waits behind it"
     );
-    let worker = Worker::builder(db.pool.clone())
-        .config(runs_config())
-        .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", 4)
-        .build()
-        .unwrap();
-    let again = RunningWorker::start(worker);
+    let again = RunningWorker::start(gated_worker(&db, runs_config(), &gate, 4));
     wait_until(
         &db.pool,
         "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'completed'",
@@ -750,13 +743,7 @@ async fn a_task_requeued_ahead_of_a_run_waits_for_the_run_and_never_runs_beside_
     }
     drop(conn);
     let gate = Gate::default();
-    let worker = Worker::builder(db.pool.clone())
-        .config(runs_config())
-        .handler::<Gated>(gate.clone())
-        .queue("hand-on-gated", 4)
-        .build()
-        .unwrap();
-    let running = RunningWorker::start(worker);
+    let running = RunningWorker::start(gated_worker(&db, runs_config(), &gate, 4));
     wait_until(
         &db.pool,
         &format!(
