@@ -64,9 +64,10 @@ async fn a_keys_tasks_claimed_in_runs_run_in_order_once_each_and_record_when_eac
         ]
     );
     let c = counters.snapshot();
-    // The first claim takes each key's first step with the seven behind it
-    // (after a run, the key goes on by hand-on, step by step).
-    assert!(c.tasks_run_on >= 14, "{c:?}");
+    // Each claim takes a key's next step with the seven behind it (1-8,
+    // 9-16, 17-20), and the last step of a run hands its key to no one: a
+    // claim takes the next run.
+    assert_eq!((c.tasks_run_on, c.tasks_handed_on), (2 * 17, 0), "{c:?}");
     // Claimed once each, in a run or on its own.
     let claimed_again: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE claims <> 1")

@@ -13,7 +13,10 @@
 //! key goes on here (`continuing`, with the next task: the run goes on
 //! only while that task is still this worker's, and stuck-task recovery
 //! takes a run back only whole), and only the run's last task lets go of
-//! it.
+//! it. That task hands the key on to no one: the key's next task goes
+//! back to its line, and the queue's producer, woken, claims it with the
+//! next run (a hand-on would take it alone, and the key would then go on
+//! one task and one hand-over at a time).
 //!
 //! Any other end gives the rest of the run back (PENDING, no attempt
 //! counted): a failure, a snooze, a cancel seen here, a stale or rejected
@@ -84,6 +87,7 @@ mod tests {
             queue: Arc::from("q"),
             completed_in,
             ordered: true,
+            in_run: true,
             workflow_id: None,
             run: None,
         }
