@@ -108,7 +108,7 @@ struct RunArgs {
     /// only what can start). The buffer holds at most what starts within
     /// --claim-ahead-window at the queue's pace, so slow handlers get
     /// little or none; queues with a global concurrency or a rate get none.
-    #[arg(long, env = "OUTBOX_CLAIM_AHEAD", default_value_t = 200, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
+    #[arg(long, env = "OUTBOX_CLAIM_AHEAD", default_value_t = 1000, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
     claim_ahead: usize,
     /// How long a claimed-ahead task may wait for its slot at the queue's
     /// pace (1ms to 1h): the buffer holds what starts in this time.

@@ -61,7 +61,7 @@ pub(crate) struct BenchArgs {
     concurrency: usize,
     /// Tasks each drain's worker may claim beyond its running slots (see
     /// `run --claim-ahead`).
-    #[arg(long, default_value_t = 200, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
+    #[arg(long, default_value_t = 1000, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
     claim_ahead: usize,
     /// Tasks of one ordering key each claim of the drains may take together
     /// (see `run --key-run`; 1 to 10000).
