@@ -119,7 +119,7 @@ struct RunArgs {
     /// one after the other without a hand-over between them. 1 takes a
     /// key's next task alone. Only in queues without limits that run one
     /// task per key at a time.
-    #[arg(long, env = "OUTBOX_KEY_RUN", default_value_t = 8, value_parser = flags::count(1, 10_000))]
+    #[arg(long, env = "OUTBOX_KEY_RUN", default_value_t = 16, value_parser = flags::count(1, 10_000))]
     key_run: usize,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms
     /// (1ms to 1h).

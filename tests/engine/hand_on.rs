@@ -584,7 +584,7 @@ async fn a_worker_owing_a_key_stops_at_once_and_maintenance_hands_the_key_on() {
     assert_eq!(gate.1.lock().unwrap().clone(), vec![("owed".to_owned(), 2)]);
 }
 
-/// A worker whose claims take runs of a key's steps (the default), polling
+/// A worker whose claims take runs of up to 8 of a key's steps, polling
 /// often.
 fn runs_config() -> WorkerConfig {
     WorkerConfig {

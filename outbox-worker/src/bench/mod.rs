@@ -65,7 +65,7 @@ pub(crate) struct BenchArgs {
     claim_ahead: usize,
     /// Tasks of one ordering key each claim of the drains may take together
     /// (see `run --key-run`; 1 to 10000).
-    #[arg(long, default_value_t = 8, value_parser = flags::count(1, 10_000))]
+    #[arg(long, default_value_t = 16, value_parser = flags::count(1, 10_000))]
     key_run: usize,
     /// Tasks per insert transaction.
     #[arg(long, default_value_t = 5000, value_parser = flags::count(1, 1_000_000))]
