@@ -23,8 +23,9 @@ pub struct WorkerConfig {
     /// the rate at which this worker starts the queue's tasks: it holds at
     /// most what starts within `claim_ahead_window`, so slow handlers get
     /// little or none (see the guide on claim-ahead). The default, 1000,
-    /// binds only above 20,000 starts a second: high enough for a run of a
-    /// key's tasks, which keeps its place from its claim to its last task.
+    /// binds only above 20,000 starts a second (at the default window):
+    /// room for runs of a key's tasks, each of which keeps its place from
+    /// its claim to its last task.
     pub claim_ahead: usize,
     /// How long, at the queue's current pace, a claimed-ahead task may wait
     /// for its slot: the buffer holds what this worker starts in this time.
