@@ -154,18 +154,45 @@ async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_hea
     );
 }
 
+/// How a test transaction's commit order is recorded.
+#[derive(Clone, Copy, PartialEq)]
+enum CommitOrder {
+    /// The transaction bumps its aggregate's counter (a row lock held to
+    /// commit) and records it beside its event: the counter's values are
+    /// the order in which the aggregate's transactions committed.
+    SharedCounter,
+    /// The transactions share no row, so nothing in them orders their
+    /// commits but the emit's lock; the server's commit timestamps
+    /// (`track_commit_timestamp`, on in the harness's cluster) say in what
+    /// order they committed. At SERIALIZABLE a shared counter would
+    /// order them by itself: a transaction that updates the row after a
+    /// concurrent one committed it fails, so only the ones that began
+    /// after the previous commit survive, lock or no lock.
+    CommitTimestamps,
+}
+
 /// Emitters of 20 aggregates from 8 tasks at `isolation`, a tenth rolled
-/// back on purpose and serialization failures retried. Each transaction
-/// emits, then bumps its aggregate's counter (a row lock held to commit),
-/// and records the counter next to the event's position: the order in
-/// which the aggregate's transactions committed. The relay must publish
-/// every committed event, no rolled-back one, each aggregate in that order.
-async fn concurrent_emitters_keep_commit_order(isolation: &str) {
+/// back on purpose and serialization failures retried, each transaction
+/// recording its event beside what orders its commit (`how`). The relay
+/// must publish every committed event, no rolled-back one, each aggregate
+/// in the order its transactions committed.
+async fn concurrent_emitters_keep_commit_order(isolation: &str, how: CommitOrder) {
     let db = TestDb::migrated().await;
+    if how == CommitOrder::CommitTimestamps {
+        let on: String = sqlx::query_scalar("SHOW track_commit_timestamp")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            on, "on",
+            "this test reads commit timestamps: set track_commit_timestamp = on on the test server"
+        );
+    }
     sqlx::raw_sql(
         "CREATE TABLE agg_counter (agg text PRIMARY KEY, c bigint NOT NULL);
          INSERT INTO agg_counter SELECT g::text, 0 FROM generate_series(0, 19) g;
-         CREATE TABLE commit_order (event_id text PRIMARY KEY, agg text NOT NULL, c bigint NOT NULL);",
+         CREATE TABLE commit_order (event_id text PRIMARY KEY, agg text NOT NULL, c bigint,
+                                    xid xid8 NOT NULL DEFAULT pg_current_xact_id());",
     )
     .execute(&db.pool)
     .await
@@ -208,13 +235,18 @@ async fn concurrent_emitters_keep_commit_order(isolation: &str) {
                         outbox::Error::Database(e) => e,
                         other => panic!("{other}"),
                     })?;
-                    let c: i64 = sqlx::query_scalar(
-                        "UPDATE agg_counter SET c = c + 1 WHERE agg = $1 RETURNING c",
-                    )
-                    .bind(&agg)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    sqlx::query("INSERT INTO commit_order VALUES ($1, $2, $3)")
+                    let c: Option<i64> = match how {
+                        CommitOrder::SharedCounter => Some(
+                            sqlx::query_scalar(
+                                "UPDATE agg_counter SET c = c + 1 WHERE agg = $1 RETURNING c",
+                            )
+                            .bind(&agg)
+                            .fetch_one(&mut *tx)
+                            .await?,
+                        ),
+                        CommitOrder::CommitTimestamps => None,
+                    };
+                    sqlx::query("INSERT INTO commit_order (event_id, agg, c) VALUES ($1, $2, $3)")
                         .bind(&e.id)
                         .bind(&agg)
                         .bind(c)
@@ -245,11 +277,19 @@ async fn concurrent_emitters_keep_commit_order(isolation: &str) {
     for w in writers {
         w.await.unwrap();
     }
-    let order: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT event_id, agg, c FROM commit_order")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    // Each committed event with the rank of its transaction's commit
+    // among all of them (ties share a rank and count as out of order).
+    let order: Vec<(String, String, i64)> = sqlx::query_as(match how {
+        CommitOrder::SharedCounter => "SELECT event_id, agg, c FROM commit_order",
+        CommitOrder::CommitTimestamps => {
+            "SELECT event_id, agg,
+                    rank() OVER (ORDER BY pg_xact_commit_timestamp((xid::text::bigint % 4294967296)::text::xid))
+             FROM commit_order"
+        }
+    })
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(order.len(), 480);
     let got = sink
         .wait_until("every committed event published", |g| {
@@ -283,12 +323,17 @@ async fn concurrent_emitters_keep_commit_order(isolation: &str) {
 
 #[tokio::test]
 async fn concurrent_emitters_at_read_committed_keep_each_aggregates_commit_order() {
-    concurrent_emitters_keep_commit_order("READ COMMITTED").await;
+    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::SharedCounter).await;
 }
 
 #[tokio::test]
 async fn concurrent_emitters_at_serializable_keep_each_aggregates_commit_order() {
-    concurrent_emitters_keep_commit_order("SERIALIZABLE").await;
+    concurrent_emitters_keep_commit_order("SERIALIZABLE", CommitOrder::CommitTimestamps).await;
+}
+
+#[tokio::test]
+async fn concurrent_emitters_at_read_committed_sharing_no_row_keep_each_aggregates_commit_order() {
+    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::CommitTimestamps).await;
 }
 
 #[tokio::test]

@@ -34,7 +34,9 @@ fn server_url() -> &'static str {
             let cluster = LocalPostgres::start(&LocalPostgresOptions {
                 durable: false,
                 max_connections: 500,
-                extra_settings: Vec::new(),
+                // The events tests read the order transactions committed
+                // in (pg_xact_commit_timestamp).
+                extra_settings: vec!["track_commit_timestamp = on".to_owned()],
             })
             .unwrap_or_else(|e| panic!("cannot start a private PostgreSQL for the tests: {e}"));
             let url = cluster.url("postgres");
