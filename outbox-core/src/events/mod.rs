@@ -261,31 +261,33 @@ impl Event {
 /// transaction that emits for several aggregates avoids it with
 /// [`emit_all`], which takes the locks in one order.
 pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
-    let mut rows = Rows::default();
-    rows.push(event)?;
-    append_one(conn, rows).await
+    append_one(conn, Row::of(event)?).await
 }
 
-/// Appends the one event of `rows` (checked and with its id).
-async fn append_one(conn: &mut PgConnection, mut rows: Rows) -> Result<Emitted> {
-    let sql = if rows.ordered[0] {
+/// Appends one event (checked and with its id). One emit is one statement
+/// in the caller's transaction, so nothing here is done per call that a
+/// plain INSERT's caller would not do.
+async fn append_one(conn: &mut PgConnection, row: Row) -> Result<Emitted> {
+    let sql = if row.ordered {
         include_str!("../db/sql/emit_event.sql")
     } else {
         include_str!("../db/sql/emit_event_unordered.sql")
     };
     let position: i64 = sqlx::query_scalar(sql)
-        .bind(&rows.ids[0])
-        .bind(&rows.aggregate_types[0])
-        .bind(&rows.aggregate_ids[0])
-        .bind(&rows.event_types[0])
-        .bind(&rows.payloads[0])
-        .bind(&rows.headers[0])
-        .bind(&rows.streams[0])
-        .bind(rows.publish_at[0])
+        .bind(&row.id)
+        .bind(&row.aggregate_type)
+        .bind(&row.aggregate_id)
+        .bind(&row.event_type)
+        .bind(&row.payload)
+        .bind(&row.headers)
+        .bind(row.stream)
+        .bind(row.publish_at)
         .fetch_one(conn)
         .await?;
-    let id = rows.ids.swap_remove(0);
-    Ok(Emitted { id, position })
+    Ok(Emitted {
+        id: row.id,
+        position,
+    })
 }
 
 /// Emits several events in one statement, on `conn`'s open transaction,
@@ -298,7 +300,7 @@ pub async fn emit_all(
 ) -> Result<Vec<Emitted>> {
     let mut rows = Rows::default();
     for event in events {
-        rows.push(event)?;
+        rows.push(Row::of(event)?);
     }
     if rows.ids.is_empty() {
         return Ok(Vec::new());
@@ -336,34 +338,33 @@ pub async fn emit_all(
 pub async fn emit_once(conn: &mut PgConnection, event: Event) -> Result<Option<Emitted>> {
     // Checked (and its id settled) before the id is recorded: a refused
     // event must not leave a record that would turn its retry away.
-    let mut rows = Rows::default();
-    rows.push(event)?;
+    let row = Row::of(event)?;
     let first: Option<bool> = sqlx::query_scalar(include_str!("../db/sql/claim_event_id.sql"))
-        .bind(&rows.ids[0])
+        .bind(&row.id)
         .fetch_optional(&mut *conn)
         .await?;
     if first.is_none() {
         return Ok(None);
     }
-    append_one(conn, rows).await.map(Some)
+    append_one(conn, row).await.map(Some)
 }
 
-/// Events as the emit statements' columns.
-#[derive(Default)]
-struct Rows {
-    ids: Vec<String>,
-    aggregate_types: Vec<String>,
-    aggregate_ids: Vec<String>,
-    event_types: Vec<String>,
-    payloads: Vec<serde_json::Value>,
-    headers: Vec<Option<serde_json::Value>>,
-    streams: Vec<String>,
-    publish_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
-    ordered: Vec<bool>,
+/// One event as the emit statements' columns.
+struct Row {
+    id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: serde_json::Value,
+    headers: Option<serde_json::Value>,
+    stream: String,
+    publish_at: Option<chrono::DateTime<chrono::Utc>>,
+    ordered: bool,
 }
 
-impl Rows {
-    fn push(&mut self, event: Event) -> Result<()> {
+impl Row {
+    /// Checks `event` and settles its id, stream and publish time.
+    fn of(event: Event) -> Result<Self> {
         event.validate()?;
         let Event {
             task,
@@ -385,11 +386,6 @@ impl Rows {
             ),
             None => None,
         };
-        self.ids.push(id);
-        self.aggregate_types.push(task.aggregate_type);
-        self.aggregate_ids.push(task.aggregate_id);
-        self.event_types.push(task.event_type);
-        self.payloads.push(task.payload);
         let mut headers = task.headers;
         if let Some(traceparent) = crate::trace::traceparent() {
             // The emitter's trace, for the consumers (the relays pass
@@ -398,16 +394,49 @@ impl Rows {
                 .entry("traceparent".to_owned())
                 .or_insert(traceparent);
         }
-        self.headers.push(if headers.is_empty() {
-            None
-        } else {
-            Some(serde_json::to_value(&headers).unwrap_or_default())
-        });
-        self.streams
-            .push(queue.unwrap_or_else(|| EVENTS_QUEUE.to_owned()));
-        self.publish_at.push(publish_at);
-        self.ordered.push(ordered);
-        Ok(())
+        Ok(Row {
+            id,
+            aggregate_type: task.aggregate_type,
+            aggregate_id: task.aggregate_id,
+            event_type: task.event_type,
+            payload: task.payload,
+            headers: if headers.is_empty() {
+                None
+            } else {
+                Some(serde_json::to_value(&headers).unwrap_or_default())
+            },
+            stream: queue.unwrap_or_else(|| EVENTS_QUEUE.to_owned()),
+            publish_at,
+            ordered,
+        })
+    }
+}
+
+/// Events as the columns of `emit_events.sql`'s arrays.
+#[derive(Default)]
+struct Rows {
+    ids: Vec<String>,
+    aggregate_types: Vec<String>,
+    aggregate_ids: Vec<String>,
+    event_types: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+    headers: Vec<Option<serde_json::Value>>,
+    streams: Vec<String>,
+    publish_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    ordered: Vec<bool>,
+}
+
+impl Rows {
+    fn push(&mut self, row: Row) {
+        self.ids.push(row.id);
+        self.aggregate_types.push(row.aggregate_type);
+        self.aggregate_ids.push(row.aggregate_id);
+        self.event_types.push(row.event_type);
+        self.payloads.push(row.payload);
+        self.headers.push(row.headers);
+        self.streams.push(row.stream);
+        self.publish_at.push(row.publish_at);
+        self.ordered.push(row.ordered);
     }
 }
 
