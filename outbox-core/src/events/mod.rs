@@ -264,9 +264,8 @@ pub async fn emit(conn: &mut PgConnection, event: Event) -> Result<Emitted> {
     append_one(conn, Row::of(event)?).await
 }
 
-/// Appends one event (checked and with its id). One emit is one statement
-/// in the caller's transaction, so nothing here is done per call that a
-/// plain INSERT's caller would not do.
+/// Appends one event (checked and with its id) with one statement in the
+/// caller's transaction.
 async fn append_one(conn: &mut PgConnection, row: Row) -> Result<Emitted> {
     let sql = if row.ordered {
         include_str!("../db/sql/emit_event.sql")
