@@ -25,7 +25,7 @@ pub(crate) struct BusinessArgs {
     /// Transactions of each kind (plain, and with a submit) in the business
     /// transaction phase (0 skips it). A ratio of two marginal costs is a
     /// ratio of differences: at 20,000 one sitting's emit figure ranged
-    /// over 1.19-1.99x, at 60,000 three runs agreed within 0.01x.
+    /// over 1.19-1.99x, at 60,000 over 1.27-1.39x.
     #[arg(long, default_value_t = 60_000, value_parser = flags::count(0, 100_000_000))]
     business_txs: usize,
 }

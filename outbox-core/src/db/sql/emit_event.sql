@@ -8,7 +8,10 @@
 -- (event_read.sql). Class 1869574002 names outbox's event locks among the
 -- two-key advisory locks. The transaction's id is taken before the
 -- position (the xid column comes first): see the log's xid column.
--- Unordered events go through emit_event_unordered.sql instead.
+-- Unordered events go through emit_event_unordered.sql instead. The SQL
+-- API's outbox_emit (migration 14) takes the same lock before the same
+-- insert as a function scan, this statement's form until stop 49: the
+-- same order, one tuplestore more.
 INSERT INTO outbox_event_log (xid, id, aggregatetype, aggregateid, type, payload, headers, stream, publish_at)
 SELECT pg_current_xact_id(), $1::uuid, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8::timestamptz
 WHERE pg_advisory_xact_lock(1869574002, hashtext($2::text || '/' || $3::text)) IS NOT NULL
