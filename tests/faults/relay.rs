@@ -178,3 +178,76 @@ async fn a_relay_through_a_restart_an_outage_and_terminated_sessions_loses_nothi
         got.len() - seen.len()
     );
 }
+
+/// An emitter whose database connection is black-holed while it holds its
+/// aggregate's lock (a fault proxy forwards nothing, sockets open): the
+/// aggregate's next emitter waits, then goes on once the server ends the
+/// silent session (here its idle-in-transaction timeout, 5 s), and the
+/// silent transaction's event, never committed, is never published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emitter_black_holed_holding_its_aggregates_lock_delays_it_and_publishes_nothing() {
+    let db = outbox_tests::TestDb::migrated().await;
+    let (proxy, proxied) = outbox_tests::proxy::FaultProxy::start(&db.url).await;
+    let sink = Capture::default();
+    let worker = Worker::builder(db.pool.clone())
+        .relay(Relay::new("faults", sink.clone()).poll_interval(Duration::from_millis(5)))
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+
+    let mut silent = <sqlx::PgConnection as sqlx::Connection>::connect(&proxied)
+        .await
+        .unwrap();
+    sqlx::raw_sql("SET idle_in_transaction_session_timeout = '5s'; BEGIN")
+        .execute(&mut silent)
+        .await
+        .unwrap();
+    let lost = emit(
+        &mut silent,
+        Event::new("account", "a", "moved", json!({"from": "silent"})),
+    )
+    .await
+    .unwrap();
+    proxy.blackhole();
+
+    // The next emitter of the aggregate waits for the silent one's lock.
+    let started = std::time::Instant::now();
+    let mut tx = db.pool.begin().await.unwrap();
+    let kept = emit(
+        &mut tx,
+        Event::new("account", "a", "moved", json!({"from": "second"})),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "the second emitter did not wait for the silent one's lock ({waited:?})"
+    );
+    // Emitted after the silent transaction ended: a read that finds it
+    // has settled the silent event's position too.
+    let after = emit(
+        &mut *db.conn().await,
+        Event::new("account", "b", "moved", json!({})),
+    )
+    .await
+    .unwrap();
+    let got = sink
+        .wait_until("the committed events", |g| {
+            [&kept.id, &after.id]
+                .iter()
+                .all(|id| g.iter().any(|m| &&m.event_id == id))
+        })
+        .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    eprintln!(
+        "emitter black-holed: the aggregate's next emitter waited {waited:?}; {} published",
+        got.len()
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got.iter().all(|m| m.event_id != lost.id));
+    drop(silent);
+}
