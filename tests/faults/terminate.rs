@@ -73,9 +73,9 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
             .unwrap(),
     );
 
-    // Terminate every engine session of this database every 30 ms until
-    // the last task is done.
-    let (terminated, rounds) = terminate_until(
+    // Terminate every engine session of this database every 30 ms (slower
+    // while nothing finishes) until the last task is done.
+    let (terminated, rounds, longest) = terminate_until(
         &db,
         "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed' OR dead_at IS NOT NULL",
         TASKS as i64,
@@ -101,7 +101,8 @@ async fn terminated_sessions_lose_no_outcome_and_rerun_nothing() {
     let executions: u32 = attempts.values().sum();
     let repeated: Vec<_> = attempts.iter().filter(|(_, n)| **n > 1).collect();
     eprintln!(
-        "terminate: {terminated} sessions terminated over {rounds} rounds; {TASKS} tasks, \
+        "terminate: {terminated} sessions terminated over {rounds} rounds (at most {longest:?} \
+         apart); {TASKS} tasks, \
          {executions} executions (3 each expected), {} attempts run twice, {dead} dead",
         repeated.len()
     );
@@ -166,7 +167,7 @@ async fn hot_keys_through_terminations(key_run: usize) {
     let counters = worker.counters();
     let running = RunningWorker::start(worker);
     let total = KEYS * STEPS;
-    let (terminated, rounds) = terminate_until(
+    let (terminated, rounds, longest) = terminate_until(
         &db,
         "SELECT count(*) FROM outbox_all_tasks WHERE state = 'completed'",
         total,
@@ -184,7 +185,7 @@ async fn hot_keys_through_terminations(key_run: usize) {
     let c = counters.snapshot();
     eprintln!(
         "terminate, hot keys, key runs of {key_run}: {terminated} sessions terminated over \
-         {rounds} rounds; {total} steps on {KEYS} keys, {} handed on, {} run on in runs, {} run twice",
+         {rounds} rounds (at most {longest:?} apart); {total} steps on {KEYS} keys, {} handed on, {} run on in runs, {} run twice",
         c.tasks_handed_on,
         c.tasks_run_on,
         twice.len()
@@ -207,15 +208,29 @@ async fn hot_keys_through_terminations(key_run: usize) {
 
 /// Terminates every engine session of the test's database every 30 ms
 /// until `count` (a bigint query: tasks finished) reaches `target`; returns
-/// the sessions terminated and the rounds. Fails when the count stands
-/// still for two minutes: how fast the worker gets through depends on the
-/// machine (each termination costs it a reconnect and a backoff), whereas a
-/// lost outcome or a key that never goes on stops it for good.
-async fn terminate_until(db: &TestDb, count: &str, target: i64) -> (i64, usize) {
+/// the sessions terminated, the rounds and the longest pause between
+/// rounds.
+///
+/// Each termination costs the worker a fresh backend, whose first
+/// statement must load its catalog caches and plan; on a loaded machine
+/// that can take longer than 30 ms, and then no statement ever completes
+/// (at a 3 ms pause no task finished in 40 s even on an idle machine).
+/// So while the count stands still the pause doubles every 3 s, up to
+/// 1 s, and each time the count moves it halves, down to 30 ms: the
+/// sessions are terminated over and over at about the fastest pace the
+/// machine lets the worker get through. A lost outcome or a key that never
+/// goes on stops the count at any pace: the test fails when it stands still
+/// for two minutes.
+async fn terminate_until(db: &TestDb, count: &str, target: i64) -> (i64, usize, Duration) {
     const STALL: Duration = Duration::from_secs(120);
+    const FASTEST: Duration = Duration::from_millis(30);
+    const SLOWEST: Duration = Duration::from_secs(1);
+    const PATIENCE: Duration = Duration::from_secs(3);
     let mut terminated = 0_i64;
     let mut rounds = 0;
+    let (mut pause, mut longest) = (FASTEST, FASTEST);
     let (mut last, mut moved_at) = (-1_i64, tokio::time::Instant::now());
+    let mut slowed_at = moved_at;
     loop {
         let (done, killed): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT ({count}), \
@@ -230,15 +245,21 @@ async fn terminate_until(db: &TestDb, count: &str, target: i64) -> (i64, usize) 
         terminated += killed;
         rounds += 1;
         if done >= target {
-            return (terminated, rounds);
+            return (terminated, rounds, longest);
         }
+        let now = tokio::time::Instant::now();
         if done != last {
-            (last, moved_at) = (done, tokio::time::Instant::now());
+            (last, moved_at, slowed_at) = (done, now, now);
+            pause = (pause / 2).max(FASTEST);
+        } else if now - slowed_at >= PATIENCE && pause < SLOWEST {
+            (slowed_at, pause) = (now, (pause * 2).min(SLOWEST));
+            longest = longest.max(pause);
         }
         assert!(
             moved_at.elapsed() < STALL,
-            "stuck at {done} of {target} for {STALL:?} after {rounds} rounds: {count}"
+            "stuck at {done} of {target} for {STALL:?} after {rounds} rounds, \
+             the last {pause:?} apart: {count}"
         );
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        tokio::time::sleep(pause).await;
     }
 }
