@@ -5,7 +5,7 @@
 //! event or task exactly once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use outbox_tests::TestDb;
@@ -14,12 +14,25 @@ mod common;
 
 use common::{cli, stderr, stdout};
 
+/// Commands run at least; more while no emit has exited 0 or no command
+/// was hit, up to `MAX_TRIES`.
 const TRIES: usize = 60;
+const MAX_TRIES: usize = 400;
 const APP: &str = "commit-outcome-test";
 
+/// The shortest and longest pause of the terminator, in milliseconds.
+const FASTEST_MS: u64 = 3;
+const SLOWEST_MS: u64 = 250;
+
 /// Terminates the test's command sessions every few milliseconds until
-/// `stop`; returns how many it terminated.
-fn terminator(pool: sqlx::PgPool, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<i64> {
+/// `stop`; returns how many it terminated. The pause is `pace` plus 0 to
+/// 14 ms, varied so terminations land in every phase of a command:
+/// connect, insert, COMMIT, the outcome query.
+fn terminator(
+    pool: sqlx::PgPool,
+    stop: Arc<AtomicBool>,
+    pace: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<i64> {
     tokio::spawn(async move {
         let mut terminated = 0;
         let mut round = 0u64;
@@ -34,9 +47,8 @@ fn terminator(pool: sqlx::PgPool, stop: Arc<AtomicBool>) -> tokio::task::JoinHan
             .await
             .ok();
             terminated += n.unwrap_or(0);
-            // 3 to 17 ms, varied so terminations land in every phase of a
-            // command: connect, insert, COMMIT, the outcome query.
-            tokio::time::sleep(Duration::from_millis(3 + (round * 7) % 15)).await;
+            let ms = pace.load(Ordering::Relaxed) + (round * 7) % 15;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         terminated
     })
@@ -88,14 +100,39 @@ async fn a_write_whose_session_dies_is_absent_or_named_and_its_retry_writes_it_o
     let sep = if db.url.contains('?') { '&' } else { '?' };
     let url = format!("{}{sep}application_name={APP}", db.url);
     let stop = Arc::new(AtomicBool::new(false));
-    let killer = terminator(db.pool.clone(), stop.clone());
+    // A command that exits 0 must connect, load its caches, plan, write
+    // and commit between two terminations, which a loaded machine may not
+    // manage at a few milliseconds: each command that fails lengthens the
+    // pause (up to 250 ms) and each that succeeds halves it, so commands
+    // are hit at about the fastest pace at which some still get through.
+    let pace = Arc::new(AtomicU64::new(FASTEST_MS));
+    let killer = terminator(db.pool.clone(), stop.clone(), pace.clone());
+    let paced = |failed: bool| {
+        let now = pace.load(Ordering::Relaxed);
+        // Up by half, down by half: the pace settles where more commands
+        // are hit than get through.
+        let next = if failed { now + now / 2 + 1 } else { now / 2 };
+        pace.store(next.clamp(FASTEST_MS, SLOWEST_MS), Ordering::Relaxed);
+    };
 
-    let mut written = Vec::new();
+    let mut written: Vec<(bool, String)> = Vec::new();
     let mut in_doubt = Vec::new();
     let mut absent = 0;
     let mut resolved = 0;
-    for i in 0..TRIES {
+    let mut i = 0;
+    while i < TRIES
+        || !written.iter().any(|(event, _)| *event)
+        || absent + in_doubt.len() + resolved == 0
+    {
+        assert!(
+            i < MAX_TRIES,
+            "after {i} commands: {} written ({resolved} after asking the server), {absent} \
+             refused, {} in doubt",
+            written.len(),
+            in_doubt.len()
+        );
         let event = i % 2 == 0;
+        i += 1;
         let id = if event {
             outbox::events::new_event_id()
         } else {
@@ -108,6 +145,7 @@ async fn a_write_whose_session_dies_is_absent_or_named_and_its_retry_writes_it_o
                 // The commit's answer was lost and the server was asked.
                 resolved += usize::from(err.contains("during COMMIT"));
                 written.push((event, id));
+                paced(false);
             }
             Some(3) => {
                 assert_eq!(
@@ -116,11 +154,13 @@ async fn a_write_whose_session_dies_is_absent_or_named_and_its_retry_writes_it_o
                     "exit 3 for {id}, which was written:\n{err}"
                 );
                 absent += 1;
+                paced(true);
             }
             Some(5) => {
                 assert!(err.contains(&id), "exit 5 without the id {id}:\n{err}");
                 assert!(err.contains("may have been written"), "{err}");
                 in_doubt.push((event, id));
+                paced(true);
             }
             other => panic!(
                 "exit {other:?} for {id}\nstdout:\n{}\nstderr:\n{err}",
@@ -155,10 +195,12 @@ async fn a_write_whose_session_dies_is_absent_or_named_and_its_retry_writes_it_o
     );
     assert_eq!(count(&db, true, first_event).await, 1);
     eprintln!(
-        "{} written ({resolved} of them after asking the server), {absent} refused with \
-         nothing written, {} in doubt, {terminated} sessions terminated",
+        "{i} commands: {} written ({resolved} of them after asking the server), {absent} \
+         refused with nothing written, {} in doubt, {terminated} sessions terminated; the \
+         terminator's pause ended at {} ms",
         written.len(),
-        in_doubt.len()
+        in_doubt.len(),
+        pace.load(Ordering::Relaxed)
     );
 }
 
