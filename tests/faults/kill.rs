@@ -18,8 +18,11 @@ pub(crate) const FAST_RECOVERY: &[&str] = &[
     "100ms",
     "--heartbeat-interval",
     "100ms",
+    // A live worker lets go of its tasks when no heartbeat of its own was
+    // confirmed for half of this: at 1 s, a stall of half a second on a
+    // loaded machine would cancel live tasks, counted then as recovered.
     "--heartbeat-timeout",
-    "1s",
+    "4s",
     "--maintenance-interval",
     "100ms",
 ];
@@ -32,8 +35,11 @@ const RUNS: &[&str] = &[
     "100ms",
     "--heartbeat-interval",
     "100ms",
+    // A live worker lets go of its tasks when no heartbeat of its own was
+    // confirmed for half of this: at 1 s, a stall of half a second on a
+    // loaded machine would cancel live tasks, counted then as recovered.
     "--heartbeat-timeout",
-    "1s",
+    "4s",
     "--maintenance-interval",
     "100ms",
 ];
