@@ -31,14 +31,16 @@ impl TaskHandler<Count> for Tally {
 #[tokio::test]
 async fn two_dispatchers_with_separate_pools_handle_2000_tasks_exactly_once() {
     let db = TestDb::migrated().await;
-    let ids = outbox::submit_batch(&mut *db.conn().await, (0..2000).map(|n| Count { n }))
-        .await
-        .unwrap();
-
     let tally = Tally::default();
     let start = |pool| {
         RunningWorker::start(
             Worker::builder(pool)
+                .config(outbox::WorkerConfig {
+                    // A worker that missed the submit's NOTIFY (its listener
+                    // still connecting) looks within 50 ms, not a second.
+                    poll_interval: Duration::from_millis(50),
+                    ..outbox::WorkerConfig::default()
+                })
                 .handler::<Count>(tally.clone())
                 .queue("dispatch-tests", 16)
                 .build()
@@ -47,6 +49,17 @@ async fn two_dispatchers_with_separate_pools_handle_2000_tasks_exactly_once() {
     };
     let mut a = start(TestDb::pool_on(&db.url, 5).await);
     let mut b = start(TestDb::pool_on(&db.url, 5).await);
+    // Both running before the tasks exist: one that started first could
+    // otherwise drain them all before the other's first claim.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_workers WHERE expires_at > now()",
+        Duration::from_secs(60),
+    )
+    .await;
+    let ids = outbox::submit_batch(&mut *db.conn().await, (0..2000).map(|n| Count { n }))
+        .await
+        .unwrap();
 
     // Every completion is reported by exactly one of the two workers; wait
     // until the table says all are done, counting what each reported.

@@ -811,8 +811,10 @@ async fn wait_published(pool: &PgPool, n: i64) {
 #[tokio::test]
 async fn a_delayed_event_waits_with_its_aggregate_behind_it() {
     let db = TestDb::migrated().await;
-    let later = emit_a_delayed_aggregate(&db.pool, Duration::from_millis(1500)).await;
+    // Before the emit: the delay counts from its statement, and a stall
+    // between the commit and a clock read after it would eat the margin.
     let emitted_at = Instant::now();
+    let later = emit_a_delayed_aggregate(&db.pool, Duration::from_millis(1500)).await;
     let sink = Capture::default();
     let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
     sink.wait_until("all three", |g| g.len() == 3).await;
