@@ -336,7 +336,7 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
     // the runtime to wind down.
     let bound = Duration::from_secs(6);
     let took = worker
-        .terminate_within(bound + Duration::from_secs(2))
+        .terminate_within(bound + Duration::from_secs(5))
         .await;
     eprintln!("database down: SIGTERM to exit took {took:?} (bound {bound:?})");
     worker.assert_left_behind(&ids);
