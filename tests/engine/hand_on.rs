@@ -156,8 +156,8 @@ struct GatedRun {
 }
 
 /// Submits steps 1..=`steps` of `key` at `priority`, starts a worker with
-/// `config` and `concurrency` on their queue, and waits until step 1 runs
-/// (held at the gate).
+/// `config` and `concurrency` on their queue, and waits until step 1's
+/// handler runs (held at the gate).
 async fn start_gated(
     db: &TestDb,
     key: &str,
@@ -187,6 +187,23 @@ async fn start_gated(
         Duration::from_secs(30),
     )
     .await;
+    // Claimed is not started: a claim goes to the worker's buffer first,
+    // and a shutdown asked before the dispatcher starts step 1 gives it
+    // back unstarted (1 run in 16 to 30 on a loaded machine).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !gate
+        .1
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(k, n)| k == key && *n == 1)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "step 1 never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     GatedRun {
         gate,
         running,
