@@ -23,7 +23,13 @@ struct Long {
 
 #[derive(Clone)]
 struct Worked {
+    /// Set when the handler starts: a claimed task may still wait in the
+    /// worker's buffer, and a cancel that reaches it there never runs it.
+    started: Arc<AtomicBool>,
     saw_token: Arc<AtomicBool>,
+    /// Set when the token of a handler that ignores it fires: the worker
+    /// heard the cancel.
+    heard: Arc<AtomicBool>,
     /// Opened by the test once the cancel is in: a handler that ignores its
     /// token runs until then, however slow the machine.
     gate: Arc<tokio::sync::Semaphore>,
@@ -32,7 +38,9 @@ struct Worked {
 impl Default for Worked {
     fn default() -> Self {
         Self {
+            started: Arc::default(),
             saw_token: Arc::default(),
+            heard: Arc::default(),
             gate: Arc::new(tokio::sync::Semaphore::new(0)),
         }
     }
@@ -40,13 +48,20 @@ impl Default for Worked {
 
 impl TaskHandler<Long> for Worked {
     async fn handle(&self, ctx: TaskContext, task: Long) -> HandlerResult {
+        self.started.store(true, Ordering::SeqCst);
         if task.polite {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(120)) => {}
                 () = ctx.cancellation().cancelled() => self.saw_token.store(true, Ordering::SeqCst),
             }
         } else {
-            // Ignores the token, then claims success.
+            // Ignores the token (only notes that it fired), then claims
+            // success.
+            let (token, heard) = (ctx.cancellation().clone(), Arc::clone(&self.heard));
+            tokio::spawn(async move {
+                token.cancelled().await;
+                heard.store(true, Ordering::SeqCst);
+            });
             let _open = self.gate.acquire().await;
         }
         Ok(Outcome::Success)
@@ -75,11 +90,23 @@ async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecor
         Duration::from_secs(20),
     )
     .await;
+    wait_started(&worked).await;
     let asked = Instant::now();
     assert_eq!(
         admin::cancel_tasks(&db.pool, &[id]).await.unwrap(),
         vec![id]
     );
+    if !polite {
+        // The handler claims success only once the worker has heard.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !worked.heard.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < deadline,
+                "the worker never heard the cancel"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     worked.gate.add_permits(1);
     worker
         .wait_for(TaskEventKind::Dead, 1, Duration::from_secs(20))
@@ -88,6 +115,15 @@ async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecor
     worker.stop().await;
     let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
     (row, worked.saw_token.load(Ordering::SeqCst), took)
+}
+
+/// Waits until the handler has started (not only been claimed).
+async fn wait_started(worked: &Worked) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !worked.started.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the handler never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn assert_cancelled(row: &admin::TaskRecord) {
@@ -165,6 +201,7 @@ async fn never_heard_of(delete_completed: bool) {
         Duration::from_secs(20),
     )
     .await;
+    wait_started(&worked).await;
     assert_eq!(
         admin::cancel_tasks(&db.pool, &[id]).await.unwrap(),
         vec![id]
