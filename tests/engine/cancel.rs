@@ -10,7 +10,7 @@ use outbox::{
     HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, TaskId, Worker, WorkerConfig,
     admin, outbox_task,
 };
-use outbox_tests::process::wait_until;
+use outbox_tests::process::{wait_for_condition, wait_until};
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
 
@@ -98,14 +98,12 @@ async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecor
     );
     if !polite {
         // The handler claims success only once the worker has heard.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !worked.heard.load(Ordering::SeqCst) {
-            assert!(
-                Instant::now() < deadline,
-                "the worker never heard the cancel"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_for_condition(
+            "the worker to hear the cancel",
+            Duration::from_secs(20),
+            || worked.heard.load(Ordering::SeqCst),
+        )
+        .await;
     }
     worked.gate.add_permits(1);
     worker
@@ -119,11 +117,10 @@ async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecor
 
 /// Waits until the handler has started (not only been claimed).
 async fn wait_started(worked: &Worked) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !worked.started.load(Ordering::SeqCst) {
-        assert!(Instant::now() < deadline, "the handler never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_condition("the handler to start", Duration::from_secs(30), || {
+        worked.started.load(Ordering::SeqCst)
+    })
+    .await;
 }
 
 fn assert_cancelled(row: &admin::TaskRecord) {

@@ -9,7 +9,7 @@ use outbox::{
     CountersSnapshot, HandlerResult, Outcome, TaskContext, TaskHandler, TaskOptions, Worker,
     WorkerConfig, WorkerCounters, admin, outbox_task,
 };
-use outbox_tests::process::wait_until;
+use outbox_tests::process::{wait_for_condition, wait_until};
 use outbox_tests::tasks::{IntervalRecorder, Step, assert_one_at_a_time, create_intervals_table};
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
@@ -190,20 +190,14 @@ async fn start_gated(
     // Claimed is not started: a claim goes to the worker's buffer first,
     // and a shutdown asked before the dispatcher starts step 1 gives it
     // back unstarted (1 run in 16 to 30 on a loaded machine).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !gate
-        .1
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|(k, n)| k == key && *n == 1)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "step 1 never started"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_condition("step 1 to start", Duration::from_secs(30), || {
+        gate.1
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(k, n)| k == key && *n == 1)
+    })
+    .await;
     GatedRun {
         gate,
         running,

@@ -234,3 +234,17 @@ pub async fn wait_until(pool: &PgPool, sql: &str, within: Duration) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Polls `done` (a check of the test's own state: a flag a handler set, a
+/// list it wrote) until it is true, at most `within`; `what` names the
+/// wait in the failure.
+pub async fn wait_for_condition(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
