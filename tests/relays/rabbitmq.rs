@@ -1,6 +1,8 @@
 //! The relay against a real rabbitmq-server: a durable topic exchange, a
 //! durable queue bound to the orders' routing key, publisher confirms.
 
+use std::time::Duration;
+
 use futures_util::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions,
@@ -28,11 +30,23 @@ impl Rabbit {
         Kind::Rabbitmq.url(&self.server)
     }
 
+    /// The test's own connection, tried for up to a minute: the broker is
+    /// ready once its port accepts, but a node still booting on a loaded
+    /// machine can abort the AMQP handshake (CI once failed with
+    /// `ConnectionAborted` on the first connect after the start).
     async fn connect(&self) -> Connection {
         let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.server.port);
-        Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .expect("connect to RabbitMQ")
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match Connection::connect(&url, ConnectionProperties::default()).await {
+                Ok(conn) => return conn,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("rabbitmq: connect failed ({e}); trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("connect to RabbitMQ: {e}\n{}", self.server.log()),
+            }
+        }
     }
 
     /// The exchange, and a queue taking the orders' events.
