@@ -1074,20 +1074,28 @@ async fn wait_for_lock_wait(pool: &PgPool, what: &str) {
 async fn a_read_while_a_partition_is_made_sees_the_rows_moved_into_it() {
     let db = TestDb::migrated().await;
     // Five events where no partition covers their day: in the default one.
-    execute(
-        &db.pool,
+    // (One reading of the clock for the rows and the partition, which
+    // would otherwise be for different days across a midnight.)
+    let day: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now() + interval '10 days'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    sqlx::query(
         "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
-         SELECT gen_random_uuid(), 'order', g::text, 'e', '{}', now() + interval '10 days'
+         SELECT gen_random_uuid(), 'order', g::text, 'e', '{}', $1
          FROM generate_series(1, 5) AS g",
     )
-    .await;
-    let mut maker = db.pool.begin().await.unwrap();
-    let made: bool = sqlx::query_scalar(
-        "SELECT outbox_event_log_cover(now() + interval '10 days', interval '1 day')",
-    )
-    .fetch_one(&mut *maker)
+    .bind(day)
+    .execute(&db.pool)
     .await
     .unwrap();
+    let mut maker = db.pool.begin().await.unwrap();
+    let made: bool = sqlx::query_scalar("SELECT outbox_event_log_cover($1, interval '1 day')")
+        .bind(day)
+        .fetch_one(&mut *maker)
+        .await
+        .unwrap();
     assert!(made);
     let pool = db.pool.clone();
     let read = tokio::spawn(async move {
@@ -1123,7 +1131,7 @@ async fn a_day_past_with_a_subscription_at_its_start(pool: &PgPool) {
          INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('r', 0, 0);
          INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
          VALUES (gen_random_uuid(), 'order', 'a', 'first', '{}',
-                 date_trunc('day', now() - interval '3 days') + interval '1 hour')",
+                 date_trunc('day', now() - interval '3 days', 'UTC') + interval '1 hour')",
     )
     .await;
 }
@@ -1141,7 +1149,7 @@ async fn retention_keeps_a_partition_whose_last_event_commits_while_the_drop_wai
     sqlx::query(
         "INSERT INTO outbox_event_log (id, aggregatetype, aggregateid, type, payload, created_at)
          VALUES (gen_random_uuid(), 'order', 'a', 'last', '{}',
-                 date_trunc('day', now() - interval '3 days') + interval '23 hours')",
+                 (SELECT created_at FROM outbox_event_log WHERE type = 'first') + interval '22 hours')",
     )
     .execute(&mut *open)
     .await

@@ -80,7 +80,7 @@ async fn a_periodic_task_is_enqueued_every_tick_with_its_payload() {
 async fn away_from_the_hour(db: &TestDb) {
     wait_until(
         &db.pool,
-        "SELECT now() - date_trunc('hour', now()) BETWEEN interval '1 minute' AND interval '59 minutes'",
+        "SELECT now() - date_trunc('hour', now(), 'UTC') BETWEEN interval '1 minute' AND interval '59 minutes'",
         Duration::from_secs(150),
     )
     .await;
@@ -100,7 +100,7 @@ async fn after_downtime_the_latest_missed_tick_runs_once_or_not_at_all() {
         sqlx::query(
             "INSERT INTO outbox_periodic (name, schedule, task_type, queue, payload, last_tick) \
              VALUES ($1, 'every 1h', 'test.periodic.sweep', 'periodic-tests', '{}', \
-                     date_trunc('hour', now()) - interval '3 hours')",
+                     date_trunc('hour', now(), 'UTC') - interval '3 hours')",
         )
         .bind(name)
         .execute(&db.pool)
@@ -118,7 +118,7 @@ async fn after_downtime_the_latest_missed_tick_runs_once_or_not_at_all() {
     );
     wait_until(
         &db.pool,
-        "SELECT bool_and(last_tick >= date_trunc('hour', now())) FROM outbox_periodic",
+        "SELECT bool_and(last_tick >= date_trunc('hour', now(), 'UTC')) FROM outbox_periodic",
         Duration::from_secs(20),
     )
     .await;
@@ -135,7 +135,7 @@ async fn after_downtime_the_latest_missed_tick_runs_once_or_not_at_all() {
         "three missed ticks: one run, or none"
     );
     let latest: bool = sqlx::query_scalar(
-        "SELECT bool_and(execute_at = date_trunc('hour', now())) FROM outbox_all_tasks",
+        "SELECT bool_and(execute_at = date_trunc('hour', now(), 'UTC')) FROM outbox_all_tasks",
     )
     .fetch_one(&db.pool)
     .await
@@ -178,12 +178,12 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
     for (name, last_tick, payload) in [
         (
             "missed",
-            "date_trunc('hour', now()) - interval '2 hours'",
+            "date_trunc('hour', now(), 'UTC') - interval '2 hours'",
             "{\"area\": \"missed\"}",
         ),
         (
             "changed",
-            "date_trunc('hour', now()) + interval '1 day'",
+            "date_trunc('hour', now(), 'UTC') + interval '1 day'",
             "{\"area\": \"old\"}",
         ),
     ] {
@@ -215,13 +215,13 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
     );
     wait_until(
         &db.pool,
-        "SELECT bool_and(last_tick = date_trunc('hour', now())) FROM outbox_periodic",
+        "SELECT bool_and(last_tick = date_trunc('hour', now(), 'UTC')) FROM outbox_periodic",
         Duration::from_secs(20),
     )
     .await;
     worker.stop().await;
     let left: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT payload->>'area', execute_at = date_trunc('hour', now()) \
+        "SELECT payload->>'area', execute_at = date_trunc('hour', now(), 'UTC') \
          FROM outbox_tasks ORDER BY 1",
     )
     .fetch_all(&db.pool)

@@ -190,12 +190,16 @@ async fn a_key_is_free_again_once_its_task_left_the_covered_states() {
 async fn a_period_allows_one_task_per_period_of_the_database_clock() {
     let db = TestDb::migrated().await;
     let hourly = || TaskOptions::new().unique(Unique::key("report").per(Duration::from_secs(3600)));
-    let a = outbox::submit_detailed(&mut *db.conn().await, Plain { n: 1 }, hourly())
+    // One transaction, so one reading of the clock: two would fall into
+    // different hours across the top of one.
+    let mut tx = db.pool.begin().await.unwrap();
+    let a = outbox::submit_detailed(&mut tx, Plain { n: 1 }, hourly())
         .await
         .unwrap();
-    let b = outbox::submit_detailed(&mut *db.conn().await, Plain { n: 2 }, hourly())
+    let b = outbox::submit_detailed(&mut tx, Plain { n: 2 }, hourly())
         .await
         .unwrap();
+    tx.commit().await.unwrap();
     assert!(!a.duplicate && b.duplicate && b.id == a.id);
 
     // A 2-second period: once the database clock is in the next period, the
