@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use metrics::{Counter, Gauge, Histogram};
 
 /// Events the broker acknowledged, by relay.
 pub const PUBLISHED: &str = "outbox_relay_published_total";
@@ -24,15 +25,37 @@ pub const PARKED: &str = "outbox_relay_parked_total";
 /// subscription had passed them (events lost to a stuck subscription).
 pub const FORCED_DROPS: &str = "outbox_event_log_forced_drops_total";
 
-pub(crate) fn circuit(relay: &Arc<str>, open: bool) {
-    metrics::gauge!(CIRCUIT_OPEN, "relay" => Arc::clone(relay)).set(if open { 1.0 } else { 0.0 });
+/// A relay's instruments written at every publish, looked up once when it
+/// starts (from the recorder installed then): the macros build each key
+/// and look it up in the recorder's registry at every call, which at tens
+/// of thousands of events a second is work of its own.
+pub(crate) struct Instruments {
+    published: Counter,
+    publish_duration: Histogram,
+    commit_to_ack: Histogram,
+    circuit_open: Gauge,
 }
 
-pub(crate) fn published(relay: &Arc<str>, took: Duration, created_at: DateTime<Utc>) {
-    metrics::counter!(PUBLISHED, "relay" => Arc::clone(relay)).increment(1);
-    metrics::histogram!(PUBLISH_DURATION, "relay" => Arc::clone(relay)).record(took.as_secs_f64());
-    let age = (Utc::now() - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
-    metrics::histogram!(COMMIT_TO_ACK, "relay" => Arc::clone(relay)).record(age.max(0.0));
+impl Instruments {
+    pub(crate) fn new(relay: &Arc<str>) -> Self {
+        Self {
+            published: metrics::counter!(PUBLISHED, "relay" => Arc::clone(relay)),
+            publish_duration: metrics::histogram!(PUBLISH_DURATION, "relay" => Arc::clone(relay)),
+            commit_to_ack: metrics::histogram!(COMMIT_TO_ACK, "relay" => Arc::clone(relay)),
+            circuit_open: metrics::gauge!(CIRCUIT_OPEN, "relay" => Arc::clone(relay)),
+        }
+    }
+
+    pub(crate) fn circuit(&self, open: bool) {
+        self.circuit_open.set(if open { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn published(&self, took: Duration, created_at: DateTime<Utc>) {
+        self.published.increment(1);
+        self.publish_duration.record(took.as_secs_f64());
+        let age = (Utc::now() - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        self.commit_to_ack.record(age.max(0.0));
+    }
 }
 
 pub(crate) fn failed(relay: &Arc<str>, class: &'static str, kind: &'static str) {

@@ -25,6 +25,7 @@ pub(crate) struct Running {
     pub(crate) publish_timeout: Duration,
     pub(crate) concurrency: usize,
     pub(crate) circuit: Circuit,
+    pub(crate) instruments: m::Instruments,
 }
 
 /// An aggregate: its type and id.
@@ -188,8 +189,8 @@ async fn one(
         let wait = match result {
             Ok(()) => {
                 relay.circuit.success();
-                m::circuit(&relay.name, false);
-                m::published(&relay.name, took, event.created_at);
+                relay.instruments.circuit(false);
+                relay.instruments.published(took, event.created_at);
                 return Ok(Sent::Published);
             }
             Err(PublishError::Transient {
@@ -198,7 +199,7 @@ async fn one(
                 retry_after,
             }) => {
                 let streak = relay.circuit.failure();
-                m::circuit(&relay.name, relay.circuit.is_open());
+                relay.instruments.circuit(relay.circuit.is_open());
                 m::failed(&relay.name, "transient", kind);
                 tracing::debug!(relay = %relay.name, event_id = %event.id, kind, %reason, "publish failed for now");
                 backoff(streak).max(retry_after.unwrap_or_default())

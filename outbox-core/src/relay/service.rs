@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Relay;
 use super::circuit::Circuit;
+use super::metrics::Instruments;
 use super::partition::{self, End, Env};
 use super::publish::Running;
 use crate::db::event_log;
@@ -85,9 +86,11 @@ pub(crate) async fn run(
             "the subscription exists with this stream and partition count, which it keeps \
              (a subscription's are set when it is created)");
     }
+    let name: Arc<str> = Arc::from(relay.name.as_str());
     let env = Arc::new(Env {
         relay: Running {
-            name: Arc::from(relay.name.as_str()),
+            instruments: Instruments::new(&name),
+            name,
             sink: relay.sink,
             route,
             give_up_after: relay.give_up_after.unwrap_or(1).max(1),
