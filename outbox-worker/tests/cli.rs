@@ -808,6 +808,9 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "1000",
             "--relay-held-seconds",
             "1",
+            // Recording as `run --metrics-addr` does, which the relay's
+            // instruments are looked up from when it starts.
+            "--metrics",
         ],
     )
     .await;

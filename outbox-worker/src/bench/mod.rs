@@ -120,6 +120,11 @@ pub(crate) struct BenchArgs {
     /// pg_stat_statements (private cluster only).
     #[arg(long)]
     statements: bool,
+    /// Record metrics into the Prometheus recorder, as `run
+    /// --metrics-addr` does (without it, the figures leave out what
+    /// recording costs the engine and the relay).
+    #[arg(long)]
+    metrics: bool,
     #[command(flatten)]
     ordering: ordering::OrderingArgs,
     #[command(flatten)]
@@ -296,6 +301,10 @@ struct Bench {
 }
 
 pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failure> {
+    if args.metrics {
+        // Recorded and never scraped: the cost is the recording.
+        crate::metrics::install().map_err(Failure::runtime)?;
+    }
     let options = LocalPostgresOptions {
         durable: true,
         max_connections: 200,
