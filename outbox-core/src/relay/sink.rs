@@ -141,6 +141,17 @@ enum Part {
     EventType,
 }
 
+impl Part {
+    /// This part of an event's destination.
+    fn fill<'a>(&'a self, aggregate_type: &'a str, event_type: &'a str) -> &'a str {
+        match self {
+            Self::Text(text) => text,
+            Self::AggregateType => aggregate_type,
+            Self::EventType => event_type,
+        }
+    }
+}
+
 impl Route {
     /// Parses a template; an unknown `{field}` is an error.
     pub fn parse(template: &str) -> Result<Self, String> {
@@ -179,20 +190,10 @@ impl Route {
 
     /// The destination of an event.
     pub fn destination(&self, aggregate_type: &str, event_type: &str) -> String {
-        let part = |p: &Part| -> usize {
-            match p {
-                Part::Text(text) => text.len(),
-                Part::AggregateType => aggregate_type.len(),
-                Part::EventType => event_type.len(),
-            }
-        };
-        let mut out = String::with_capacity(self.parts.iter().map(part).sum());
+        let filled = |p| Part::fill(p, aggregate_type, event_type);
+        let mut out = String::with_capacity(self.parts.iter().map(|p| filled(p).len()).sum());
         for p in &self.parts {
-            out.push_str(match p {
-                Part::Text(text) => text,
-                Part::AggregateType => aggregate_type,
-                Part::EventType => event_type,
-            });
+            out.push_str(filled(p));
         }
         out
     }
