@@ -175,8 +175,14 @@ enum CommitOrder {
 /// back on purpose and serialization failures retried, each transaction
 /// recording its event beside what orders its commit (`how`). The relay
 /// must publish every committed event, no rolled-back one, each aggregate
-/// in the order its transactions committed.
-async fn concurrent_emitters_keep_commit_order(isolation: &str, how: CommitOrder) {
+/// in the order its transactions committed. With `batch`, the relay's
+/// batches span that many positions: a small one keeps them full, so each
+/// is published while the next is read.
+async fn concurrent_emitters_keep_commit_order(
+    isolation: &str,
+    how: CommitOrder,
+    batch: Option<i64>,
+) {
     let db = TestDb::migrated().await;
     if how == CommitOrder::CommitTimestamps {
         let on: String = sqlx::query_scalar("SHOW track_commit_timestamp")
@@ -200,7 +206,12 @@ async fn concurrent_emitters_keep_commit_order(isolation: &str, how: CommitOrder
     let sink = Capture::default();
     // The relay runs while they write: batches are cut between their
     // commits, with transactions open across the cuts.
-    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    let relay = Relay::new("capture", sink.clone());
+    let relay = match batch {
+        Some(positions) => relay.batch(positions),
+        None => relay,
+    };
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
     let rolled_back = Arc::new(Mutex::new(Vec::new()));
     let mut writers = Vec::new();
     for w in 0..8u64 {
@@ -323,17 +334,25 @@ async fn concurrent_emitters_keep_commit_order(isolation: &str, how: CommitOrder
 
 #[tokio::test]
 async fn concurrent_emitters_at_read_committed_keep_each_aggregates_commit_order() {
-    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::SharedCounter).await;
+    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::SharedCounter, None).await;
 }
 
 #[tokio::test]
 async fn concurrent_emitters_at_serializable_keep_each_aggregates_commit_order() {
-    concurrent_emitters_keep_commit_order("SERIALIZABLE", CommitOrder::CommitTimestamps).await;
+    concurrent_emitters_keep_commit_order("SERIALIZABLE", CommitOrder::CommitTimestamps, None)
+        .await;
+}
+
+#[tokio::test]
+async fn concurrent_emitters_keep_commit_order_through_small_batches_read_ahead() {
+    concurrent_emitters_keep_commit_order("SERIALIZABLE", CommitOrder::CommitTimestamps, Some(4))
+        .await;
 }
 
 #[tokio::test]
 async fn concurrent_emitters_at_read_committed_sharing_no_row_keep_each_aggregates_commit_order() {
-    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::CommitTimestamps).await;
+    concurrent_emitters_keep_commit_order("READ COMMITTED", CommitOrder::CommitTimestamps, None)
+        .await;
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! One leased partition of a subscription: read a batch, publish it, move
 //! the cursor (with whatever the batch parked, in one transaction); try
 //! parked aggregates again when they are due; renew the lease meanwhile.
+//! Behind a backlog, the next batch is read while one is published.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -123,6 +124,11 @@ impl Partition<'_> {
         let mut settled = Settled::default();
         // Why the last read was refused (event_log::head_problem), if it was.
         let mut stopped: Option<String> = None;
+        // The read after the batch being published, made meanwhile (from
+        // where that batch ends), so that the broker is not left idle
+        // while the next batch is read: a read depends on nothing a
+        // publish or a cursor write changes.
+        let mut ahead: Option<sqlx::Result<event_log::Batch>> = None;
         loop {
             if stop.is_cancelled() {
                 return End::Stopped;
@@ -161,19 +167,10 @@ impl Partition<'_> {
                     Err(Failure::Interrupted(Interrupted::LeaseExpired)) => return End::Lost,
                 }
             }
-            let read = call(&env.engine, env.deadline, "relay read", async |conn| {
-                event_log::read(
-                    conn,
-                    &cursor,
-                    env.batch,
-                    &settled,
-                    &env.stream,
-                    env.partitions,
-                    self.part,
-                )
-                .await
-            })
-            .await;
+            let read = match ahead.take() {
+                Some(read) => read,
+                None => self.read(&cursor, &settled).await,
+            };
             let batch = match read {
                 Ok(batch) => {
                     outage.ok();
@@ -233,34 +230,27 @@ impl Partition<'_> {
             }
             let set = parked.get_or_insert_with(HashSet::new);
             let count = batch.events.len();
-            let done = tokio::select! {
-                r = publish::batch(&env.relay, batch.events, set, self.clock, abandon) => r,
-                lost = self.keep_lease() => {
-                    tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing");
-                    return End::Lost;
-                }
+            // A batch cut at its limit has more behind it: read that
+            // meanwhile. (After a shorter one, a read then would most
+            // likely find nothing yet, and the relay would wait its poll
+            // before reading again.)
+            let full =
+                batch.next.position - cursor.position >= env.batch || count as i64 >= env.batch;
+            let published = self
+                .publish(
+                    batch.events,
+                    &batch.next,
+                    set,
+                    full.then_some(&settled),
+                    &mut outage,
+                    abandon,
+                )
+                .await;
+            let (done, read) = match published {
+                Ok(both) => both,
+                Err(end) => return end,
             };
-            let done = match done {
-                Ok(done) => done,
-                Err(Interrupted::Abandoned) => return End::Stopped,
-                Err(Interrupted::LeaseExpired) => return End::Lost,
-            };
-            // The broker has the batch: the cursor must move, or it is all
-            // published again. Retried through outages for as long as the
-            // lease surely holds.
-            loop {
-                match self.commit(&batch.next, done.published, &done.parked).await {
-                    Ok(true) => break,
-                    Ok(false) => return End::Lost,
-                    Err(error) => {
-                        let wait = outage.failed(&error);
-                        if !self.clock.held() {
-                            return End::Lost;
-                        }
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-            }
+            ahead = read;
             outage.ok();
             set.extend(done.newly_parked);
             if !done.parked.is_empty() {
@@ -279,6 +269,93 @@ impl Partition<'_> {
             () = tokio::time::sleep(d) => false,
             () = stop.cancelled() => true,
         }
+    }
+
+    /// Publishes a batch's `events` and writes the cursor after it
+    /// (`next`), reading the batch after it meanwhile when given what is
+    /// `settled` (`read_ahead`); returns what became of the batch and that
+    /// read, or how the partition's run ends.
+    async fn publish(
+        &self,
+        events: Vec<event_log::LogEvent>,
+        next: &Cursor,
+        parked: &HashSet<Aggregate>,
+        read_ahead: Option<&Settled>,
+        outage: &mut Outage,
+        abandon: &CancellationToken,
+    ) -> Result<(publish::Done, Option<sqlx::Result<event_log::Batch>>), End> {
+        let env = self.env;
+        let publishing = publish::batch(&env.relay, events, parked, self.clock, abandon);
+        let reading = async {
+            match read_ahead {
+                Some(settled) => Some(self.read(next, settled).await),
+                None => None,
+            }
+        };
+        let keeping = self.keep_lease();
+        tokio::pin!(publishing, reading, keeping);
+        let mut ahead = None;
+        let done = loop {
+            tokio::select! {
+                r = &mut publishing => break r,
+                r = &mut reading, if ahead.is_none() => ahead = Some(r),
+                lost = &mut keeping => {
+                    tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing");
+                    return Err(End::Lost);
+                }
+            }
+        };
+        let done = match done {
+            Ok(done) => done,
+            Err(Interrupted::Abandoned) => return Err(End::Stopped),
+            Err(Interrupted::LeaseExpired) => return Err(End::Lost),
+        };
+        // The broker has the batch: the cursor must move, or it is all
+        // published again. Retried through outages for as long as the
+        // lease surely holds. The read ahead, if still out, finishes
+        // meanwhile (within its deadline).
+        let saving = async {
+            loop {
+                match self.commit(next, done.published, &done.parked).await {
+                    Ok(true) => return true,
+                    Ok(false) => return false,
+                    Err(error) => {
+                        let wait = outage.failed(&error);
+                        if !self.clock.held() {
+                            return false;
+                        }
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        };
+        let (saved, read) = match ahead {
+            Some(read) => (saving.await, read),
+            None => tokio::join!(saving, reading),
+        };
+        if saved {
+            Ok((done, read))
+        } else {
+            Err(End::Lost)
+        }
+    }
+
+    /// The next batch after `cursor`.
+    async fn read(&self, cursor: &Cursor, settled: &Settled) -> sqlx::Result<event_log::Batch> {
+        let env = self.env;
+        call(&env.engine, env.deadline, "relay read", async |conn| {
+            event_log::read(
+                conn,
+                cursor,
+                env.batch,
+                settled,
+                &env.stream,
+                env.partitions,
+                self.part,
+            )
+            .await
+        })
+        .await
     }
 
     /// Renews the lease; false when it was lost.

@@ -39,9 +39,10 @@ pub(crate) async fn run(
     let Ok(route) = relay.route.clone() else {
         return; // refused by the builder
     };
-    // One session per partition at work and one for membership, up to a
+    // Two sessions per partition at work (a batch's read ahead beside its
+    // lease renewal and cursor write) and one for membership, up to a
     // point: partitions beyond it wait for a session between statements.
-    let sessions = (relay.partitions as usize).min(16) + 1;
+    let sessions = (relay.partitions as usize).min(16) * 2 + 1;
     // The relay's statements are all index lookups and short range scans;
     // its batch read looks up a range of positions and its gaps by the
     // log's position index, which statistics gathered while the log was
