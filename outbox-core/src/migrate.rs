@@ -193,6 +193,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0028_key_runs.up.sql"),
         down: include_str!("../../migrations/0028_key_runs.down.sql"),
     },
+    Migration {
+        version: 29,
+        name: "cancelled_outcomes",
+        up: include_str!("../../migrations/0029_cancelled_outcomes.up.sql"),
+        down: include_str!("../../migrations/0029_cancelled_outcomes.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

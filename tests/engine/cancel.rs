@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 struct Long {
     /// Whether the handler watches its token.
     polite: bool,
+    /// Whether the handler asks to run again later instead of succeeding
+    /// (an outcome written by the general statement, not the fast path).
+    #[serde(default)]
+    snooze: bool,
 }
 
 #[derive(Clone)]
@@ -64,6 +68,9 @@ impl TaskHandler<Long> for Worked {
             });
             let _open = self.gate.acquire().await;
         }
+        if task.snooze {
+            return Ok(Outcome::RetryAfter(Duration::from_secs(1)));
+        }
         Ok(Outcome::Success)
     }
 }
@@ -73,9 +80,15 @@ impl TaskHandler<Long> for Worked {
 /// from the cancel call to the dead row.
 async fn cancel_running(polite: bool, config: WorkerConfig) -> (admin::TaskRecord, bool, Duration) {
     let db = TestDb::migrated().await;
-    let id = outbox::submit(&mut *db.conn().await, Long { polite })
-        .await
-        .unwrap();
+    let id = outbox::submit(
+        &mut *db.conn().await,
+        Long {
+            polite,
+            snooze: false,
+        },
+    )
+    .await
+    .unwrap();
     let worked = Worked::default();
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())
@@ -165,19 +178,25 @@ async fn a_handler_that_ignores_the_cancel_and_succeeds_still_ends_cancelled() {
 
 #[tokio::test]
 async fn a_cancel_the_worker_never_heard_of_is_applied_by_the_database() {
-    for delete_completed in [false, true] {
-        never_heard_of(delete_completed).await;
+    for (delete_completed, snooze) in [(false, false), (true, false), (false, true)] {
+        never_heard_of(delete_completed, snooze).await;
     }
 }
 
 /// The worker is not told at all (no LISTEN, a heartbeat far away): the
 /// outcome it writes meets the request in the database, whether successes
-/// are kept or deleted at once.
-async fn never_heard_of(delete_completed: bool) {
+/// are kept or deleted at once, or the handler asks to run again later.
+async fn never_heard_of(delete_completed: bool, snooze: bool) {
     let db = TestDb::migrated().await;
-    let id: TaskId = outbox::submit(&mut *db.conn().await, Long { polite: false })
-        .await
-        .unwrap();
+    let id: TaskId = outbox::submit(
+        &mut *db.conn().await,
+        Long {
+            polite: false,
+            snooze,
+        },
+    )
+    .await
+    .unwrap();
     let config = WorkerConfig {
         listen: false,
         heartbeat_interval: Duration::from_secs(60),
@@ -204,10 +223,14 @@ async fn never_heard_of(delete_completed: bool) {
         vec![id]
     );
     worked.gate.add_permits(1);
-    worker
-        .wait_for(TaskEventKind::Completed, 1, Duration::from_secs(20))
+    // The worker reports what the database wrote, not what the handler
+    // returned.
+    let seen = worker
+        .wait_for(TaskEventKind::Dead, 1, Duration::from_secs(20))
         .await;
     worker.stop().await;
+    let kinds: Vec<_> = seen.iter().map(|e| (e.id, e.kind)).collect();
+    assert_eq!(kinds, [(id, TaskEventKind::Dead)]);
     assert_cancelled(&admin::get_task(&db.pool, id).await.unwrap().unwrap());
     // Retried by an operator, it runs again (the request is cleared).
     assert_eq!(admin::retry_tasks(&db.pool, &[id]).await.unwrap(), vec![id]);

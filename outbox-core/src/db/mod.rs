@@ -364,6 +364,9 @@ pub(crate) struct Completed {
     /// worker's): they let go of their key, and the rest of the run is
     /// given back (worker/runs.rs).
     pub(crate) halted: Vec<i64>,
+    /// Written, but dead instead of what the attempt said: an operator
+    /// asked to cancel the task, and the worker may not have heard.
+    pub(crate) cancelled: Vec<i64>,
 }
 
 /// An ordering key, with its queue.
@@ -435,6 +438,9 @@ pub(crate) async fn complete_tasks(
             if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
                 completed.halted.push(id);
             }
+            if r.try_get::<Option<bool>, _>("cancelled")? == Some(true) {
+                completed.cancelled.push(id);
+            }
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
         {
@@ -488,6 +494,9 @@ pub(crate) async fn finish_tasks(
                 done.written.push(id);
                 if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
                     done.halted.push(id);
+                }
+                if r.try_get::<Option<bool>, _>("cancelled")? == Some(true) {
+                    done.cancelled.push(id);
                 }
             }
         }

@@ -140,6 +140,9 @@ struct Written {
     wake: HashSet<Arc<str>>,
     /// Written, but their runs end here (see `db::Completed::halted`).
     halted: Vec<i64>,
+    /// Written dead: an operator's cancel met the outcome in the database
+    /// (see `db::Completed::cancelled`).
+    cancelled: Vec<i64>,
 }
 
 /// Writes batches, retrying through outages.
@@ -181,6 +184,7 @@ impl Writer {
                 }
                 written.ids.extend(done.written);
                 written.halted.extend(done.halted);
+                written.cancelled.extend(done.cancelled);
                 written.wake.extend(done.woken.into_iter().map(Arc::from));
             }
             None => written.unwritten.extend(part.iter().map(|d| d.finish.id)),
@@ -437,6 +441,7 @@ fn publish(
     let ids: HashSet<i64> = written.ids.iter().copied().collect();
     let rejected: HashSet<i64> = written.rejected.iter().copied().collect();
     let unwritten: HashSet<i64> = written.unwritten.iter().copied().collect();
+    let cancelled: HashSet<i64> = written.cancelled.iter().copied().collect();
     let subscribed = events.receiver_count() > 0;
     for d in batch {
         let id = d.finish.id;
@@ -453,7 +458,11 @@ fn publish(
             let delay = Duration::from_micros(u64::try_from(d.finish.delay_us).unwrap_or(0));
             waker.due_at(tokio::time::Instant::now() + delay);
         }
-        let kind = if ids.contains(&id) {
+        let kind = if cancelled.contains(&id) {
+            // Dead, whatever the handler said: the worker had not heard of
+            // the cancel, the database had.
+            TaskEventKind::Dead
+        } else if ids.contains(&id) {
             d.kind
         } else if rejected.contains(&id) {
             TaskEventKind::Failed
@@ -477,7 +486,7 @@ fn publish(
         shared.config.clock.now().unwrap_or_else(chrono::Utc::now),
         batch.iter().filter_map(|d| {
             let id = d.finish.id;
-            if rejected.contains(&id) {
+            if rejected.contains(&id) || cancelled.contains(&id) {
                 Some((&d.queue, false))
             } else if !ids.contains(&id) && d.completed_in {
                 Some((&d.queue, true))

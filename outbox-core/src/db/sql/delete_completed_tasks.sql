@@ -8,7 +8,8 @@
 -- The statement itself is outbox_complete_tasks (migration 26), which plans
 -- it once per session.
 SELECT id, handed, claimed, queue, task_type, payload, retry_count, max_attempts, claims,
-       key_seq, created_at, trace_context, ordered, workflow_id, deferred_key, run_halted
+       key_seq, created_at, trace_context, ordered, workflow_id, deferred_key, run_halted,
+       cancelled
 FROM outbox_complete_tasks($1::bigint[], $2::int[], $3::text[], $4::timestamptz, $5::text[],
                            $6::int[], $7::text, true, $8::bigint[],
                            $9::timestamptz[], $10::bigint[])

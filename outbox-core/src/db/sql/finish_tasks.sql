@@ -11,14 +11,15 @@
 -- $6 delay before the next attempt in microseconds bigint[], $7 dead
 -- bool[], $8 error text[] (null keeps the previous one). $9 overrides the
 -- clock (tests). $10 result text[] (JSON; null keeps none).
--- Returns the ids written, and (with a null id) each ordering key let go of
--- whose row another transaction held for longer than 50 ms: it is handed on
--- by the worker in a statement of its own (migrations 23 and 26;
--- complete_tasks.sql says why).
+-- Returns the ids written (cancelled true for a task an operator's cancel
+-- made dead whatever its outcome said, migration 29), and (with a null id)
+-- each ordering key let go of whose row another transaction held for
+-- longer than 50 ms: it is handed on by the worker in a statement of its
+-- own (migrations 23 and 26; complete_tasks.sql says why).
 --
 -- The statement itself is outbox_finish_tasks (migration 26), which plans
 -- it once per session.
-SELECT id, queue, deferred_key, run_halted
+SELECT id, queue, deferred_key, run_halted, cancelled
 FROM outbox_finish_tasks($1::bigint[], $2::int[], $3::text[], $4::text[], $5::int[],
                          $6::bigint[], $7::bool[], $8::text[], $9::timestamptz, $10::text[],
                          $11::timestamptz[], $12::bigint[], $13::bigint[])
