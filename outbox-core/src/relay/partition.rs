@@ -285,23 +285,29 @@ impl Partition<'_> {
         abandon: &CancellationToken,
     ) -> Result<(publish::Done, Option<sqlx::Result<event_log::Batch>>), End> {
         let env = self.env;
-        let publishing = publish::batch(&env.relay, events, parked, self.clock, abandon);
         let reading = async {
             match read_ahead {
                 Some(settled) => Some(self.read(next, settled).await),
                 None => None,
             }
         };
-        let keeping = self.keep_lease();
-        tokio::pin!(publishing, reading, keeping);
+        tokio::pin!(reading);
         let mut ahead = None;
-        let done = loop {
-            tokio::select! {
-                r = &mut publishing => break r,
-                r = &mut reading, if ahead.is_none() => ahead = Some(r),
-                lost = &mut keeping => {
-                    tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing");
-                    return Err(End::Lost);
+        let done = {
+            // Dropped at the end of this block: a renewal cut short here
+            // must not hold its session (behind a pooler, its transaction
+            // and the cursor row's lock) while the cursor is written.
+            let publishing = publish::batch(&env.relay, events, parked, self.clock, abandon);
+            let keeping = self.keep_lease();
+            tokio::pin!(publishing, keeping);
+            loop {
+                tokio::select! {
+                    r = &mut publishing => break r,
+                    r = &mut reading, if ahead.is_none() => ahead = Some(r),
+                    lost = &mut keeping => {
+                        tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing");
+                        return Err(End::Lost);
+                    }
                 }
             }
         };
@@ -329,9 +335,17 @@ impl Partition<'_> {
                 }
             }
         };
+        // A shutdown past its grace does not wait for a read it would
+        // throw away.
+        let rest_of_read = async {
+            tokio::select! {
+                read = &mut reading => read,
+                () = abandon.cancelled() => None,
+            }
+        };
         let (saved, read) = match ahead {
             Some(read) => (saving.await, read),
-            None => tokio::join!(saving, reading),
+            None => tokio::join!(saving, rest_of_read),
         };
         if saved {
             Ok((done, read))
