@@ -237,3 +237,95 @@ async fn never_heard_of(delete_completed: bool, snooze: bool) {
     let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
     assert_eq!(row.state, "pending");
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.cancel.in_run",
+    queue = "cancel-runs",
+    ordering_key = "key"
+)]
+struct InRun {
+    key: String,
+    /// The first of the key's tasks waits for the test's gate.
+    first: bool,
+}
+
+impl TaskHandler<InRun> for Worked {
+    async fn handle(&self, _ctx: TaskContext, task: InRun) -> HandlerResult {
+        if task.first {
+            self.started.store(true, Ordering::SeqCst);
+            let _open = self.gate.acquire().await;
+        }
+        Ok(Outcome::Success)
+    }
+}
+
+/// A run (the key's head and the tasks claimed behind it) whose head an
+/// operator cancels without the worker hearing: the head ends dead and the
+/// rest of the run goes back, as when the worker hears of it, and is
+/// claimed again (the cancelled head lets the key go on).
+#[tokio::test]
+async fn a_cancel_the_worker_never_heard_of_ends_its_run() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for first in [true, false, false] {
+        batch
+            .push(&InRun {
+                key: "k".to_owned(),
+                first,
+            })
+            .unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let worked = Worked::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                listen: false,
+                heartbeat_interval: Duration::from_secs(60),
+                maintenance: false,
+                ..WorkerConfig::default()
+            })
+            .handler::<InRun>(worked.clone())
+            .build()
+            .unwrap(),
+    );
+    // The head runs, the two behind it claimed with it.
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'processing'",
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_started(&worked).await;
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &ids[..1]).await.unwrap(),
+        ids[..1].to_vec()
+    );
+    worked.gate.add_permits(1);
+    let seen = worker
+        .wait_for_all(
+            &[(TaskEventKind::Dead, 1), (TaskEventKind::Completed, 2)],
+            Duration::from_secs(30),
+        )
+        .await;
+    worker.stop().await;
+    assert!(
+        seen.iter()
+            .all(|e| (e.id == ids[0]) == (e.kind == TaskEventKind::Dead)),
+        "{seen:?}"
+    );
+    assert_cancelled(&admin::get_task(&db.pool, ids[0]).await.unwrap().unwrap());
+    // Given back and claimed again, not run on: two claims each.
+    let rest: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT state::text, claims FROM outbox_all_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(ids[1..].iter().map(|id| id.0).collect::<Vec<_>>())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rest,
+        [("completed".to_owned(), 2), ("completed".to_owned(), 2)]
+    );
+}

@@ -361,7 +361,10 @@ impl Writer {
                 continue;
             }
             let id = d.finish.id;
-            let settled = match runs::next(&d, ids.contains(&id), written.unwritten.contains(&id)) {
+            // A task an operator's cancel made dead ends its run as a
+            // cancel the worker heard of does (the rest goes back).
+            let as_said = ids.contains(&id) && !written.cancelled.contains(&id);
+            let settled = match runs::next(&d, as_said, written.unwritten.contains(&id)) {
                 // The run ends here (its queue paused or given limits, or its
                 // next task no longer ours), or claiming stopped.
                 runs::Next::GoOn if written.halted.contains(&id) || shared.hand_on.stopped() => {
@@ -452,6 +455,7 @@ fn publish(
         shared.holdings.done(id, &d.finish.token);
         if d.finish.delay_us > 0
             && ids.contains(&id)
+            && !cancelled.contains(&id)
             && let Some(waker) = shared.wakers.get(&*d.queue)
         {
             // Written just now, so due no earlier than this.
