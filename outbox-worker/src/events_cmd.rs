@@ -156,6 +156,10 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
         event = event.queue(q);
     }
     let pool = connect_migrated(&args.db, 2).await?;
+    // Asked before the write, not after: once the event is committed,
+    // nothing else the command does may wait on the database (a server
+    // gone after the COMMIT would turn a written event into a timeout).
+    let relays_stopped = outbox::relay::sequence_problem(&pool).await;
     // The id is chosen here, before the transaction, so a failure whose
     // outcome is unknown can name it, and a retry with it writes nothing
     // if the first try committed (emit_once).
@@ -178,7 +182,7 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     }
     // Relays that read nothing (see `events subscriptions`) will not
     // publish this event as things stand: say so, the write stands.
-    if let Ok(Some(problem)) = outbox::relay::sequence_problem(&pool).await {
+    if let Ok(Some(problem)) = relays_stopped {
         eprintln!("warning: relays read nothing: {problem}");
     }
     Ok(())

@@ -1200,6 +1200,40 @@ async fn periodic_declarations_are_checked_and_listed() {
     worker.wait(Duration::from_secs(20)).await;
 }
 
+/// A position sequence the relays refuse to read behind (a cache) does not
+/// stop `events emit`: the event is written, and the command warns that
+/// relays will not publish it as things stand.
+#[tokio::test]
+async fn an_emit_while_relays_read_nothing_is_written_with_a_warning() {
+    let db = TestDb::migrated().await;
+    sqlx::query("ALTER SEQUENCE outbox_event_position_seq CACHE 20")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let out = cli(&[
+        "events",
+        "emit",
+        "order",
+        "7",
+        "order.placed",
+        "{}",
+        "--database-url",
+        db.url.as_str(),
+    ])
+    .await;
+    assert!(ok(&out).starts_with("emitted event "));
+    assert!(
+        stderr(&out).contains("warning: relays read nothing") && stderr(&out).contains("CACHE 1"),
+        "{}",
+        stderr(&out)
+    );
+    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(logged, 1);
+}
+
 #[tokio::test]
 async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_relays_refused() {
     let db = TestDb::migrated().await;
