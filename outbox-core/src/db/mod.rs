@@ -369,6 +369,22 @@ pub(crate) struct Completed {
     pub(crate) cancelled: Vec<i64>,
 }
 
+impl Completed {
+    /// Takes in an outcome statement's row for an outcome written: its id,
+    /// and whether its run ends there or a cancel made it dead.
+    fn note_written(&mut self, r: &sqlx::postgres::PgRow) -> sqlx::Result<()> {
+        let id = r.try_get("id")?;
+        self.written.push(id);
+        if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
+            self.halted.push(id);
+        }
+        if r.try_get::<Option<bool>, _>("cancelled")? == Some(true) {
+            self.cancelled.push(id);
+        }
+        Ok(())
+    }
+}
+
 /// An ordering key, with its queue.
 pub(crate) type QueueKey = (String, String);
 
@@ -433,14 +449,7 @@ pub(crate) async fn complete_tasks(
         if let Some(key) = deferred_key(r)? {
             completed.deferred.push(key);
         } else if !r.try_get::<bool, _>("handed")? {
-            let id = r.try_get("id")?;
-            completed.written.push(id);
-            if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
-                completed.halted.push(id);
-            }
-            if r.try_get::<Option<bool>, _>("cancelled")? == Some(true) {
-                completed.cancelled.push(id);
-            }
+            completed.note_written(r)?;
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
         {
@@ -489,16 +498,7 @@ pub(crate) async fn finish_tasks(
     for r in &rows {
         match deferred_key(r)? {
             Some(key) => done.deferred.push(key),
-            None => {
-                let id = r.try_get("id")?;
-                done.written.push(id);
-                if r.try_get::<Option<bool>, _>("run_halted")? == Some(true) {
-                    done.halted.push(id);
-                }
-                if r.try_get::<Option<bool>, _>("cancelled")? == Some(true) {
-                    done.cancelled.push(id);
-                }
-            }
+            None => done.note_written(r)?,
         }
     }
     Ok(done)
