@@ -858,6 +858,10 @@ async fn partitions_are_shared_between_relay_workers_and_a_silent_one_is_fenced(
         Relay::new("shared", sink.clone())
             .partitions(4)
             .lease(Duration::from_secs(2))
+            // Batches of 2 positions are full whenever a partition is
+            // behind by two, so it reads ahead, and the silent worker's
+            // reads ahead meet the black hole too.
+            .batch(2)
     };
     // Worker A reaches the database through a proxy the test can cut.
     let (proxy, proxied_url) = FaultProxy::start(&db.url).await;
