@@ -319,7 +319,16 @@ async fn a_postgres_restart_behind_pgbouncer_loses_nothing_and_reruns_nothing_un
     submit_and_emit(&pool, TASKS, 100).await;
 
     let runs = Bouncer::default();
-    let worker = bounce_worker(&pool, runs.clone(), 16, outage_config());
+    // The test is about a restart shorter than the heartbeat timeout:
+    // nothing may be taken for lost. At outage_config's 2 s, a restart that
+    // took longer on a loaded machine (CI: once) left the worker unable to
+    // vouch for its tasks, and it let go of them, as it must; 20 s keeps
+    // the restart well inside the timeout.
+    let config = WorkerConfig {
+        heartbeat_timeout: Duration::from_secs(20),
+        ..outage_config()
+    };
+    let worker = bounce_worker(&pool, runs.clone(), 16, config);
     let began = std::time::Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     let mut restarted = false;
