@@ -43,6 +43,24 @@ fn transient_sqlstate(code: &str) -> bool {
     }
 }
 
+/// Whether `error` says the session itself is gone, not only the
+/// statement: the connection broke or timed out, or the server ended the
+/// session (admin or crash shutdown, or not accepting sessions). Sessions
+/// opened to the same server before it most likely went with it: a
+/// restart or failover ends them all at once.
+pub(crate) fn is_session_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
 /// The error our client-side deadlines report: an I/O timeout, so it is
 /// classified (and logged) like the network fault it almost always is.
 pub(crate) fn deadline_exceeded(what: &str, deadline: std::time::Duration) -> sqlx::Error {
@@ -84,5 +102,15 @@ mod tests {
         assert!(!is_transient(&sqlx::Error::RowNotFound));
         assert!(!is_transient(&sqlx::Error::PoolClosed));
         assert!(!is_transient(&sqlx::Error::ColumnNotFound("id".into())));
+    }
+
+    #[test]
+    fn a_lost_session_is_told_from_a_failed_statement() {
+        let deadline = deadline_exceeded("claim", std::time::Duration::from_secs(1));
+        assert!(is_session_lost(&deadline));
+        assert!(is_session_lost(&sqlx::Error::Protocol("garbled".into())));
+        // Transient, but the session is fine: a retry on it may succeed.
+        assert!(!is_session_lost(&sqlx::Error::PoolTimedOut));
+        assert!(!is_session_lost(&sqlx::Error::RowNotFound));
     }
 }

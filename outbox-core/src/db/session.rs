@@ -30,7 +30,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
-use super::classify::{deadline_exceeded, is_transient};
+use super::classify::{deadline_exceeded, is_session_lost, is_transient};
 
 /// How much longer the client waits than the server's statement_timeout,
 /// so that a slow but alive server reports its own timeout first.
@@ -219,6 +219,16 @@ impl EnginePool {
         })
     }
 
+    /// Drops the idle sessions without a word to the server: after a call
+    /// found its session gone, they most likely are too (a restart or a
+    /// failover ends every session at once, and a silent network hides
+    /// them all alike). Each kept would cost some later call a failure,
+    /// and its loop a backoff, or a whole deadline on a silent network.
+    fn forget_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle());
+        drop(idle);
+    }
+
     /// Closes the idle sessions politely, each within `deadline`.
     pub(crate) async fn close(&self, deadline: Duration) {
         let idle = std::mem::take(&mut *self.idle());
@@ -243,7 +253,8 @@ pub(crate) fn listener_pool(options: &PgConnectOptions, acquire_timeout: Duratio
 /// Runs `work` on a connection from `pool`, all of it (getting the
 /// connection included) within `deadline`. A connection that missed the
 /// deadline or failed with a transient error is discarded, not returned:
-/// the next call gets a fresh one. `what` names the call in the deadline
+/// the next call gets a fresh one. When the error says the session itself
+/// was lost, the idle ones go too. `what` names the call in the deadline
 /// error.
 pub(crate) async fn call<T>(
     pool: &EnginePool,
@@ -264,10 +275,16 @@ pub(crate) async fn call<T>(
         };
         result
     };
-    match tokio::time::timeout(deadline, attempt).await {
+    let result = match tokio::time::timeout(deadline, attempt).await {
         Ok(result) => result,
         Err(_) => Err(deadline_exceeded(what, deadline)),
+    };
+    if let Err(error) = &result
+        && is_session_lost(error)
+    {
+        pool.forget_idle();
     }
+    result
 }
 
 /// Runs `work` as one transaction opened by `begin`, leaving no prepared
@@ -334,6 +351,108 @@ mod tests {
             keepalive: Duration::from_secs(10),
             pooled,
         }
+    }
+
+    /// A peer on a loopback port that speaks just enough of the protocol
+    /// for sessions to open and answer `ping` (a Sync, answered with
+    /// ReadyForQuery), and that can end every session it holds at once,
+    /// as a restarted server does.
+    struct RestartingServer {
+        port: u16,
+        sessions: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    }
+
+    impl RestartingServer {
+        async fn start() -> Self {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let sessions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let held = std::sync::Arc::clone(&sessions);
+            tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    let session = tokio::spawn(async move {
+                        // The startup message: its length, then the rest.
+                        let len = socket.read_u32().await.unwrap() as usize;
+                        let mut rest = vec![0; len - 4];
+                        socket.read_exact(&mut rest).await.unwrap();
+                        // AuthenticationOk, BackendKeyData, ReadyForQuery.
+                        let hello: &[u8] = &[
+                            b'R', 0, 0, 0, 8, 0, 0, 0, 0, b'K', 0, 0, 0, 12, 0, 0, 0, 1, 0, 0, 0,
+                            2, b'Z', 0, 0, 0, 5, b'I',
+                        ];
+                        socket.write_all(hello).await.unwrap();
+                        loop {
+                            let Ok(kind) = socket.read_u8().await else {
+                                return;
+                            };
+                            let Ok(len) = socket.read_u32().await else {
+                                return;
+                            };
+                            let mut body = vec![0; len as usize - 4];
+                            if socket.read_exact(&mut body).await.is_err() {
+                                return;
+                            }
+                            if kind == b'S'
+                                && socket.write_all(&[b'Z', 0, 0, 0, 5, b'I']).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    });
+                    held.lock().unwrap().push(session);
+                }
+            });
+            Self { port, sessions }
+        }
+
+        /// Ends every session open now (their sockets close).
+        fn restart(&self) {
+            for session in self.sessions.lock().unwrap().drain(..) {
+                session.abort();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_found_lost_takes_the_idle_ones_with_it() {
+        let server = RestartingServer::start().await;
+        let url = format!("postgres://u@127.0.0.1:{}/db?sslmode=disable", server.port);
+        let application = PgPool::connect_lazy(&url).unwrap();
+        let pool = EnginePool::new(&application, "w", limits(false), 3);
+        let deadline = Duration::from_secs(60);
+        // Three calls at once open three sessions, which go back idle.
+        let together = std::sync::Arc::new(tokio::sync::Barrier::new(3));
+        let ping = |together: std::sync::Arc<tokio::sync::Barrier>| {
+            let pool = &pool;
+            async move {
+                call(pool, deadline, "ping", async |conn| {
+                    conn.ping().await?;
+                    together.wait().await;
+                    Ok(())
+                })
+                .await
+            }
+        };
+        let (a, b, c) = tokio::join!(
+            ping(together.clone()),
+            ping(together.clone()),
+            ping(together.clone())
+        );
+        a.and(b).and(c).unwrap();
+        assert_eq!(pool.idle().len(), 3);
+
+        server.restart();
+        let lost = call(&pool, deadline, "ping", async |conn| conn.ping().await).await;
+        let error = lost.expect_err("the server ended the session");
+        assert!(is_session_lost(&error), "{error}");
+        // The other two went with it, rather than failing the next two
+        // calls one at a time.
+        assert_eq!(pool.idle().len(), 0);
+        call(&pool, deadline, "ping", async |conn| conn.ping().await)
+            .await
+            .expect("a new session");
+        assert_eq!(pool.idle().len(), 1);
     }
 
     #[tokio::test]
