@@ -1504,3 +1504,62 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         stderr(&again)
     );
 }
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(line) = std::fs::read(entry.path().join("cmdline")) {
+            let line = String::from_utf8_lossy(&line).replace('\0', " ");
+            if line.contains(needle) {
+                found.push(line);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn an_interrupted_bench_stops_the_postgres_it_started() {
+    // No database given: the bench starts a private one, under a directory
+    // named after its process id.
+    let child = tokio::process::Command::new(BIN)
+        .args(["bench", "--tasks", "2000000", "--business-txs", "0"])
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let marker = format!("outbox-pg-{pid}-");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !processes_mentioning(&marker)
+        .iter()
+        .any(|p| p.contains("bin/postgres"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bench's PostgreSQL never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // As the terminal's Ctrl-C would: the server has its own process group,
+    // so only the bench gets the signal.
+    outbox_worker::local_broker::send_signal(i64::from(pid), "INT").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("the bench stops on SIGINT")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "still running: {left:?}");
+    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with(&marker))
+        .collect();
+    assert!(dirs.is_empty(), "left behind: {dirs:?}");
+}

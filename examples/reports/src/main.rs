@@ -25,12 +25,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = tokio::spawn(worker.run(shutdown.clone()));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("reports service on http://{addr}/reports (Ctrl-C to stop)");
+    // SIGTERM (a service manager) as well as Ctrl-C: either way the
+    // private PostgreSQL goes with the process.
+    tokio::spawn(outbox_worker::stop_on_signal(shutdown.clone()));
     let stop = shutdown.clone();
     axum::serve(listener, reports_example::router(pool))
-        .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            stop.cancel();
-        })
+        .with_graceful_shutdown(async move { stop.cancelled().await })
         .await?;
     running.await??;
     Ok(())

@@ -300,7 +300,22 @@ struct Bench {
     report: Report,
 }
 
+/// Runs the bench until it ends or the first SIGINT or SIGTERM. A signal
+/// drops the run where it is, and with it the private PostgreSQL and the
+/// brokers it started (each stops its server when dropped: the server runs
+/// in its own process group, so the terminal's Ctrl-C never reaches it).
 pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failure> {
+    let interrupted = CancellationToken::new();
+    tokio::spawn(crate::signals::stop_on_signal(interrupted.clone()));
+    tokio::select! {
+        result = run_to_the_end(args, register) => result,
+        () = interrupted.cancelled() => Err(Failure::runtime(
+            "interrupted: the bench stopped, and so did the servers it started",
+        )),
+    }
+}
+
+async fn run_to_the_end(args: BenchArgs, register: Register) -> Result<(), Failure> {
     if args.metrics {
         // Recorded and never scraped: the cost is the recording.
         crate::metrics::install().map_err(Failure::runtime)?;
