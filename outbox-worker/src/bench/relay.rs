@@ -227,8 +227,10 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         Ok(relay.wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
     };
     let n = args.relay_events;
-    let emit = super::business::measure_emit(bench).await?;
+    // Made first: a build without this sink says so before the minutes of
+    // the emit phase.
     let first = make().await?;
+    let emit = super::business::measure_emit(bench).await?;
     let concurrency = first.concurrency_limit();
     bench.say(format!(
         "relay {kind:?}: {n} events per throughput phase, concurrency {concurrency}"
