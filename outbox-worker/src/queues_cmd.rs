@@ -36,6 +36,10 @@ pub(crate) struct NameArgs {
     db: DbArgs,
     /// The queue.
     name: String,
+    /// Set it even though no worker serves it yet and it has no tasks (to
+    /// pause or limit a queue before its workers start).
+    #[arg(long)]
+    create: bool,
 }
 
 #[derive(Debug, Args)]
@@ -44,6 +48,9 @@ pub(crate) struct SetArgs {
     db: DbArgs,
     /// The queue.
     name: String,
+    /// Set it even though no worker serves it yet and it has no tasks.
+    #[arg(long)]
+    create: bool,
     /// At most this many of its tasks running at once across all workers
     /// (1 to 1000000), or `none`.
     #[arg(long, value_parser = parse_limit)]
@@ -78,12 +85,14 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
         QueuesCommand::List(args) => list(args).await,
         QueuesCommand::Pause(args) => {
             let pool = connect_migrated(&args.db, 1).await?;
+            known(&pool, &args.name, args.create).await?;
             let done = admin::pause_queue(&pool, &args.name).await?;
             println!("paused {} (running tasks finish)", done.name);
             Ok(())
         }
         QueuesCommand::Resume(args) => {
             let pool = connect_migrated(&args.db, 1).await?;
+            known(&pool, &args.name, args.create).await?;
             let done = admin::resume_queue(&pool, &args.name).await?;
             println!("resumed {}", done.name);
             Ok(())
@@ -101,11 +110,48 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
                 ));
             }
             let pool = connect_migrated(&args.db, 1).await?;
+            known(&pool, &args.name, args.create).await?;
             let done = admin::set_queue(&pool, &args.name, &change).await?;
             println!("{}: {}", done.name, limits(&done));
             Ok(())
         }
     }
+}
+
+/// Refuses a queue the cluster has never heard of (no settings, which a
+/// worker writes for each of its queues when it starts, and no tasks)
+/// unless `create`: a mistyped name would otherwise be paused or limited
+/// silently, and listed from then on.
+async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Failure> {
+    if create {
+        return Ok(());
+    }
+    let mut names: Vec<String> = admin::list_queues(pool)
+        .await?
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    names.extend(
+        admin::overview(pool)
+            .await?
+            .queues
+            .into_iter()
+            .map(|q| q.queue),
+    );
+    if names.iter().any(|n| n == name) {
+        return Ok(());
+    }
+    names.sort();
+    names.dedup();
+    Err(Failure::config(format!(
+        "no queue named {name:?}: no worker serves it and it has no tasks (queues: {}); \
+         pass --create to set it before its workers start",
+        if names.is_empty() {
+            "none yet".to_owned()
+        } else {
+            names.join(", ")
+        }
+    )))
 }
 
 fn limits(q: &QueueSettings) -> String {

@@ -12,20 +12,45 @@ use common::{cli, ok};
 async fn queues_are_paused_resumed_limited_and_listed() {
     let db = TestDb::migrated().await;
     let url = db.url.as_str();
-    let set = ok(&cli(&[
-        "queues",
-        "set",
-        "mail",
-        "--global-concurrency",
-        "3",
-        "--rate",
-        "120/m",
-        "--per-key-concurrency",
-        "2",
-        "--database-url",
-        url,
-    ])
-    .await);
+    // A queue no worker serves and no task names: a typo, unless --create.
+    let set_mail = |create: bool| {
+        let mut args = vec![
+            "queues",
+            "set",
+            "mail",
+            "--global-concurrency",
+            "3",
+            "--rate",
+            "120/m",
+            "--per-key-concurrency",
+            "2",
+            "--database-url",
+            url,
+        ];
+        if create {
+            args.push("--create");
+        }
+        args
+    };
+    for unknown in [
+        set_mail(false),
+        vec!["queues", "pause", "mail", "--database-url", url],
+        vec!["queues", "resume", "mail", "--database-url", url],
+    ] {
+        let out = cli(&unknown).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{unknown:?}: {err}");
+        assert!(
+            err.contains("no queue named \"mail\"") && err.contains("--create"),
+            "{err}"
+        );
+    }
+    let none: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(none, 0, "a refused command wrote a queue");
+    let set = ok(&cli(&set_mail(true)).await);
     assert!(
         set.contains("global concurrency 3, rate 2/s, per-key concurrency 2"),
         "{set}"
