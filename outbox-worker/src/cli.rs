@@ -435,7 +435,15 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     for (queue, concurrency) in args.queues {
         builder = builder.queue(queue, concurrency);
     }
-    for spec in &args.periodic {
+    for (i, spec) in args.periodic.iter().enumerate() {
+        // The builder keeps the last of a name; on the command line two are
+        // a mistake, as two relays of one name are.
+        if args.periodic[..i].iter().any(|p| p.name() == spec.name()) {
+            return Err(Failure::config(format!(
+                "two periodic tasks are named {:?}: give each --periodic its own name",
+                spec.name()
+            )));
+        }
         builder = builder.periodic(crate::periodic_cmd::resolve(spec)?);
     }
     for (name, url) in &args.relays {

@@ -16,6 +16,13 @@ pub(crate) struct PeriodicSpec {
     payload: String,
 }
 
+impl PeriodicSpec {
+    /// The name before the `=`.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// Parses `NAME=SCHEDULE TYPE JSON`: the name up to the first `=`, the
 /// JSON payload from the first `{` or `[`, the task type the word before
 /// it, and the schedule everything between.

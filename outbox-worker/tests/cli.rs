@@ -1167,6 +1167,20 @@ async fn periodic_declarations_are_checked_and_listed() {
         )
         .await;
     }
+    refused(
+        &[
+            "run",
+            "--database-url",
+            url,
+            "--periodic",
+            "n=every 30s outbox.noop {}",
+            "--periodic",
+            "n=every 1m outbox.noop {}",
+        ],
+        2,
+        "two periodic tasks are named \"n\"",
+    )
+    .await;
     let empty = ok(&cli(&["periodic", "list", "--database-url", url]).await);
     assert!(empty.contains("(none"), "{empty}");
     let mut worker = outbox_tests::process::WorkerProcess::spawn(
