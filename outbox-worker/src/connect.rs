@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use clap::Args;
+use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -88,7 +89,9 @@ async fn open(
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
-    let options = adjust(options);
+    // A statement that runs long is the command's own failure to report
+    // (its deadline, exit 3), not a warning from sqlx quoting its SQL.
+    let options = adjust(options).disable_statement_logging();
     // What the connection goes to: a Unix socket (`host=/dir` in the URL)
     // wins over the host name.
     let target = match options.get_socket() {
