@@ -260,6 +260,20 @@ pub fn main() -> ExitCode {
     main_with(|builder| builder)
 }
 
+/// The command line, with negative numbers read as values everywhere: a
+/// flag given `-1` then hears it and names its range, where clap would say
+/// `-1` is an unknown argument and suggest `-- -1`.
+fn parse() -> Cli {
+    fn negatives_are_values(command: clap::Command) -> clap::Command {
+        command
+            .allow_negative_numbers(true)
+            .mut_subcommands(negatives_are_values)
+    }
+    let command = negatives_are_values(<Cli as clap::CommandFactory>::command());
+    let matches = command.get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 /// Runs the CLI for an application's own worker binary: `register` adds the
 /// application's handlers to every worker the CLI builds (the built-in
 /// handlers are always added). It may be a plain `fn` or a closure that
@@ -284,7 +298,7 @@ pub fn main_with(
     register: impl Fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder + Send + Sync + 'static,
 ) -> ExitCode {
     let register: Register = std::sync::Arc::new(register);
-    let cli = Cli::parse();
+    let cli = parse();
     let default_log = if matches!(cli.command, Command::Demo(_)) {
         "error"
     } else {

@@ -284,6 +284,17 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "100001 is not in 0..=100000",
         ),
         (&["run", "--claim-ahead=-1"], "invalid digit"),
+        // A negative number is the flag's value, refused by its range
+        // (not taken for an unknown argument).
+        (&["run", "--key-run", "-1"], "invalid digit"),
+        (
+            &["tasks", "list", "--limit", "-1"],
+            "-1 is not in 1..=100000",
+        ),
+        (
+            &["tasks", "submit", "outbox.noop", "{}", "--priority", "-1"],
+            "-1 is not in 0..=9",
+        ),
         (&["run", "--key-run", "0"], "0 is not in 1..=10000"),
         (
             &["bench", "--key-run", "10001"],
