@@ -38,12 +38,23 @@ pub(crate) struct DemoArgs {
     /// No progress bar (for logs and CI).
     #[arg(long)]
     pub(crate) no_progress: bool,
+    /// Leave the private PostgreSQL running after the demo, to try the
+    /// operator commands it suggests on its tasks (the command that stops
+    /// it is printed).
+    #[arg(long)]
+    pub(crate) keep: bool,
 }
 
 pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failure> {
     if args.database_url.is_none() {
         println!(
-            "Starting a private PostgreSQL (removed at exit; set DATABASE_URL to use your own)..."
+            "{}",
+            if args.keep {
+                "Starting a private PostgreSQL (kept after the demo: --keep)..."
+            } else {
+                "Starting a private PostgreSQL (removed at exit; --keep keeps it, DATABASE_URL \
+                 uses your own)..."
+            }
         );
     }
     let (url, cluster) =
@@ -143,15 +154,17 @@ pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failu
         finished as f64 / elapsed.as_secs_f64().max(1e-9)
     );
     print_summary(&pool).await?;
-    let shown_url = if cluster.is_some() {
-        "postgres://..."
-    } else {
-        "\"$DATABASE_URL\""
+    let shown_url = match &cluster {
+        Some(_) if args.keep => url.clone(),
+        Some(_) => "postgres://...".to_owned(),
+        None => "\"$DATABASE_URL\"".to_owned(),
     };
-    // Run from a cargo build (the README's `cargo run`), the binary is not
-    // on PATH: suggest the command that reaches it.
-    let from_cargo = std::env::current_exe()
-        .is_ok_and(|exe| exe.components().any(|c| c.as_os_str() == "target"));
+    // Run from a cargo build (the README's `cargo run`, which names the
+    // package in the environment), the binary is not on PATH: suggest the
+    // command that reaches it.
+    let from_cargo = std::env::var("CARGO_PKG_NAME").as_deref() == Ok("outbox-worker")
+        || std::env::current_exe()
+            .is_ok_and(|exe| exe.components().any(|c| c.as_os_str() == "target"));
     let bin = if from_cargo {
         "cargo run -p outbox-worker --"
     } else {
@@ -161,14 +174,22 @@ pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failu
     println!("  {bin} tasks list --dead --database-url {shown_url}");
     println!("  {bin} tasks show <ID> --database-url {shown_url}");
     println!("  {bin} tasks retry --dead --type outbox.fail --database-url {shown_url}");
-    if cluster.is_some() {
-        println!(
-            "(This run's private database is removed now; run the demo with DATABASE_URL=postgres://... \
-             to keep its tasks and try these commands.)"
-        );
-    }
     pool.close().await;
-    drop(cluster);
+    match cluster {
+        Some(cluster) if args.keep => println!(
+            "The private PostgreSQL keeps running for these commands; stop it and remove its \
+             files with:\n  {}",
+            cluster.keep()
+        ),
+        Some(cluster) => {
+            println!(
+                "(This run's private database is removed now; run the demo with --keep to try \
+                 these commands on its tasks.)"
+            );
+            drop(cluster);
+        }
+        None => {}
+    }
     if finished < total {
         return Err(Failure::runtime(format!(
             "only {finished} of {total} tasks finished"

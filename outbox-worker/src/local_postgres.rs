@@ -228,24 +228,39 @@ impl LocalPostgres {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 
-    /// Makes sure the server goes away when this process does, even if it
-    /// never runs destructors (a test binary, a killed process): a small
-    /// shell watchdog polls for this process and then stops the server and
-    /// removes its directory. The cluster is then owned by the watchdog.
-    pub fn stop_when_process_exits(mut self) {
-        let stop = self
-            .pg_command_line("pg_ctl")
+    /// Leaves the server running after this process (the demo's `--keep`)
+    /// and returns the shell command that stops it and removes its files.
+    pub fn keep(mut self) -> String {
+        let stop = self.stop_command("fast");
+        let root = shell_quote(&self.root.display().to_string());
+        // Nothing to do on drop any more.
+        self.stopped = true;
+        self.root = PathBuf::new();
+        format!("{stop} && rm -rf {root}")
+    }
+
+    /// `pg_ctl stop` of this server in `mode`, as one shell command.
+    fn stop_command(&self, mode: &str) -> String {
+        self.pg_command_line("pg_ctl")
             .into_iter()
             .chain([
                 "-D".to_owned(),
                 self.data_dir().display().to_string(),
                 "-m".to_owned(),
-                "immediate".to_owned(),
+                mode.to_owned(),
                 "stop".to_owned(),
             ])
             .map(|a| shell_quote(&a))
             .collect::<Vec<_>>()
-            .join(" ");
+            .join(" ")
+    }
+
+    /// Makes sure the server goes away when this process does, even if it
+    /// never runs destructors (a test binary, a killed process): a small
+    /// shell watchdog polls for this process and then stops the server and
+    /// removes its directory. The cluster is then owned by the watchdog.
+    pub fn stop_when_process_exits(mut self) {
+        let stop = self.stop_command("immediate");
         let script = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {root}",
             pid = std::process::id(),

@@ -1596,3 +1596,68 @@ async fn an_interrupted_bench_stops_the_postgres_it_started() {
         .collect();
     assert!(dirs.is_empty(), "left behind: {dirs:?}");
 }
+
+/// Runs a shell command printed by the binary when dropped (a kept
+/// PostgreSQL's stop command), so that a failed test leaves no server.
+struct RunOnDrop(Option<String>);
+
+impl Drop for RunOnDrop {
+    fn drop(&mut self) {
+        if let Some(command) = self.0.take() {
+            let _ = std::process::Command::new("sh")
+                .args(["-c", &command])
+                .output();
+        }
+    }
+}
+
+#[tokio::test]
+async fn demo_keep_leaves_its_postgres_for_the_commands_it_suggests() {
+    let out = tokio::process::Command::new(BIN)
+        .args(["demo", "--tasks", "20", "--no-progress", "--keep"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let printed = ok(&out);
+    let mut lines = printed.lines();
+    let stop = lines
+        .find(|l| l.contains("stop it and remove its files with:"))
+        .and_then(|_| lines.next())
+        .expect("the stop command")
+        .trim()
+        .to_owned();
+    let mut stop = RunOnDrop(Some(stop));
+    let suggested = printed
+        .lines()
+        .find(|l| l.contains("tasks list --dead --database-url "))
+        .expect("the suggested command");
+    let url = suggested
+        .split("--database-url ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(url.starts_with("postgres://"), "{printed}");
+    // The demo's three poison tasks, from the server it left running.
+    let dead: Value = serde_json::from_str(&ok(&cli(&[
+        "tasks",
+        "list",
+        "--dead",
+        "--json",
+        "--database-url",
+        &url,
+    ])
+    .await))
+    .unwrap();
+    assert_eq!(dead.as_array().map(Vec::len), Some(3), "{dead}");
+    // Its stop command stops it.
+    let command = stop.0.take().unwrap();
+    let stopped = std::process::Command::new("sh")
+        .args(["-c", &command])
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{command}: {stopped:?}");
+    let out = cli(&["stats", "--database-url", &url]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
