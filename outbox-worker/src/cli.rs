@@ -208,7 +208,9 @@ struct RunArgs {
     #[arg(long = "periodic", value_parser = crate::periodic_cmd::parse_spec)]
     periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
     /// Relay events to a broker, as NAME=URL (repeatable; in OUTBOX_RELAYS,
-    /// separated by spaces). The scheme picks the sink: nats://,
+    /// separated by spaces). Each sink is a cargo feature (nats, kafka,
+    /// rabbitmq, redis, webhook; all-sinks for all): the default build has
+    /// none. The scheme picks the sink: nats://,
     /// kafka://HOST:PORT[,HOST:PORT...], amqp:// (RabbitMQ), redis://,
     /// http:// or https:// (webhooks). Query parameters set queue (default
     /// events), concurrency (default 256; Kafka 1024), route (default

@@ -2,8 +2,10 @@
 //!
 //! `POST /orders {"customer": "...", "amount_cents": N}` saves the order and
 //! emits its `order.placed` event in ONE transaction, then answers 201.
-//! Relay the events with the stock worker:
-//!     outbox-worker run --relay 'nats=nats://127.0.0.1:4222?stream=EVENTS'
+//! Relay the events with the stock worker, built with the NATS client (this
+//! example's `events-worker` binary is that build):
+//!     cargo run -p events-example --bin events-worker -- \
+//!         run --relay 'nats=nats://127.0.0.1:4222?stream=EVENTS'
 
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -5,8 +5,10 @@
 //! applied in a transaction that also records its event id in the inbox,
 //! and its offset is committed only after that commit. A crash between the
 //! two redelivers the record (to this member or another of the group); the
-//! inbox recognises it. Relay the events with:
-//!     outbox-worker run --relay 'kafka=kafka://127.0.0.1:9092'
+//! inbox recognises it. Relay the events with a worker built with the Kafka
+//! client (librdkafka, built from source: it needs a C toolchain and make):
+//!     cargo run -p outbox-worker --features kafka -- \
+//!         run --relay 'kafka=kafka://127.0.0.1:9092'
 
 use std::time::Duration;
 
