@@ -98,18 +98,23 @@ pub(crate) async fn run(command: PeriodicCommand) -> Result<(), Failure> {
             |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
         )
     };
+    // Ticks are enqueued ahead of their time, so the latest enqueued is
+    // often still to come: it is not the last that ran. A declaration no
+    // leader has recorded since its workers went (one removed from the
+    // code) shows an older DECLARED than the rest.
     println!(
-        "{:<24} {:<28} {:<24} {:<20} {:<20}",
-        "NAME", "SCHEDULE", "TYPE", "LAST RUN (UTC)", "NEXT RUN (UTC)"
+        "{:<24} {:<28} {:<24} {:<20} {:<20} {:<20}",
+        "NAME", "SCHEDULE", "TYPE", "ENQUEUED UP TO (UTC)", "NEXT TICK (UTC)", "DECLARED (UTC)"
     );
     for p in &all {
         println!(
-            "{:<24} {:<28} {:<24} {:<20} {:<20}",
+            "{:<24} {:<28} {:<24} {:<20} {:<20} {:<20}",
             p.name,
             p.schedule,
             p.task_type,
             time(p.last_run),
-            time(p.next_run)
+            time(p.next_run),
+            time(Some(p.declared_at))
         );
     }
     if all.is_empty() {

@@ -1229,6 +1229,11 @@ async fn periodic_declarations_are_checked_and_listed() {
         table.contains("sweep") && table.contains("every 1s"),
         "{table}"
     );
+    // Ticks are enqueued ahead: the column says so rather than "last run".
+    assert!(
+        table.contains("ENQUEUED UP TO") && table.contains("DECLARED"),
+        "{table}"
+    );
     worker.signal("TERM");
     worker.wait(Duration::from_secs(20)).await;
 }
