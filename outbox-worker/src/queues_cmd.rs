@@ -164,10 +164,22 @@ fn limits(q: &QueueSettings) -> String {
         },
         q.global_concurrency
             .map_or("none".to_owned(), |n| n.to_string()),
-        q.rate_per_second
-            .map_or("none".to_owned(), |r| format!("{r}/s")),
+        q.rate_per_second.map_or("none".to_owned(), rate),
         q.per_key_concurrency
     )
+}
+
+/// A rate in the unit that makes it whole, as it was most likely given
+/// (`--rate 5/m` is stored as 0.0833.../s): N/s, N/m or N/h, else per
+/// second to three decimals.
+fn rate(per_second: f64) -> String {
+    for (unit, seconds) in [("s", 1.0), ("m", 60.0), ("h", 3600.0)] {
+        let n = per_second * seconds;
+        if (n - n.round()).abs() < 1e-6 && n.round() >= 1.0 {
+            return format!("{}/{unit}", n.round());
+        }
+    }
+    format!("{per_second:.3}/s")
 }
 
 async fn list(args: JsonArgs) -> Result<(), Failure> {
@@ -190,7 +202,7 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
     }
     println!(
         "{:<20} {:<8} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>6}",
-        "queue", "state", "global", "rate/s", "per key", "available", "blocked", "running", "dead"
+        "queue", "state", "global", "rate", "per key", "available", "blocked", "running", "dead"
     );
     for q in &queues {
         let counts = overview.queues.iter().find(|o| o.queue == q.name);
@@ -205,7 +217,7 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
             },
             q.global_concurrency
                 .map_or("-".to_owned(), |n| n.to_string()),
-            q.rate_per_second.map_or("-".to_owned(), |r| r.to_string()),
+            q.rate_per_second.map_or("-".to_owned(), rate),
             q.per_key_concurrency,
             count(|o| o.available),
             count(|o| o.blocked),
@@ -263,4 +275,19 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
         println!("(no workers)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rate;
+
+    #[test]
+    fn a_rate_is_shown_in_the_unit_that_makes_it_whole() {
+        assert_eq!(rate(2.0), "2/s");
+        assert_eq!(rate(5.0 / 60.0), "5/m");
+        assert_eq!(rate(1.0 / 3600.0), "1/h");
+        assert_eq!(rate(90.0 / 3600.0), "90/h");
+        assert_eq!(rate(1.5), "90/m");
+        assert_eq!(rate(1.0 / 7.0), "0.143/s");
+    }
 }
