@@ -16,9 +16,9 @@ use crate::local_postgres::{LocalPostgres, LocalPostgresOptions};
 /// Where the database is: the `--database-url` of every command.
 #[derive(Debug, Args)]
 pub(crate) struct DbArgs {
-    /// PostgreSQL connection URL.
+    /// PostgreSQL connection URL (required: this flag or DATABASE_URL).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub(crate) database_url: String,
+    database_url: Option<String>,
     /// The URL leads to a connection pooler in transaction mode (PgBouncer's
     /// pool_mode = transaction): every statement runs in a transaction of
     /// its own that leaves nothing behind in the session, and no statement
@@ -29,13 +29,27 @@ pub(crate) struct DbArgs {
     pub(crate) pooler: bool,
 }
 
+impl DbArgs {
+    /// The URL given, or an error that names both ways to give it (clap's
+    /// own would name only the flag, while the README exports the
+    /// variable).
+    pub(crate) fn url(&self) -> Result<&str, Failure> {
+        self.database_url.as_deref().ok_or_else(|| {
+            Failure::config(
+                "no database given: set DATABASE_URL or pass --database-url \
+                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+            )
+        })
+    }
+}
+
 /// Connects to `db` (through its pooler, with `--pooler`): see [`connect`]
 /// and [`connect_pooled`].
 pub(crate) async fn connect_db(db: &DbArgs, max_connections: u32) -> Result<PgPool, Failure> {
     if db.pooler {
-        connect_pooled(&db.database_url, max_connections).await
+        connect_pooled(db.url()?, max_connections).await
     } else {
-        connect(&db.database_url, max_connections).await
+        connect(db.url()?, max_connections).await
     }
 }
 

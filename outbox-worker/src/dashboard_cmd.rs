@@ -81,7 +81,7 @@ pub(crate) async fn run(args: DashboardArgs) -> Result<(), Failure> {
     let pool = if args.db.pooler {
         connect_db(&args.db, 8).await?
     } else {
-        connect_limited(&args.db.database_url, 8, Some(dashboard::QUERY_DEADLINE)).await?
+        connect_limited(args.db.url()?, 8, Some(dashboard::QUERY_DEADLINE)).await?
     };
     let pool = migrated(pool).await?;
     let shutdown = CancellationToken::new();

@@ -176,6 +176,10 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
         args
     };
 
+    // No database at all: both ways to give one are named.
+    for command in [&["stats"][..], &["tasks", "list"], &["run"]] {
+        refused(command, 2, "set DATABASE_URL or pass --database-url").await;
+    }
     refused(
         &submit("nope.nothing", "{}"),
         2,
