@@ -364,8 +364,13 @@ async fn within(
             if let Some(in_doubt) = crate::commit::given_up_in_doubt() {
                 return Err(in_doubt);
             }
+            let written = if crate::commit::given_up_before_commit() {
+                " (nothing was written: its transaction never reached COMMIT)"
+            } else {
+                ""
+            };
             Err(Failure::unreachable(format!(
-                "the database did not finish this command within {} (--command-timeout): \
+                "the database did not finish this command within {} (--command-timeout){written}: \
              is a lock holding it, or is the server overloaded?",
                 humantime::format_duration(limit)
             )))

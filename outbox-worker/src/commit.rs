@@ -22,6 +22,18 @@ const RESOLVE_WITHIN: Duration = Duration::from_secs(30);
 /// `--command-timeout`).
 static IN_DOUBT: Mutex<Option<String>> = Mutex::new(None);
 
+/// Whether a write has begun and its COMMIT is not sent yet: a command
+/// given up then (by `--command-timeout`) wrote nothing, since the server
+/// rolls back the transaction of a connection that goes away. Not cleared
+/// when the write's future is dropped: that is the moment it is read.
+/// (A write that fails leaves it set, which nothing reads after.)
+static BEFORE_COMMIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the command was given up with a write begun and not committed.
+pub(crate) fn given_up_before_commit() -> bool {
+    BEFORE_COMMIT.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// A write of one command, described for the operator.
 pub(crate) struct Write {
     /// What is written, with its id: "event 0190…" or "task 42".
@@ -49,6 +61,7 @@ pub(crate) async fn write_and_commit<T>(
     write: impl AsyncFnOnce(&mut PgConnection) -> Result<T, outbox::Error>,
     describe: impl FnOnce(&T) -> Write,
 ) -> Result<T, Failure> {
+    BEFORE_COMMIT.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
     let mut tx = if outbox::pooler::is_marked(pool) {
         conn.begin_with(outbox::pooler::BEGIN).await
@@ -66,6 +79,7 @@ pub(crate) async fn write_and_commit<T>(
         .fetch_one(&mut *tx)
         .await
         .map_err(not_written)?;
+    BEFORE_COMMIT.store(false, std::sync::atomic::Ordering::SeqCst);
     let Some(xid) = xid else {
         tx.commit().await.map_err(not_written)?;
         return Ok(value);

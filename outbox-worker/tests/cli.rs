@@ -536,7 +536,26 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
     // The command's own error, not sqlx's warning quoting the statement.
     assert!(!err.contains("slow statement"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
+    // A write held before its COMMIT says that it wrote nothing.
+    let mut args = vec![
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--command-timeout",
+        "2s",
+    ];
+    args.extend(at);
+    let out = cli(&args).await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
     tx.rollback().await.unwrap();
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tasks, 0);
     drop(taken);
 }
 
