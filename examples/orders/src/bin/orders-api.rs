@@ -55,6 +55,17 @@ async fn create_order(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
     let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    // One connection first: a database that is not there is named with
+    // its cause within seconds, where the pool would retry for 30 s and
+    // report only that it timed out.
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        <sqlx::PgConnection as sqlx::Connection>::connect(&url),
+    )
+    .await
+    .map_err(|_| "no answer from the database at DATABASE_URL within 5 s")?
+    .map_err(|e| format!("cannot connect to the database at DATABASE_URL: {e}"))?;
+    sqlx::Connection::close(first).await?;
     let pool = PgPool::connect(&url).await?;
     orders_example::setup(&pool).await?;
     let app = Router::new()
