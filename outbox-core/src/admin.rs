@@ -87,6 +87,12 @@ pub async fn list_queues(pool: &PgPool) -> Result<Vec<QueueSettings>> {
     Ok(db::queues::list(pool).await?)
 }
 
+/// Checks a queue's name as [`set_queue`] does, writing nothing: for a
+/// caller that looks the queue up first.
+pub fn check_queue_name(queue: &str) -> Result<()> {
+    crate::options::validate_queue(queue)
+}
+
 /// The largest global concurrency and per-key concurrency accepted.
 pub const MAX_QUEUE_LIMIT: i32 = 1_000_000;
 

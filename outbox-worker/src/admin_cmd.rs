@@ -8,7 +8,7 @@ use outbox::admin::{self, STATES, TaskRecord};
 use outbox::{Batch, TaskId, TaskOptions};
 use serde::Serialize;
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 use crate::flags::{self, DAY};
 
@@ -181,7 +181,7 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     }
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let done = crate::commit::write_and_commit(
         &pool,
         async |conn| Ok(batch.submit_detailed(conn).await?[0]),
@@ -251,7 +251,7 @@ fn check_size(len: u64, source: &str) -> Result<(), Failure> {
 }
 
 async fn list(args: ListArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let state = if args.dead {
         Some("dead")
     } else {
@@ -300,7 +300,7 @@ fn one_line(s: &str, max: usize) -> String {
 }
 
 async fn show(args: ShowArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let Some(t) = admin::get_task(&pool, TaskId(args.id)).await? else {
         return Err(Failure::runtime(format!("no task with id {}", args.id)));
     };
@@ -357,7 +357,7 @@ pub(crate) fn print_task(t: &TaskRecord) {
 }
 
 async fn retry(args: RetryArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     if args.dead {
         let ids = admin::retry_dead(&pool, args.task_type.as_deref()).await?;
         println!("retried {} dead task(s){}", ids.len(), id_list(&ids));
@@ -374,7 +374,7 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
 }
 
 async fn cancel(args: CancelArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
     let done = admin::cancel_tasks(&pool, &wanted).await?;
     report(
@@ -441,7 +441,7 @@ struct Stats {
 }
 
 pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     let counts = admin::count_by_type_and_state(&pool).await?;
     let health = admin::queue_health(&pool).await?;
     let mut totals: BTreeMap<String, i64> = STATES.iter().map(|s| ((*s).to_owned(), 0)).collect();

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin_cmd::{StatsArgs, TasksCommand};
 use crate::builtin;
-use crate::connect::{DbArgs, connect_db, connect_migrated};
+use crate::connect::{DbArgs, connect_migrated, connect_operator};
 use crate::demo::DemoArgs;
 use crate::failure::Failure;
 use crate::flags::{self, DAY, HOUR, MINUTE, MS, SECOND};
@@ -378,7 +378,7 @@ async fn within(
 }
 
 async fn migrate(args: DbArgs) -> Result<(), Failure> {
-    let pool = connect_db(&args, 2).await?;
+    let pool = connect_operator(&args, 2).await?;
     let report = outbox::migrate(&pool).await?;
     if report.applied.is_empty() {
         println!("schema is up to date at version {}", report.current);
@@ -404,6 +404,15 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     if let Some((queue, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q)) {
         return Err(Failure::config(format!(
             "queue {queue:?} is given twice in --queue; give each queue once"
+        )));
+    }
+    // The builder keeps the last of a name; on the command line two are a
+    // mistake, as two relays of one name are.
+    let mut seen = std::collections::HashSet::new();
+    if let Some(spec) = args.periodic.iter().find(|p| !seen.insert(p.name())) {
+        return Err(Failure::config(format!(
+            "two periodic tasks are named {:?}: give each --periodic its own name",
+            spec.name()
         )));
     }
     // Bind now: a port in use is a configuration error at start-up, not a
@@ -456,15 +465,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     for (queue, concurrency) in args.queues {
         builder = builder.queue(queue, concurrency);
     }
-    for (i, spec) in args.periodic.iter().enumerate() {
-        // The builder keeps the last of a name; on the command line two are
-        // a mistake, as two relays of one name are.
-        if args.periodic[..i].iter().any(|p| p.name() == spec.name()) {
-            return Err(Failure::config(format!(
-                "two periodic tasks are named {:?}: give each --periodic its own name",
-                spec.name()
-            )));
-        }
+    for spec in &args.periodic {
         builder = builder.periodic(crate::periodic_cmd::resolve(spec)?);
     }
     for (name, url) in &args.relays {

@@ -43,14 +43,52 @@ impl DbArgs {
     }
 }
 
-/// Connects to `db` (through its pooler, with `--pooler`): see [`connect`]
-/// and [`connect_pooled`].
+/// Connects to `db` (see [`connect`]); with `--pooler`, to a connection
+/// pooler in transaction mode: sessions fit for one (`outbox::pooler`), and
+/// the pool marked as pooled.
 pub(crate) async fn connect_db(db: &DbArgs, max_connections: u32) -> Result<PgPool, Failure> {
-    if db.pooler {
-        connect_pooled(db.url()?, max_connections).await
-    } else {
-        connect(db.url()?, max_connections).await
+    connect_db_logging(db, max_connections, true).await
+}
+
+/// [`connect_db`] for an operator command, whose statements sqlx does not
+/// log: one that runs long is the command's own failure to report (its
+/// `--command-timeout`, exit 3), not a warning quoting its SQL first.
+/// (`run` keeps sqlx's logging: its pool is also the handlers'.)
+pub(crate) async fn connect_operator(db: &DbArgs, max_connections: u32) -> Result<PgPool, Failure> {
+    connect_db_logging(db, max_connections, false).await
+}
+
+/// [`connect_operator`], refusing a schema behind this build (exit 4).
+pub(crate) async fn connect_operator_migrated(
+    db: &DbArgs,
+    max_connections: u32,
+) -> Result<PgPool, Failure> {
+    migrated(connect_operator(db, max_connections).await?).await
+}
+
+async fn connect_db_logging(
+    db: &DbArgs,
+    max_connections: u32,
+    log_statements: bool,
+) -> Result<PgPool, Failure> {
+    let pooled = db.pooler;
+    let pool = open(db.url()?, max_connections, |options| {
+        let options = if pooled {
+            outbox::pooler::session_options(options)
+        } else {
+            options
+        };
+        if log_statements {
+            options
+        } else {
+            options.disable_statement_logging()
+        }
+    })
+    .await?;
+    if pooled {
+        outbox::pooler::mark(&pool);
     }
+    Ok(pool)
 }
 
 /// How long the first connection may take before the server is reported
@@ -62,15 +100,6 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// bad URL, credentials or database name; 3 when nothing usable answers.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
     connect_limited(url, max_connections, None).await
-}
-
-/// Like [`connect`], for a URL that leads to a connection pooler in
-/// transaction mode: sessions fit for one (`outbox::pooler`), and the pool
-/// marked as pooled.
-pub(crate) async fn connect_pooled(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
-    let pool = open(url, max_connections, outbox::pooler::session_options).await?;
-    outbox::pooler::mark(&pool);
-    Ok(pool)
 }
 
 /// Like [`connect`], with a server-side `statement_timeout` on every
@@ -103,9 +132,7 @@ async fn open(
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
-    // A statement that runs long is the command's own failure to report
-    // (its deadline, exit 3), not a warning from sqlx quoting its SQL.
-    let options = adjust(options).disable_statement_logging();
+    let options = adjust(options);
     // What the connection goes to: a Unix socket (`host=/dir` in the URL)
     // wins over the host name.
     let target = match options.get_socket() {

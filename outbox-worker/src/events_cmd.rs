@@ -5,7 +5,7 @@
 use clap::{Args, Subcommand};
 use outbox::events::{self, Event, new_event_id};
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 use crate::flags;
 
@@ -122,7 +122,7 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
 }
 
 async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     let name = &args.subscription;
     match outbox::relay::delete_subscription(&pool, name).await? {
         outbox::relay::Deleted::Deleted => {
@@ -155,7 +155,7 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     if let Some(q) = args.queue {
         event = event.queue(q);
     }
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     // Asked before the write, not after: once the event is committed,
     // nothing else the command does may wait on the database (a server
     // gone after the COMMIT would turn a written event into a timeout).
@@ -189,7 +189,7 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
 }
 
 async fn subscriptions(args: ListArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     let rows = outbox::relay::subscriptions(&pool).await?;
     let stopped = rows.iter().filter(|r| r.problem.is_some()).count();
     let listed = if args.json {
@@ -246,7 +246,7 @@ fn print_subscriptions(rows: Vec<outbox::relay::Subscription>) {
 }
 
 async fn parked(args: ParkedArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     let rows =
         outbox::relay::parked(&pool, args.subscription.as_deref(), args.limit as i64).await?;
     if rows.is_empty()
@@ -305,7 +305,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
 }
 
 async fn act(args: AggregateArgs, skip: bool) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 2).await?;
+    let pool = connect_operator_migrated(&args.db, 2).await?;
     let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
     let id = if skip {
         outbox::relay::skip_parked(&pool, sub, t, i).await?

@@ -4,11 +4,11 @@ use outbox::TaskId;
 use outbox::admin;
 
 use crate::admin_cmd::{ShowArgs, print_task};
-use crate::connect::connect_migrated;
+use crate::connect::connect_operator_migrated;
 use crate::failure::Failure;
 
 pub(crate) async fn explain(args: ShowArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let Some(found) = admin::explain_task(&pool, TaskId(args.id)).await? else {
         return Err(Failure::runtime(format!("no task with id {}", args.id)));
     };

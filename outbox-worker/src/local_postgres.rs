@@ -236,7 +236,8 @@ impl LocalPostgres {
         // Nothing to do on drop any more.
         self.stopped = true;
         self.root = PathBuf::new();
-        format!("{stop} && rm -rf {root}")
+        // `;`: the files go even when the server was already down.
+        format!("{stop}; rm -rf {root}")
     }
 
     /// `pg_ctl stop` of this server in `mode`, as one shell command.

@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use outbox::periodic::PeriodicTask;
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 
 /// A `--periodic` value, split but not yet checked against the registry.
@@ -67,8 +67,9 @@ pub(crate) fn resolve(spec: &PeriodicSpec) -> Result<PeriodicTask, Failure> {
 /// `periodic` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum PeriodicCommand {
-    /// Periodic tasks the cluster's leader recorded: name, schedule, last
-    /// and next run.
+    /// Periodic tasks the cluster's leader recorded: name, schedule, the
+    /// ticks enqueued so far (ahead of their time), the next tick, and when
+    /// the declaration was recorded.
     List(ListArgs),
 }
 
@@ -83,7 +84,7 @@ pub(crate) struct ListArgs {
 
 pub(crate) async fn run(command: PeriodicCommand) -> Result<(), Failure> {
     let PeriodicCommand::List(args) = command;
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let all = outbox::periodic::list(&pool).await?;
     if args.json {
         println!(

@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use outbox::admin::{self, QueueChange, QueueSettings};
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 use crate::flags;
 
@@ -84,14 +84,14 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
     match command {
         QueuesCommand::List(args) => list(args).await,
         QueuesCommand::Pause(args) => {
-            let pool = connect_migrated(&args.db, 1).await?;
+            let pool = connect_operator_migrated(&args.db, 1).await?;
             known(&pool, &args.name, args.create).await?;
             let done = admin::pause_queue(&pool, &args.name).await?;
             println!("paused {} (running tasks finish)", done.name);
             Ok(())
         }
         QueuesCommand::Resume(args) => {
-            let pool = connect_migrated(&args.db, 1).await?;
+            let pool = connect_operator_migrated(&args.db, 1).await?;
             known(&pool, &args.name, args.create).await?;
             let done = admin::resume_queue(&pool, &args.name).await?;
             println!("resumed {}", done.name);
@@ -109,7 +109,7 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
                     "nothing to set: give --global-concurrency, --rate or --per-key-concurrency",
                 ));
             }
-            let pool = connect_migrated(&args.db, 1).await?;
+            let pool = connect_operator_migrated(&args.db, 1).await?;
             known(&pool, &args.name, args.create).await?;
             let done = admin::set_queue(&pool, &args.name, &change).await?;
             println!("{}: {}", done.name, limits(&done));
@@ -123,6 +123,7 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
 /// unless `create`: a mistyped name would otherwise be paused or limited
 /// silently, and listed from then on.
 async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Failure> {
+    admin::check_queue_name(name)?;
     if create {
         return Ok(());
     }
@@ -131,6 +132,11 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
         .into_iter()
         .map(|q| q.name)
         .collect();
+    // Every queue a worker serves has its row: the counts (a look at every
+    // live task's queue) only for a name without one.
+    if names.iter().any(|n| n == name) {
+        return Ok(());
+    }
     names.extend(
         admin::overview(pool)
             .await?
@@ -164,26 +170,14 @@ fn limits(q: &QueueSettings) -> String {
         },
         q.global_concurrency
             .map_or("none".to_owned(), |n| n.to_string()),
-        q.rate_per_second.map_or("none".to_owned(), rate),
+        q.rate_per_second
+            .map_or("none".to_owned(), flags::show_rate),
         q.per_key_concurrency
     )
 }
 
-/// A rate in the unit that makes it whole, as it was most likely given
-/// (`--rate 5/m` is stored as 0.0833.../s): N/s, N/m or N/h, else per
-/// second to three decimals.
-fn rate(per_second: f64) -> String {
-    for (unit, seconds) in [("s", 1.0), ("m", 60.0), ("h", 3600.0)] {
-        let n = per_second * seconds;
-        if (n - n.round()).abs() < 1e-6 && n.round() >= 1.0 {
-            return format!("{}/{unit}", n.round());
-        }
-    }
-    format!("{per_second:.3}/s")
-}
-
 async fn list(args: JsonArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let queues = admin::list_queues(&pool).await?;
     let overview = admin::overview(&pool).await?;
     if args.json {
@@ -217,7 +211,7 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
             },
             q.global_concurrency
                 .map_or("-".to_owned(), |n| n.to_string()),
-            q.rate_per_second.map_or("-".to_owned(), rate),
+            q.rate_per_second.map_or("-".to_owned(), flags::show_rate),
             q.per_key_concurrency,
             count(|o| o.available),
             count(|o| o.blocked),
@@ -241,7 +235,7 @@ pub(crate) enum WorkersCommand {
 
 pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
     let WorkersCommand::List(args) = command;
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let all = admin::list_workers(&pool).await?;
     if args.json {
         println!(
@@ -275,19 +269,4 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
         println!("(no workers)");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rate;
-
-    #[test]
-    fn a_rate_is_shown_in_the_unit_that_makes_it_whole() {
-        assert_eq!(rate(2.0), "2/s");
-        assert_eq!(rate(5.0 / 60.0), "5/m");
-        assert_eq!(rate(1.0 / 3600.0), "1/h");
-        assert_eq!(rate(90.0 / 3600.0), "90/h");
-        assert_eq!(rate(1.5), "90/m");
-        assert_eq!(rate(1.0 / 7.0), "0.143/s");
-    }
 }

@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 use outbox::WorkflowId;
 use outbox::workflow::{self, WorkflowStatus};
 
-use crate::connect::{DbArgs, connect_migrated};
+use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 
 /// The states `workflows list --state` accepts.
@@ -64,7 +64,7 @@ pub(crate) async fn run(command: WorkflowsCommand) -> Result<(), Failure> {
 }
 
 async fn list(args: ListArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let all = workflow::list(&pool, args.state.as_deref(), args.limit).await?;
     if args.json {
         return print_json(&all);
@@ -91,7 +91,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
 }
 
 async fn show(args: ShowArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let Some(status) = workflow::workflow_status(&pool, WorkflowId(args.id)).await? else {
         return Err(Failure::runtime(format!("no workflow with id {}", args.id)));
     };
@@ -103,7 +103,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
 }
 
 async fn cancel(args: ShowArgs) -> Result<(), Failure> {
-    let pool = connect_migrated(&args.db, 1).await?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
     let Some(report) = workflow::cancel(&pool, WorkflowId(args.id)).await? else {
         return Err(Failure::runtime(format!("no workflow with id {}", args.id)));
     };

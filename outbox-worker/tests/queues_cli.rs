@@ -114,6 +114,12 @@ async fn queues_are_paused_resumed_limited_and_listed() {
     }
     let out = cli(&["queues", "pause", "no such queue!", "--database-url", url]).await;
     assert_eq!(out.status.code(), Some(2));
+    // Refused for its name, which --create would not mend.
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("--create"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let names: Vec<String> = sqlx::query_scalar("SELECT name FROM outbox_queues")
         .fetch_all(&db.pool)
         .await

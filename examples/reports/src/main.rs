@@ -25,12 +25,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = tokio::spawn(worker.run(shutdown.clone()));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("reports service on http://{addr}/reports (Ctrl-C to stop)");
-    // SIGTERM (a service manager) as well as Ctrl-C: either way the
-    // private PostgreSQL goes with the process.
-    tokio::spawn(outbox_worker::stop_on_signal(shutdown.clone()));
+    // SIGTERM (a service manager) as well as Ctrl-C. Either way the
+    // private PostgreSQL goes with the process, when `_cluster` is dropped
+    // at the end of main: later signals are ignored meanwhile, so that a
+    // second Ctrl-C cannot cut that short.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stop = shutdown.clone();
     axum::serve(listener, reports_example::router(pool))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            stop.cancel();
+        })
         .await?;
     running.await??;
     Ok(())

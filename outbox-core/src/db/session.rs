@@ -221,9 +221,8 @@ impl EnginePool {
 
     /// Drops the idle sessions without a word to the server: after a call
     /// found its session gone, they most likely are too (a restart or a
-    /// failover ends every session at once, and a silent network hides
-    /// them all alike). Each kept would cost some later call a failure,
-    /// and its loop a backoff, or a whole deadline on a silent network.
+    /// failover ends every session at once). Each kept would cost some
+    /// later call a failure, and its loop a backoff.
     fn forget_idle(&self) {
         let idle = std::mem::take(&mut *self.idle());
         drop(idle);
@@ -254,8 +253,8 @@ pub(crate) fn listener_pool(options: &PgConnectOptions, acquire_timeout: Duratio
 /// connection included) within `deadline`. A connection that missed the
 /// deadline or failed with a transient error is discarded, not returned:
 /// the next call gets a fresh one. When the error says the session itself
-/// was lost, the idle ones go too. `what` names the call in the deadline
-/// error.
+/// was lost (not merely late), the idle ones go too. `what` names the call
+/// in the deadline error.
 pub(crate) async fn call<T>(
     pool: &EnginePool,
     deadline: Duration,
@@ -275,16 +274,21 @@ pub(crate) async fn call<T>(
         };
         result
     };
-    let result = match tokio::time::timeout(deadline, attempt).await {
-        Ok(result) => result,
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(result) => {
+            if let Err(error) = &result
+                && is_session_lost(error)
+            {
+                pool.forget_idle();
+            }
+            result
+        }
+        // A missed deadline alone leaves the idle sessions: the server may
+        // be slow rather than gone, and reconnecting them all would add to
+        // its load. (Its own sessions' losses, reset or refused, and the
+        // server's word that it went away, are told apart above.)
         Err(_) => Err(deadline_exceeded(what, deadline)),
-    };
-    if let Err(error) = &result
-        && is_session_lost(error)
-    {
-        pool.forget_idle();
     }
-    result
 }
 
 /// Runs `work` as one transaction opened by `begin`, leaving no prepared

@@ -300,22 +300,19 @@ struct Bench {
     report: Report,
 }
 
-/// Runs the bench until it ends or the first SIGINT or SIGTERM. A signal
-/// drops the run where it is, and with it the private PostgreSQL and the
-/// brokers it started (each stops its server when dropped: the server runs
-/// in its own process group, so the terminal's Ctrl-C never reaches it).
+/// Runs the bench until it ends or a SIGINT or SIGTERM. A signal drops the
+/// run where it is, and with it the brokers it started; the private
+/// PostgreSQL, owned here, is stopped after it (each server runs in its
+/// own process group, so the terminal's Ctrl-C never reaches it). The
+/// handlers are in place before the server starts, and a signal while it
+/// starts is acted on once it is up: the start is not cut short, so the
+/// server is never left without an owner.
 pub(crate) async fn run(args: BenchArgs, register: Register) -> Result<(), Failure> {
-    let interrupted = CancellationToken::new();
-    tokio::spawn(crate::signals::stop_on_signal(interrupted.clone()));
-    tokio::select! {
-        result = run_to_the_end(args, register) => result,
-        () = interrupted.cancelled() => Err(Failure::runtime(
-            "interrupted: the bench stopped, and so did the servers it started",
-        )),
-    }
-}
-
-async fn run_to_the_end(args: BenchArgs, register: Register) -> Result<(), Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate()).map_err(Failure::runtime)?,
+        signal(SignalKind::interrupt()).map_err(Failure::runtime)?,
+    );
     if args.metrics {
         // Recorded and never scraped: the cost is the recording.
         crate::metrics::install().map_err(Failure::runtime)?;
@@ -330,6 +327,21 @@ async fn run_to_the_end(args: BenchArgs, register: Register) -> Result<(), Failu
         },
     };
     let (url, cluster) = database_or_private(args.database_url.clone(), options).await?;
+    let result = tokio::select! {
+        result = run_to_the_end(args, register, url) => result,
+        _ = term.recv() => Err(interrupted()),
+        _ = int.recv() => Err(interrupted()),
+    };
+    // Another signal now is ignored: the handlers stay ours until exit.
+    drop(cluster);
+    result
+}
+
+fn interrupted() -> Failure {
+    Failure::runtime("interrupted: the bench stopped, and so did the servers it started")
+}
+
+async fn run_to_the_end(args: BenchArgs, register: Register, url: String) -> Result<(), Failure> {
     let pool = connect(&url, args.submitters.max(4) as u32 + 2).await?;
     outbox::migrate(&pool).await?;
     // Today's history partitions, as a maintenance leader makes them: a
@@ -381,7 +393,6 @@ async fn run_to_the_end(args: BenchArgs, register: Register) -> Result<(), Failu
     }
     bench.reset().await?;
     bench.pool.close().await;
-    drop(cluster);
     if bench.args.json {
         println!(
             "{}",

@@ -313,7 +313,7 @@ pub(crate) async fn queues(
                         .map_or("-".to_owned(), |n| n.to_string()),
                     rate: q
                         .rate_per_second
-                        .map_or("-".to_owned(), |r| format!("{r}/s")),
+                        .map_or("-".to_owned(), crate::flags::show_rate),
                     per_key: q.per_key_concurrency,
                     available: count(|o| o.available),
                     blocked: count(|o| o.blocked),
