@@ -40,6 +40,11 @@ impl fmt::Display for Schedule {
 /// The shortest interval accepted.
 const MIN_EVERY: Duration = Duration::from_secs(1);
 
+/// The longest interval accepted: ten years (longer ones would be
+/// declarations that never run, and far enough out the arithmetic on
+/// their ticks overflows).
+const MAX_EVERY: Duration = Duration::from_secs(3660 * 86_400);
+
 impl FromStr for Schedule {
     type Err = String;
 
@@ -49,6 +54,9 @@ impl FromStr for Schedule {
             let d = parse_duration(every.trim())?;
             if d < MIN_EVERY {
                 return Err(format!("{text:?}: the shortest interval is 1s"));
+            }
+            if d > MAX_EVERY {
+                return Err(format!("{text:?}: the longest interval is 3660d"));
             }
             return Ok(Self {
                 text,
@@ -78,6 +86,16 @@ impl FromStr for Schedule {
             .build()
             .parse(expr)
             .map_err(|e| format!("{text:?} is not a valid cron expression: {e}"))?;
+        // A date that never comes (February 30th) would be accepted and
+        // then silently never run.
+        if cron
+            .find_next_occurrence(&Utc::now().with_timezone(&tz), false)
+            .is_err()
+        {
+            return Err(format!(
+                "{text:?} never matches: no date has that day in that month"
+            ));
+        }
         Ok(Self {
             text,
             kind: Kind::Cron(Box::new(cron), tz),
@@ -111,7 +129,7 @@ impl Schedule {
         match &self.kind {
             Kind::Every(d) => {
                 let step = TimeDelta::from_std(*d).ok()?;
-                self.latest_at_or_before(now).map(|t| t + step)
+                self.latest_at_or_before(now)?.checked_add_signed(step)
             }
             Kind::Cron(cron, tz) => cron
                 .find_next_occurrence(&now.with_timezone(tz), false)
@@ -161,6 +179,27 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedules_that_would_never_run_or_overflow_are_refused() {
+        let err = "every 96000000d".parse::<Schedule>().unwrap_err();
+        assert!(err.contains("the longest interval is 3660d"), "{err}");
+        let err = "0 0 30 2 *".parse::<Schedule>().unwrap_err();
+        assert!(err.contains("never matches"), "{err}");
+        let err = "CRON_TZ=Europe/Paris 0 0 31 4 *"
+            .parse::<Schedule>()
+            .unwrap_err();
+        assert!(err.contains("never matches"), "{err}");
+        // The longest accepted still has ticks, whenever it is asked.
+        let longest: Schedule = "every 3660d".parse().unwrap();
+        for now in [at("2026-11-28T00:00:00Z"), DateTime::<Utc>::MAX_UTC] {
+            let _ = longest.next_after(now);
+            let _ = longest.latest_at_or_before(now);
+        }
+        assert!(longest.next_after(at("2026-11-28T00:00:00Z")).is_some());
+        // Leap days come.
+        assert!("0 0 29 2 *".parse::<Schedule>().is_ok());
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
