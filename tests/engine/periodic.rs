@@ -165,6 +165,74 @@ fn bad_declarations_are_refused_with_the_reason() {
     assert!(e.to_string().contains("name"), "{e}");
 }
 
+/// A changed declaration whose old one missed nothing starts from now, as
+/// a new one does: the new schedule's latest tick, already past, is not
+/// taken for a missed one (it ran at once on the change).
+#[tokio::test]
+async fn a_changed_declaration_does_not_run_its_latest_past_tick() {
+    let db = TestDb::migrated().await;
+    away_from_the_hour(&db).await;
+    // Hourly, its tick of this hour run and the next to come; now every
+    // minute, whose latest tick (this minute's) is after that run.
+    sqlx::query(
+        "INSERT INTO outbox_periodic (name, schedule, task_type, queue, payload, last_tick, next_tick) \
+         VALUES ('hourly', 'every 1h', 'test.periodic.sweep', 'periodic-tests', '{\"area\": \"old\"}', \
+                 date_trunc('hour', now(), 'UTC'), date_trunc('hour', now(), 'UTC') + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config())
+            .queue("elsewhere", 1)
+            .handler::<Sweep>(Sweeper)
+            .periodic(
+                PeriodicTask::new("hourly", "every 1m", &Sweep { area: "new".into() }).unwrap(),
+            )
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        "SELECT payload->>'area' = 'new' FROM outbox_periodic WHERE name = 'hourly'",
+        Duration::from_secs(20),
+    )
+    .await;
+    // The round that recorded the declaration enqueues what it would
+    // before the next round renews the lease: wait for that renewal.
+    let renewed: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT expires_at FROM outbox_leases WHERE name = 'maintenance'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT expires_at FROM outbox_leases WHERE name = 'maintenance'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        if now > renewed {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was never renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await;
+    // Ticks to come may be enqueued ahead; none before the change.
+    let past: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE execute_at <= now() - interval '1 second'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(past, 0, "a tick from before the change was run");
+}
+
 /// What a leader enqueued ahead is taken back when it no longer applies:
 /// ticks that came due while no leader ran (downtime), and future ticks of
 /// a declaration that changed since. (No worker serves the queue here, so

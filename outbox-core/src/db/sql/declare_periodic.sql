@@ -3,8 +3,12 @@
 -- at $6 (the latest tick before now: the first run is the next tick); an
 -- existing one keeps its last tick, unless its declaration changed: then
 -- the ticks it enqueued ahead under the old one and not started are
--- removed, and last_tick goes back to $6 at the latest, so the new
--- declaration's ticks are enqueued from now on. (Matched by exact unique
+-- removed. If the old declaration missed nothing (its next tick is still
+-- to come), last_tick becomes $6: the new declaration's ticks are
+-- enqueued from now on, as a new entry's are (keeping the old last tick,
+-- older than the new schedule's latest, made that one a missed tick, run
+-- at once on the change). If it did miss ticks (the cluster was down), the
+-- earlier of the two stays, and the missed-tick policy decides. (Matched by exact unique
 -- key: a name may contain ':'.) $7 the next tick after now.
 WITH old AS (
     SELECT schedule, task_type, queue, payload
@@ -34,8 +38,9 @@ SET schedule = excluded.schedule,
     task_type = excluded.task_type,
     queue = excluded.queue,
     payload = excluded.payload,
-    last_tick = CASE WHEN EXISTS (SELECT 1 FROM changed) THEN least(p.last_tick, excluded.last_tick)
-                     ELSE p.last_tick END,
+    last_tick = CASE WHEN NOT EXISTS (SELECT 1 FROM changed) THEN p.last_tick
+                     WHEN p.next_tick > now() THEN excluded.last_tick
+                     ELSE least(p.last_tick, excluded.last_tick) END,
     -- Ticks enqueued ahead (last_tick in the future) keep their next tick.
     next_tick = CASE WHEN NOT EXISTS (SELECT 1 FROM changed) AND p.last_tick >= excluded.next_tick
                      THEN p.next_tick ELSE excluded.next_tick END,
