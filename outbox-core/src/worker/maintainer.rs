@@ -143,10 +143,29 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// The time ticks are reckoned from: the configured clock's, or else the
+/// database's, the clock that judges the lease, `execute_at` and the
+/// ticks taken back. (The worker's own clock, a few seconds off, made a
+/// new leader take ticks its predecessor had enqueued ahead for missed
+/// ones and drop them.)
+async fn periodic_now(
+    conn: &mut sqlx::PgConnection,
+    clock: &crate::Clock,
+) -> sqlx::Result<chrono::DateTime<chrono::Utc>> {
+    match clock.now() {
+        Some(now) => Ok(now),
+        None => {
+            sqlx::query_scalar("SELECT clock_timestamp()")
+                .fetch_one(conn)
+                .await
+        }
+    }
+}
+
 /// Records this worker's periodic declarations (once per leadership).
 async fn declare_periodic(shared: &Shared) -> sqlx::Result<()> {
-    let now = shared.config.clock.now().unwrap_or_else(chrono::Utc::now);
     call(&shared.engine, shared.deadline, "periodic", async |conn| {
+        let now = periodic_now(conn, &shared.config.clock).await?;
         crate::periodic::declare(conn, &shared.periodic, now).await
     })
     .await
@@ -157,9 +176,9 @@ async fn enqueue_periodic(shared: &Shared, holder: &str) -> sqlx::Result<()> {
     if shared.periodic.is_empty() {
         return Ok(());
     }
-    let now = shared.config.clock.now().unwrap_or_else(chrono::Utc::now);
     let round = shared.config.maintenance_interval;
     let enqueued = call(&shared.engine, shared.deadline, "periodic", async |conn| {
+        let now = periodic_now(conn, &shared.config.clock).await?;
         crate::periodic::enqueue_due(conn, &shared.periodic, now, holder, round).await
     })
     .await?;
