@@ -15,6 +15,19 @@ struct Sweep {
     area: String,
 }
 
+/// A type with an ordering key that lets it go on when dead, on a queue no
+/// test's worker serves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(
+    task_type = "test.periodic.ledger",
+    queue = "periodic-keyed-tests",
+    ordering_key = "account",
+    on_dead = "skip"
+)]
+struct Ledger {
+    account: String,
+}
+
 struct Sweeper;
 
 impl TaskHandler<Sweep> for Sweeper {
@@ -163,6 +176,48 @@ fn bad_declarations_are_refused_with_the_reason() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("name"), "{e}");
+}
+
+/// A tick is the task a submit of its type would be: it carries the
+/// type's ordering key (and `on_dead`), so it waits its turn behind the
+/// key's other tasks like any other.
+#[tokio::test]
+async fn a_tick_of_a_keyed_type_carries_its_ordering_key() {
+    let db = TestDb::migrated().await;
+    let ledger = PeriodicTask::new(
+        "close-books",
+        "every 1s",
+        &Ledger {
+            account: "acct-9".into(),
+        },
+    )
+    .unwrap();
+    let worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(config())
+            .queue("elsewhere", 1)
+            .handler::<Sweep>(Sweeper)
+            .periodic(ledger)
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) > 0 FROM outbox_tasks WHERE task_type = 'test.periodic.ledger'",
+        Duration::from_secs(20),
+    )
+    .await;
+    worker.stop().await;
+    let ticks: Vec<(Option<String>, bool)> = sqlx::query_as(
+        "SELECT ordering_key, skip_dead FROM outbox_tasks WHERE task_type = 'test.periodic.ledger'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(!ticks.is_empty());
+    for tick in ticks {
+        assert_eq!(tick, (Some("acct-9".to_owned()), true));
+    }
 }
 
 /// A changed declaration whose old one missed nothing starts from now, as

@@ -43,6 +43,11 @@ pub struct PeriodicTask {
     pub(crate) priority: i16,
     pub(crate) max_attempts: i32,
     pub(crate) payload: String,
+    /// The task's ordering key, from its payload as for a submit: a tick
+    /// waits its turn behind the key's other tasks.
+    pub(crate) ordering_key: Option<String>,
+    /// The type's `on_dead = "skip"`.
+    pub(crate) skip_dead: bool,
     pub(crate) missed: MissedTicks,
 }
 
@@ -64,6 +69,7 @@ impl PeriodicTask {
             T::RETRY_DELAYS,
             payload,
         )
+        .map(|p| p.keyed(task.ordering_key(), T::DEAD_SKIPS_KEY))
     }
 
     /// A periodic task of a registered type with a JSON payload (what `run
@@ -78,6 +84,10 @@ impl PeriodicTask {
             task_type: task.task_type.to_owned(),
             reason,
         })?;
+        let ordering_key = (task.ordering_of)(payload).map_err(|reason| Error::InvalidPayload {
+            task_type: task.task_type.to_owned(),
+            reason: format!("its ordering key cannot be read: {reason}"),
+        })?;
         Self::build(
             name.into(),
             schedule,
@@ -87,6 +97,14 @@ impl PeriodicTask {
             task.retry_delays,
             payload.to_owned(),
         )
+        .map(|p| p.keyed(ordering_key, task.dead_skips_key))
+    }
+
+    /// With the ordering key and `on_dead` its task type gives a submit.
+    fn keyed(mut self, ordering_key: Option<String>, skip_dead: bool) -> Self {
+        self.ordering_key = ordering_key;
+        self.skip_dead = skip_dead;
+        self
     }
 
     fn build(
@@ -127,6 +145,8 @@ impl PeriodicTask {
             priority,
             max_attempts: max_attempts(retry_delays),
             payload,
+            ordering_key: None,
+            skip_dead: false,
             missed: MissedTicks::default(),
         })
     }
@@ -290,6 +310,8 @@ pub(crate) async fn enqueue_due(
                     .bind(t.priority)
                     .bind(holder)
                     .bind(run)
+                    .bind(&t.ordering_key)
+                    .bind(t.skip_dead)
                     .fetch_one(&mut *conn)
                     .await?;
             if moved {
@@ -327,6 +349,8 @@ pub(crate) async fn enqueue_due(
                     .bind(t.max_attempts)
                     .bind(t.priority)
                     .bind(holder)
+                    .bind(&t.ordering_key)
+                    .bind(t.skip_dead)
                     .fetch_all(&mut *conn)
                     .await?;
             n += ids.len();

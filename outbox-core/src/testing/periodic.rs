@@ -21,8 +21,8 @@ pub async fn tick(conn: &mut PgConnection, periodic: &PeriodicTask) -> TaskId {
         run_at: None,
         delay_us: None,
         unique: None,
-        ordering_key: None,
-        skip_dead: false,
+        ordering_key: periodic.ordering_key.clone(),
+        skip_dead: periodic.skip_dead,
     };
     let ids = db::insert_tasks(conn, vec![task], vec![periodic.queue.clone()])
         .await

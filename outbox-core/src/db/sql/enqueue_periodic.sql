@@ -5,7 +5,8 @@
 -- lease ($9 holder): a leader that lost its lease enqueues nothing.
 -- $3 next tick, $4 task type, $5 queue, $6 payload (JSON text), $7 max
 -- attempts, $8 priority, $10 whether to run the tick (false: a missed tick
--- of a task that skips them; only last_tick moves). Returns whether
+-- of a task that skips them; only last_tick moves), $11 ordering key (null:
+-- none), $12 skip_dead, as a submit of the type sets them. Returns whether
 -- last_tick moved, and the new task's id if one was enqueued.
 WITH moved AS (
     UPDATE outbox_periodic
@@ -18,9 +19,9 @@ WITH moved AS (
 ),
 ins AS (
     INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
-                              unique_key, unique_states)
+                              unique_key, unique_states, ordering_key, skip_dead)
     SELECT $4, $5, $6::jsonb, $8, $7, $2,
-           'periodic:' || $1 || ':' || extract(epoch FROM $2::timestamptz)::bigint, 31
+           'periodic:' || $1 || ':' || extract(epoch FROM $2::timestamptz)::bigint, 31, $11, $12
     FROM moved
     WHERE $10::bool
     ON CONFLICT (unique_key)

@@ -4,8 +4,9 @@
 -- last_tick to the latest. The row lock on outbox_periodic makes a second
 -- leader wait, then find last_tick moved. Fenced on the maintenance lease
 -- ($9 holder). $3 the tick after the last of $2; $4 task type, $5 queue,
--- $6 payload (JSON text), $7 max attempts, $8 priority. Returns the new
--- tasks' ids.
+-- $6 payload (JSON text), $7 max attempts, $8 priority, $10 ordering key
+-- (null: none), $11 skip_dead, as a submit of the type sets them. Returns
+-- the new tasks' ids.
 WITH cur AS (
     SELECT last_tick
     FROM outbox_periodic
@@ -25,9 +26,9 @@ moved AS (
     WHERE name = $1 AND EXISTS (SELECT 1 FROM new)
 )
 INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
-                          unique_key, unique_states)
+                          unique_key, unique_states, ordering_key, skip_dead)
 SELECT $4, $5, $6::jsonb, $8, $7, new.t,
-       'periodic:' || $1 || ':' || extract(epoch FROM new.t)::bigint, 31
+       'periodic:' || $1 || ':' || extract(epoch FROM new.t)::bigint, 31, $10, $11
 FROM new
 ORDER BY new.t
 ON CONFLICT (unique_key)
