@@ -323,6 +323,19 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
         .await
         .unwrap();
     }
+    // And a tick of "missed" enqueued when it came due, an hour before the
+    // last one, still waiting in the queue's backlog: not a missed tick.
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, execute_at, \
+                                   unique_key, unique_states) \
+         SELECT 'test.periodic.sweep', 'periodic-tests', '{\"area\": \"backlog\"}', 10, \
+                last_tick - interval '1 hour', \
+                'periodic:missed:' || extract(epoch FROM last_tick - interval '1 hour')::bigint, 31 \
+         FROM outbox_periodic WHERE name = 'missed'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let declare = |name: &str, area: &str| {
         PeriodicTask::new(name, "every 1h", &Sweep { area: area.into() }).unwrap()
     };
@@ -352,8 +365,8 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
     .unwrap();
     assert_eq!(
         left,
-        vec![("missed".to_owned(), true)],
+        vec![("backlog".to_owned(), false), ("missed".to_owned(), true)],
         "the missed tick two hours ago and the old declaration's tick tomorrow are gone; \
-         the latest missed tick is enqueued"
+         the latest missed tick is enqueued; the backlog's tick stays"
     );
 }

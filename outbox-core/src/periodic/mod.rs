@@ -298,7 +298,7 @@ pub(crate) async fn enqueue_due(
         if let Some(tick) = t.schedule.latest_at_or_before(now) {
             let stale = chrono::TimeDelta::from_std(round * 2).unwrap_or(chrono::TimeDelta::MAX);
             let run = t.missed == MissedTicks::RunLatest || now - tick <= stale;
-            let (moved, id): (bool, Option<i64>) =
+            let (moved, was, id): (bool, Option<DateTime<Utc>>, Option<i64>) =
                 sqlx::query_as(include_str!("../db/sql/enqueue_periodic.sql"))
                     .bind(&t.name)
                     .bind(tick)
@@ -317,12 +317,16 @@ pub(crate) async fn enqueue_due(
             if moved {
                 // Ticks enqueued ahead before the downtime and never
                 // started were missed: MissedTicks alone decides.
+                // Only those: a tick due before the last leader's horizon
+                // was enqueued when it came due and waits in the backlog.
+                let earliest = was.and_then(|was| was.checked_sub_signed(horizon(round)));
                 let dropped: i64 =
                     sqlx::query_scalar(include_str!("../db/sql/drop_missed_periodic.sql"))
                         .bind(&t.name)
                         .bind(tick)
                         .bind(&t.task_type)
                         .bind(&t.queue)
+                        .bind(earliest)
                         .fetch_one(&mut *conn)
                         .await?;
                 if dropped > 0 {

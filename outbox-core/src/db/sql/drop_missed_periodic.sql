@@ -3,12 +3,17 @@
 -- enqueued ahead before it and never started are missed ticks: they are
 -- removed, so that MissedTicks alone decides what runs (the latest, once,
 -- or none). Matched by their exact unique key (a name may contain ':').
--- $3 task type, $4 queue. Returns how many.
+-- $3 task type, $4 queue, $5 the earliest a tick enqueued ahead can be due
+-- (the last tick before the downtime less the leader's horizon; null: no
+-- bound): ticks due before it were enqueued when they came due, while a
+-- leader ran, and wait in the queue's backlog; they are not missed and
+-- stay. Returns how many.
 WITH dropped AS (
     DELETE FROM outbox_tasks
     WHERE queue = $4 AND task_type = $3
       AND state = 'pending' AND claims = 0 AND dead_at IS NULL
       AND execute_at < $2
+      AND ($5::timestamptz IS NULL OR execute_at > $5::timestamptz)
       AND left(unique_key, length('periodic:' || $1 || ':')) = 'periodic:' || $1 || ':'
       AND substr(unique_key, length('periodic:' || $1 || ':') + 1) ~ '^[0-9]+$'
     RETURNING 1

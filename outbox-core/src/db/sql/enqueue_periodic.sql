@@ -7,15 +7,20 @@
 -- attempts, $8 priority, $10 whether to run the tick (false: a missed tick
 -- of a task that skips them; only last_tick moves), $11 ordering key (null:
 -- none), $12 skip_dead, as a submit of the type sets them. Returns whether
--- last_tick moved, and the new task's id if one was enqueued.
+-- last_tick moved, the last tick before it moved (null if none or not
+-- moved), and the new task's id if one was enqueued. (The old last tick
+-- comes from a locking subquery of the UPDATE itself: a separate locking
+-- CTE would find the row updated by this very statement and return
+-- nothing.)
 WITH moved AS (
-    UPDATE outbox_periodic
+    UPDATE outbox_periodic AS p
     SET last_tick = $2, next_tick = $3, updated_at = now()
-    WHERE name = $1
-      AND (last_tick IS NULL OR last_tick < $2)
+    FROM (SELECT name, last_tick FROM outbox_periodic WHERE name = $1 FOR UPDATE) AS old
+    WHERE p.name = old.name
+      AND (p.last_tick IS NULL OR p.last_tick < $2)
       AND EXISTS (SELECT 1 FROM outbox_leases
                   WHERE name = 'maintenance' AND holder = $9 AND expires_at > now())
-    RETURNING name
+    RETURNING p.name, old.last_tick AS was
 ),
 ins AS (
     INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
@@ -30,4 +35,5 @@ ins AS (
         DO NOTHING
     RETURNING id
 )
-SELECT EXISTS (SELECT 1 FROM moved) AS moved, (SELECT id FROM ins) AS id
+SELECT EXISTS (SELECT 1 FROM moved) AS moved, (SELECT was FROM moved) AS was,
+       (SELECT id FROM ins) AS id
