@@ -43,6 +43,17 @@ fn config() -> WorkerConfig {
     }
 }
 
+/// A leader declaring `periodic` that serves none of their queues, so that
+/// the ticks it enqueues stay to be looked at.
+fn leader_only(db: &TestDb, periodic: impl IntoIterator<Item = PeriodicTask>) -> RunningWorker {
+    let builder = Worker::builder(db.pool.clone())
+        .config(config())
+        .queue("elsewhere", 1)
+        .handler::<Sweep>(Sweeper);
+    let builder = periodic.into_iter().fold(builder, |b, p| b.periodic(p));
+    RunningWorker::start(builder.build().unwrap())
+}
+
 #[tokio::test]
 async fn a_periodic_task_is_enqueued_every_tick_with_its_payload() {
     let db = TestDb::migrated().await;
@@ -192,15 +203,7 @@ async fn a_tick_of_a_keyed_type_carries_its_ordering_key() {
         },
     )
     .unwrap();
-    let worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .config(config())
-            .queue("elsewhere", 1)
-            .handler::<Sweep>(Sweeper)
-            .periodic(ledger)
-            .build()
-            .unwrap(),
-    );
+    let worker = leader_only(&db, [ledger]);
     wait_until(
         &db.pool,
         "SELECT count(*) > 0 FROM outbox_tasks WHERE task_type = 'test.periodic.ledger'",
@@ -237,16 +240,9 @@ async fn a_changed_declaration_does_not_run_its_latest_past_tick() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .config(config())
-            .queue("elsewhere", 1)
-            .handler::<Sweep>(Sweeper)
-            .periodic(
-                PeriodicTask::new("hourly", "every 1m", &Sweep { area: "new".into() }).unwrap(),
-            )
-            .build()
-            .unwrap(),
+    let worker = leader_only(
+        &db,
+        [PeriodicTask::new("hourly", "every 1m", &Sweep { area: "new".into() }).unwrap()],
     );
     wait_until(
         &db.pool,
@@ -339,15 +335,9 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
     let declare = |name: &str, area: &str| {
         PeriodicTask::new(name, "every 1h", &Sweep { area: area.into() }).unwrap()
     };
-    let worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .config(config())
-            .queue("elsewhere", 1)
-            .handler::<Sweep>(Sweeper)
-            .periodic(declare("missed", "missed"))
-            .periodic(declare("changed", "new"))
-            .build()
-            .unwrap(),
+    let worker = leader_only(
+        &db,
+        [declare("missed", "missed"), declare("changed", "new")],
     );
     wait_until(
         &db.pool,
