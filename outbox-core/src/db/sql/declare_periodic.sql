@@ -7,9 +7,10 @@
 -- to come), last_tick becomes $6: the new declaration's ticks are
 -- enqueued from now on, as a new entry's are (keeping the old last tick,
 -- older than the new schedule's latest, made that one a missed tick, run
--- at once on the change). If it did miss ticks (the cluster was down), the
--- earlier of the two stays, and the missed-tick policy decides. (Matched by exact unique
--- key: a name may contain ':'.) $7 the next tick after now.
+-- at once on the change). If it did miss ticks (the cluster was down),
+-- the earlier of the two stays, and the missed-tick policy decides.
+-- (Matched by exact unique key: a name may contain ':'.) $7 the next tick
+-- after now.
 WITH old AS (
     SELECT schedule, task_type, queue, payload
     FROM outbox_periodic
