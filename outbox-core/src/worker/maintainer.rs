@@ -20,6 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
@@ -86,7 +87,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     // A failed enqueue must not hold back recovery and
                     // cleanup; the next round tries again.
                     match enqueue_periodic(&shared, &holder).await {
-                        Ok(()) => wakeups.schedule(&shared).await,
+                        Ok(offset) => wakeups.schedule(&shared, offset),
                         // An outage is reported once, by the rest of the
                         // round; anything else is worth a warning.
                         Err(error) if crate::db::classify::is_transient(&error) => {
@@ -143,49 +144,47 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// The time ticks are reckoned from: the configured clock's, or else the
-/// database's, the clock that judges the lease, `execute_at` and the
-/// ticks taken back. (The worker's own clock, a few seconds off, made a
-/// new leader take ticks its predecessor had enqueued ahead for missed
-/// ones and drop them.)
-async fn periodic_now(
-    conn: &mut sqlx::PgConnection,
-    clock: &crate::Clock,
-) -> sqlx::Result<chrono::DateTime<chrono::Utc>> {
-    match clock.now() {
-        Some(now) => Ok(now),
+/// The time ticks are reckoned from, and how far the database's clock is
+/// ahead of this machine's: the configured clock's time (a test's, offset
+/// zero), or else the database's, the clock that judges the lease,
+/// `execute_at` and the ticks taken back. (The worker's own clock, a few
+/// seconds off, made a new leader take ticks its predecessor had enqueued
+/// ahead for missed ones and drop them.)
+async fn periodic_now(shared: &Shared) -> sqlx::Result<(DateTime<Utc>, TimeDelta)> {
+    match shared.config.clock.now() {
+        Some(now) => Ok((now, TimeDelta::zero())),
         None => {
-            sqlx::query_scalar("SELECT clock_timestamp()")
-                .fetch_one(conn)
-                .await
+            let offset = super::tick_wake::database_clock_offset(shared).await?;
+            Ok((Utc::now() + offset, offset))
         }
     }
 }
 
 /// Records this worker's periodic declarations (once per leadership).
 async fn declare_periodic(shared: &Shared) -> sqlx::Result<()> {
+    let (now, _) = periodic_now(shared).await?;
     call(&shared.engine, shared.deadline, "periodic", async |conn| {
-        let now = periodic_now(conn, &shared.config.clock).await?;
         crate::periodic::declare(conn, &shared.periodic, now).await
     })
     .await
 }
 
-/// Enqueues every periodic task's due tick not enqueued yet.
-async fn enqueue_periodic(shared: &Shared, holder: &str) -> sqlx::Result<()> {
+/// Enqueues every periodic task's due tick not enqueued yet; returns the
+/// database clock's offset it read, for the round's tick wake-ups.
+async fn enqueue_periodic(shared: &Shared, holder: &str) -> sqlx::Result<TimeDelta> {
     if shared.periodic.is_empty() {
-        return Ok(());
+        return Ok(TimeDelta::zero());
     }
+    let (now, offset) = periodic_now(shared).await?;
     let round = shared.config.maintenance_interval;
     let enqueued = call(&shared.engine, shared.deadline, "periodic", async |conn| {
-        let now = periodic_now(conn, &shared.config.clock).await?;
         crate::periodic::enqueue_due(conn, &shared.periodic, now, holder, round).await
     })
     .await?;
     for (name, ticks) in enqueued {
         tracing::info!(periodic = %name, ticks, "enqueued periodic ticks");
     }
-    Ok(())
+    Ok(offset)
 }
 
 /// One round of maintenance as the lease holder; recovery only when

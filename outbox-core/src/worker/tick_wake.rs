@@ -30,22 +30,16 @@ pub(crate) struct TickWakeups {
 }
 
 impl TickWakeups {
-    /// Starts a timer for each upcoming tick that has none yet.
-    pub(crate) async fn schedule(&mut self, shared: &Arc<Shared>) {
+    /// Starts a timer for each upcoming tick that has none yet. `offset`
+    /// is how far the database's clock is ahead of this machine's (read
+    /// this round, by [`database_clock_offset`]): the claim compares a
+    /// tick with the database's clock, so the timers go by it.
+    pub(crate) fn schedule(&mut self, shared: &Arc<Shared>, offset: TimeDelta) {
         // A fixed test clock has no real instants to wait for.
         if shared.periodic.is_empty() || shared.config.clock.now().is_some() {
             return;
         }
         while self.timers.try_join_next().is_some() {}
-        // The claim compares a tick with the database's clock: the timers
-        // go by it, not by this machine's.
-        let offset = match database_clock_offset(shared).await {
-            Ok(offset) => offset,
-            Err(error) => {
-                tracing::debug!(%error, "could not read the database's clock; no periodic wake-ups this round");
-                return;
-            }
-        };
         let now = Utc::now();
         self.scheduled.retain(|(_, tick)| *tick > now);
         let round = shared.config.maintenance_interval;
@@ -76,7 +70,7 @@ impl TickWakeups {
 
 /// How far the database's clock is ahead of this machine's (negative when
 /// behind), from one round trip, halved.
-async fn database_clock_offset(shared: &Shared) -> sqlx::Result<TimeDelta> {
+pub(crate) async fn database_clock_offset(shared: &Shared) -> sqlx::Result<TimeDelta> {
     let sent = Utc::now();
     let database: DateTime<Utc> = call(&shared.engine, shared.deadline, "periodic", async |conn| {
         sqlx::query_scalar("SELECT clock_timestamp()")
