@@ -361,10 +361,7 @@ async fn within(
     tokio::time::timeout(limit, command)
         .await
         .unwrap_or_else(|_| {
-            if let Some(in_doubt) = crate::commit::given_up_in_doubt() {
-                return Err(in_doubt);
-            }
-            let written = if crate::commit::given_up_before_commit() {
+            let written = if crate::commit::given_up()? {
                 " (nothing was written: its transaction never reached COMMIT)"
             } else {
                 ""

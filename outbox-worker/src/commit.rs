@@ -17,21 +17,41 @@ use crate::failure::{EXIT_OUTCOME_UNKNOWN, Failure};
 /// the connection failed during COMMIT.
 const RESOLVE_WITHIN: Duration = Duration::from_secs(30);
 
-/// The write whose COMMIT has been sent and not yet answered, as the
-/// sentence to print if the command is given up meanwhile (by
-/// `--command-timeout`).
-static IN_DOUBT: Mutex<Option<String>> = Mutex::new(None);
+/// Where the command's write stands, for a command given up by
+/// `--command-timeout`: its future is dropped where it stands, so this is
+/// read then (and is not cleared on the way out of a failed write, which
+/// nothing reads after).
+enum Stage {
+    /// No write begun, or its outcome known.
+    Idle,
+    /// Begun, COMMIT not sent: the server rolls back the transaction of a
+    /// connection that goes away, so nothing was written.
+    Writing,
+    /// COMMIT sent and not answered: the sentence to print.
+    Committing(String),
+}
 
-/// Whether a write has begun and its COMMIT is not sent yet: a command
-/// given up then (by `--command-timeout`) wrote nothing, since the server
-/// rolls back the transaction of a connection that goes away. Not cleared
-/// when the write's future is dropped: that is the moment it is read.
-/// (A write that fails leaves it set, which nothing reads after.)
-static BEFORE_COMMIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static STAGE: Mutex<Stage> = Mutex::new(Stage::Idle);
 
-/// Whether the command was given up with a write begun and not committed.
-pub(crate) fn given_up_before_commit() -> bool {
-    BEFORE_COMMIT.load(std::sync::atomic::Ordering::SeqCst)
+fn enter(stage: Stage) {
+    *STAGE.lock().unwrap_or_else(|e| e.into_inner()) = stage;
+}
+
+/// For a command given up by `--command-timeout`: the failure to report
+/// when its COMMIT was unanswered, else whether a write was begun (and so
+/// nothing written).
+pub(crate) fn given_up() -> Result<bool, Failure> {
+    match std::mem::replace(
+        &mut *STAGE.lock().unwrap_or_else(|e| e.into_inner()),
+        Stage::Idle,
+    ) {
+        Stage::Idle => Ok(false),
+        Stage::Writing => Ok(true),
+        Stage::Committing(pending) => Err(Failure {
+            code: EXIT_OUTCOME_UNKNOWN,
+            message: format!("{pending} (--command-timeout ran out while committing)"),
+        }),
+    }
 }
 
 /// A write of one command, described for the operator.
@@ -40,16 +60,6 @@ pub(crate) struct Write {
     pub(crate) what: String,
     /// What to do when the outcome is unknown (a retry that is safe).
     pub(crate) retry: String,
-}
-
-/// The failure for a command given up while its COMMIT was unanswered, if
-/// one was (see [`IN_DOUBT`]).
-pub(crate) fn given_up_in_doubt() -> Option<Failure> {
-    let pending = IN_DOUBT.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-    Some(Failure {
-        code: EXIT_OUTCOME_UNKNOWN,
-        message: format!("{pending} (--command-timeout ran out while committing)"),
-    })
 }
 
 /// Runs `write` in a transaction on a connection of `pool`, then commits,
@@ -61,7 +71,7 @@ pub(crate) async fn write_and_commit<T>(
     write: impl AsyncFnOnce(&mut PgConnection) -> Result<T, outbox::Error>,
     describe: impl FnOnce(&T) -> Write,
 ) -> Result<T, Failure> {
-    BEFORE_COMMIT.store(true, std::sync::atomic::Ordering::SeqCst);
+    enter(Stage::Writing);
     let mut conn = pool.acquire().await.map_err(outbox::Error::from)?;
     let mut tx = if outbox::pooler::is_marked(pool) {
         conn.begin_with(outbox::pooler::BEGIN).await
@@ -79,7 +89,7 @@ pub(crate) async fn write_and_commit<T>(
         .fetch_one(&mut *tx)
         .await
         .map_err(not_written)?;
-    BEFORE_COMMIT.store(false, std::sync::atomic::Ordering::SeqCst);
+    enter(Stage::Idle);
     let Some(xid) = xid else {
         tx.commit().await.map_err(not_written)?;
         return Ok(value);
@@ -90,7 +100,7 @@ pub(crate) async fn write_and_commit<T>(
         "the outcome of {} (transaction {xid}) is unknown: it may have been written; {}",
         write.what, write.retry
     );
-    *IN_DOUBT.lock().unwrap_or_else(|e| e.into_inner()) = Some(doubt.clone());
+    enter(Stage::Committing(doubt.clone()));
     let committed = tx.commit().await;
     if committed.is_err() {
         // Not back into the pool: the resolving queries need a good one
@@ -117,7 +127,7 @@ pub(crate) async fn write_and_commit<T>(
         // The server answered: the transaction did not commit.
         Err(e) => Err(Failure::from(outbox::Error::from(e))),
     };
-    *IN_DOUBT.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    enter(Stage::Idle);
     outcome
 }
 
