@@ -233,11 +233,16 @@ impl LocalPostgres {
     pub fn keep(mut self) -> String {
         let stop = self.stop_command("fast");
         let root = shell_quote(&self.root.display().to_string());
-        // Nothing to do on drop any more.
-        self.stopped = true;
-        self.root = PathBuf::new();
+        self.disown();
         // `;`: the files go even when the server was already down.
         format!("{stop}; rm -rf {root}")
+    }
+
+    /// Leaves the server and its directory to someone else: nothing is
+    /// done on drop any more.
+    fn disown(&mut self) {
+        self.stopped = true;
+        self.root = PathBuf::new();
     }
 
     /// `pg_ctl stop` of this server in `mode`, as one shell command.
@@ -275,9 +280,8 @@ impl LocalPostgres {
             .process_group(0)
             .spawn();
         if spawned.is_ok() {
-            // The watchdog owns the cluster now; do not stop it on drop.
-            self.stopped = true;
-            self.root = PathBuf::new();
+            // The watchdog owns the cluster now.
+            self.disown();
         }
     }
 
