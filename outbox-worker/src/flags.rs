@@ -93,8 +93,6 @@ pub(crate) fn int_i32(
 /// The most attempts per second a queue's rate may allow.
 const MAX_RATE: f64 = 1_000_000.0;
 
-/// A rate: `N/s`, `N/m` or `N/h` (N a positive number, at most a million
-/// per second), as attempts per second, or `none` (no limit).
 /// A rate, read back for the operator in the unit that makes it whole, as
 /// it was most likely given (`--rate 5/m` is stored as 0.0833.../s): N/s,
 /// N/m or N/h; else three significant digits in the first of those units
@@ -123,6 +121,8 @@ pub(crate) fn show_rate(per_second: f64) -> String {
     format!("{text}/{unit}")
 }
 
+/// A rate: `N/s`, `N/m` or `N/h` (N a positive number, at most a million
+/// per second), as attempts per second, or `none` (no limit).
 pub(crate) fn rate(s: &str) -> Result<Option<f64>, String> {
     if s == "none" {
         return Ok(None);
