@@ -10,8 +10,9 @@ use crate::task::TaskId;
 
 pub use crate::explain::{Explanation, Reason, explain_task};
 pub use crate::records::{
-    MinuteThroughput, Overview, QueueChange, QueueHealth, QueueOverview, QueueSettings,
-    TableHealth, TaskFilter, TaskPage, TaskRecord, TypeStateCount, WorkerQueue, WorkerRecord,
+    MinuteThroughput, Overview, QueueChange, QueueDeletion, QueueHealth, QueueOverview,
+    QueueSettings, TableHealth, TaskFilter, TaskPage, TaskRecord, TypeStateCount, WorkerQueue,
+    WorkerRecord,
 };
 
 /// The states an operator can filter on. `dead` is FAILED with no attempts
@@ -139,6 +140,14 @@ pub async fn pause_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
 /// Resumes a paused queue; its workers are woken at once.
 pub async fn resume_queue(pool: &PgPool, queue: &str) -> Result<QueueSettings> {
     set_queue(pool, queue, &QueueChange::new().resume()).await
+}
+
+/// Deletes a queue's settings (its pause and limits) for a queue left
+/// behind: refused while a live worker serves it or tasks wait or run on
+/// it. A worker that serves the queue later adds it back, with no limits.
+pub async fn delete_queue(pool: &PgPool, queue: &str) -> Result<QueueDeletion> {
+    crate::options::validate_queue(queue)?;
+    Ok(db::queues::delete(pool, queue).await?)
 }
 
 /// Every worker that reported itself, live ones first.

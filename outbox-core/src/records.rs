@@ -252,6 +252,20 @@ pub struct WorkerQueue {
     pub concurrency: u32,
 }
 
+/// What [`crate::admin::delete_queue`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueDeletion {
+    /// The queue's settings row is gone.
+    Deleted,
+    /// The queue has no settings row.
+    NotFound,
+    /// Refused: this many live workers serve the queue (each would add its
+    /// row back, without the settings, within a second).
+    Served(i64),
+    /// Refused: tasks wait or run on the queue.
+    Unfinished,
+}
+
 /// A change of a queue's settings; `None` keeps the current value.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueChange {

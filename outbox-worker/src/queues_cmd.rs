@@ -1,8 +1,8 @@
-//! `queues list | pause | resume | set` and `workers list`: the cluster's
+//! `queues list | pause | resume | set | delete` and `workers list`: the cluster's
 //! queue settings and its workers, as they are in the database.
 
 use clap::{Args, Subcommand};
-use outbox::admin::{self, QueueChange, QueueSettings};
+use outbox::admin::{self, QueueChange, QueueDeletion, QueueSettings};
 
 use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
@@ -19,6 +19,17 @@ pub(crate) enum QueuesCommand {
     Resume(NameArgs),
     /// Change a queue's limits for the whole cluster.
     Set(SetArgs),
+    /// Forget a queue left behind: its settings row (pause and limits),
+    /// refused while a live worker serves it or tasks wait or run on it.
+    Delete(DeleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The queue.
+    name: String,
 }
 
 #[derive(Debug, Args)]
@@ -115,6 +126,43 @@ pub(crate) async fn queues(command: QueuesCommand) -> Result<(), Failure> {
             println!("{}: {}", done.name, limits(&done));
             Ok(())
         }
+        QueuesCommand::Delete(args) => delete(args).await,
+    }
+}
+
+async fn delete(args: DeleteArgs) -> Result<(), Failure> {
+    admin::check_queue_name(&args.name)?;
+    let pool = connect_operator_migrated(&args.db, 1).await?;
+    let name = &args.name;
+    match admin::delete_queue(&pool, name).await? {
+        QueueDeletion::Deleted => {
+            println!("deleted the settings of {name}");
+            Ok(())
+        }
+        QueueDeletion::NotFound => {
+            let names: Vec<String> = admin::list_queues(&pool)
+                .await?
+                .into_iter()
+                .map(|q| q.name)
+                .collect();
+            Err(Failure::config(format!(
+                "no queue named {name:?} has settings (queues with settings: {})",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )))
+        }
+        QueueDeletion::Served(n) => Err(Failure::config(format!(
+            "{n} live worker(s) serve {name} (`workers list` shows them) and would add it \
+             back: take it out of their queues first (to lift its pause or limits, use \
+             `queues resume` or `queues set`)"
+        ))),
+        QueueDeletion::Unfinished => Err(Failure::config(format!(
+            "tasks wait or run on {name} (`queues list` counts them): let them finish or \
+             cancel them first"
+        ))),
     }
 }
 

@@ -127,6 +127,63 @@ async fn queues_are_paused_resumed_limited_and_listed() {
     assert_eq!(names, vec!["mail"]);
 }
 
+/// `queues delete` forgets a queue left behind, and only such a queue: not
+/// one a live worker serves (it would add the row back) nor one with tasks
+/// waiting.
+#[tokio::test]
+async fn a_queue_left_behind_is_deleted_and_one_in_use_is_not() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    let delete = || ["queues", "delete", "mail", "--database-url", url];
+    ok(&cli(&["queues", "pause", "mail", "--create", "--database-url", url]).await);
+    sqlx::query(
+        "INSERT INTO outbox_workers (id, host, pid, queues, expires_at) VALUES \
+         ('h:1:a/1', 'h', 1, '[{\"queue\": \"mail\", \"concurrency\": 10}]', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let out = cli(&delete()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("1 live worker(s) serve mail"), "{err}");
+    // The worker is gone, but a task still waits on the queue.
+    sqlx::query("UPDATE outbox_workers SET expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) VALUES ('outbox.noop', 'mail', '{}', 3) \
+         RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let out = cli(&delete()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("tasks wait or run on mail"), "{err}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "a refused delete deleted");
+    ok(&cli(&["tasks", "cancel", &id.to_string(), "--database-url", url]).await);
+    assert!(ok(&cli(&delete()).await).contains("deleted the settings of mail"));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    let out = cli(&delete()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no queue named \"mail\" has settings"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn ordered_submits_are_explained_and_workers_listed() {
     let db = TestDb::migrated().await;

@@ -8,7 +8,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::{ClaimedTask, claimed_task};
-use crate::records::{QueueChange, QueueSettings};
+use crate::records::{QueueChange, QueueDeletion, QueueSettings};
 
 fn settings(r: &PgRow) -> sqlx::Result<QueueSettings> {
     Ok(QueueSettings {
@@ -103,6 +103,28 @@ pub(crate) async fn set(
         crate::pooler::on(pool, async |conn| advance_keys(conn, Some(queue)).await).await?;
     }
     settings(&row)
+}
+
+/// Deletes `queue`'s settings row unless a live worker serves the queue or
+/// tasks wait or run on it (delete_queue.sql).
+pub(crate) async fn delete(pool: &PgPool, queue: &str) -> sqlx::Result<QueueDeletion> {
+    let row = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("sql/delete_queue.sql"))
+            .bind(queue)
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
+    let served: i64 = row.try_get("served")?;
+    Ok(if !row.try_get::<bool, _>("found")? {
+        QueueDeletion::NotFound
+    } else if row.try_get("deleted")? {
+        QueueDeletion::Deleted
+    } else if served > 0 {
+        QueueDeletion::Served(served)
+    } else {
+        QueueDeletion::Unfinished
+    })
 }
 
 /// Hands keys with waiting tasks and a free place to their next tasks;
