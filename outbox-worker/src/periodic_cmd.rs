@@ -1,8 +1,8 @@
 //! Periodic tasks on the CLI: `run --periodic 'NAME=SCHEDULE TYPE JSON'`
-//! and `periodic list`.
+//! and `periodic list | delete`.
 
 use clap::{Args, Subcommand};
-use outbox::periodic::PeriodicTask;
+use outbox::periodic::{PeriodicDeletion, PeriodicTask};
 
 use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
@@ -71,6 +71,23 @@ pub(crate) enum PeriodicCommand {
     /// ticks enqueued so far (ahead of their time), the next tick, and when
     /// the declaration was recorded.
     List(ListArgs),
+    /// Forget a periodic task removed from the code: its record and the
+    /// ticks it enqueued ahead, not started. Refused while the current
+    /// leader declares it, unless --force.
+    Delete(DeleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The periodic task's name.
+    name: String,
+    /// Delete it even though the current leader declares it: its ticks stop
+    /// until a leader records it again (at the next change of leader, if
+    /// its code still declares it).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -83,7 +100,44 @@ pub(crate) struct ListArgs {
 }
 
 pub(crate) async fn run(command: PeriodicCommand) -> Result<(), Failure> {
-    let PeriodicCommand::List(args) = command;
+    match command {
+        PeriodicCommand::List(args) => list(args).await,
+        PeriodicCommand::Delete(args) => delete(args).await,
+    }
+}
+
+async fn delete(args: DeleteArgs) -> Result<(), Failure> {
+    let pool = connect_operator_migrated(&args.db, 1).await?;
+    let name = &args.name;
+    match outbox::periodic::delete(&pool, name, args.force).await? {
+        PeriodicDeletion::Deleted { ticks } => {
+            println!("deleted periodic task {name} and {ticks} tick(s) it had enqueued ahead");
+            Ok(())
+        }
+        PeriodicDeletion::NotFound => {
+            let names: Vec<String> = outbox::periodic::list(&pool)
+                .await?
+                .into_iter()
+                .map(|p| p.name)
+                .collect();
+            Err(Failure::config(format!(
+                "no periodic task named {name:?} (recorded: {})",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )))
+        }
+        PeriodicDeletion::Declared => Err(Failure::config(format!(
+            "the current maintenance leader declares {name}: remove it from the workers' code \
+             or --periodic flags and deploy them first (or pass --force to stop its ticks \
+             until a leader records it again)"
+        ))),
+    }
+}
+
+async fn list(args: ListArgs) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 1).await?;
     let all = outbox::periodic::list(&pool).await?;
     if args.json {

@@ -1231,8 +1231,10 @@ async fn periodic_declarations_are_checked_and_listed() {
         BIN,
         &db.url,
         &[
+            // Rounds of 10 s: ticks are enqueued 40 s ahead (lease and
+            // two rounds), for the delete below to take back.
             "--maintenance-interval",
-            "100ms",
+            "10s",
             "--periodic",
             "sweep=every 1s outbox.noop {}",
         ],
@@ -1259,8 +1261,47 @@ async fn periodic_declarations_are_checked_and_listed() {
         table.contains("ENQUEUED UP TO") && table.contains("DECLARED"),
         "{table}"
     );
+    // The leader declares it: deleting it would only pause it until the
+    // next leader, so it is refused; so is a name with no record.
+    refused(
+        &["periodic", "delete", "sweep", "--database-url", url],
+        2,
+        "the current maintenance leader declares sweep",
+    )
+    .await;
+    refused(
+        &["periodic", "delete", "sweeep", "--database-url", url],
+        2,
+        "no periodic task named \"sweeep\" (recorded: sweep)",
+    )
+    .await;
     worker.signal("TERM");
     worker.wait(Duration::from_secs(20)).await;
+    // Removed from the code (no worker declares it now): its record and
+    // the ticks it enqueued ahead go; a tick's task of another name stays.
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, execute_at, unique_key, unique_states) \
+         VALUES ('outbox.noop', 'default', '{}', 3, now() + interval '1 hour', 'periodic:sweep:x:1', 31)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ahead = "SELECT count(*) FROM outbox_tasks WHERE unique_key LIKE 'periodic:sweep:%' \
+                 AND state = 'pending' AND execute_at > now()";
+    let before: i64 = sqlx::query_scalar(ahead).fetch_one(&db.pool).await.unwrap();
+    assert!(before > 10, "{before}: the leader enqueued ticks ahead");
+    let out = ok(&cli(&["periodic", "delete", "sweep", "--database-url", url]).await);
+    let taken: i64 = out
+        .trim()
+        .strip_prefix("deleted periodic task sweep and ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    // Those still ahead when it ran (seconds pass between the two looks).
+    assert!(taken >= 10 && taken < before, "{out}: {before} were ahead");
+    let after: i64 = sqlx::query_scalar(ahead).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(after, 1, "only the other name's task is left");
+    assert!(ok(&cli(&["periodic", "list", "--database-url", url]).await).contains("(none"));
 }
 
 /// A position sequence the relays refuse to read behind (a cache) does not

@@ -216,6 +216,50 @@ pub async fn list(pool: &PgPool) -> Result<Vec<PeriodicRecord>> {
         .map_err(Error::from)
 }
 
+/// What [`delete`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeriodicDeletion {
+    /// The record is gone, and this many ticks it had enqueued ahead, none
+    /// started, with it.
+    Deleted {
+        /// Ticks taken back.
+        ticks: i64,
+    },
+    /// No periodic task has that name.
+    NotFound,
+    /// Refused: the current maintenance leader declares it (its code or
+    /// `run --periodic` does), so it would stop ticking only until the next
+    /// leader records it again.
+    Declared,
+}
+
+/// Deletes a periodic task's record (one removed from the code, which
+/// `list` would show for ever) and the ticks it enqueued ahead and never
+/// started. Refused while the current leader declares it, unless `force`:
+/// then its ticks stop until a leader records it again (the next change of
+/// leader, if the code still declares it).
+pub async fn delete(pool: &PgPool, name: &str, force: bool) -> Result<PeriodicDeletion> {
+    let row = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("../db/sql/delete_periodic.sql"))
+            .bind(name)
+            .bind(force)
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
+    let found: bool = row.try_get("found")?;
+    let deleted: bool = row.try_get("deleted")?;
+    Ok(if !found {
+        PeriodicDeletion::NotFound
+    } else if deleted {
+        PeriodicDeletion::Deleted {
+            ticks: row.try_get("dropped")?,
+        }
+    } else {
+        PeriodicDeletion::Declared
+    })
+}
+
 /// Records the declarations (the leader, once per leadership).
 pub(crate) async fn declare(
     conn: &mut PgConnection,
