@@ -250,10 +250,26 @@ pub(crate) async fn migrated(pool: PgPool) -> Result<PgPool, Failure> {
             code: EXIT_SCHEMA_BEHIND,
             message: format!(
                 "the database schema is at version {} but this build needs {}: \
-                 run `outbox-worker migrate` first",
-                status.current, status.latest
+                 run `{} migrate` first",
+                status.current,
+                status.latest,
+                this_command()
             ),
         });
     }
     Ok(pool)
+}
+
+/// How the operator reaches this binary again: through `cargo run` when
+/// that is how it was started (cargo names the package in the
+/// environment; the README's demo command, or an application's own binary
+/// built on `main_with`), else as it was invoked.
+pub(crate) fn this_command() -> String {
+    match std::env::var("CARGO_PKG_NAME") {
+        Ok(package) if !package.is_empty() => format!("cargo run -p {package} --"),
+        _ => std::env::args()
+            .next()
+            .filter(|arg0| !arg0.is_empty())
+            .unwrap_or_else(|| "outbox-worker".to_owned()),
+    }
 }

@@ -159,17 +159,7 @@ pub(crate) async fn run(args: DemoArgs, register: &Register) -> Result<(), Failu
         Some(_) => "postgres://...".to_owned(),
         None => "\"$DATABASE_URL\"".to_owned(),
     };
-    // Run from a cargo build (the README's `cargo run`, which names the
-    // package in the environment), the binary is not on PATH: suggest the
-    // command that reaches it.
-    let from_cargo = std::env::var("CARGO_PKG_NAME").as_deref() == Ok("outbox-worker")
-        || std::env::current_exe()
-            .is_ok_and(|exe| exe.components().any(|c| c.as_os_str() == "target"));
-    let bin = if from_cargo {
-        "cargo run -p outbox-worker --"
-    } else {
-        "outbox-worker"
-    };
+    let bin = crate::connect::this_command();
     println!("\nDead tasks wait for an operator. To inspect and retry them:");
     println!("  {bin} tasks list --dead --database-url {shown_url}");
     println!("  {bin} tasks show <ID> --database-url {shown_url}");

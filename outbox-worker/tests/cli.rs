@@ -242,7 +242,8 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
     for command in [&["run"][..], &["tasks", "list"], &["stats"]] {
         let mut args = command.to_vec();
         args.extend(["--database-url", empty.url.as_str()]);
-        refused(&args, 4, "run `outbox-worker migrate` first").await;
+        // The binary as it was invoked (its path here).
+        refused(&args, 4, &format!("run `{BIN} migrate` first")).await;
     }
 }
 
@@ -693,14 +694,17 @@ async fn demo_completes_against_a_given_database() {
     let out = tokio::process::Command::new(BIN)
         .args(["demo", "--tasks", "200", "--no-progress"])
         .env("DATABASE_URL", &db.url)
+        // As `cargo run` starts an application's own binary (main_with).
+        .env("CARGO_PKG_NAME", "my-app")
         .output()
         .await
         .unwrap();
     let text = ok(&out);
     assert!(text.contains("273 of 273 tasks finished"), "{text}");
-    // Run from a cargo build, the suggestions reach the binary through cargo.
+    // Run by cargo, the suggestions reach the binary through cargo, by its
+    // own package's name.
     assert!(
-        text.contains("cargo run -p outbox-worker -- tasks retry --dead --type outbox.fail"),
+        text.contains("cargo run -p my-app -- tasks retry --dead --type outbox.fail"),
         "{text}"
     );
     let dead: i64 =

@@ -7,11 +7,14 @@ use std::process::Output;
 /// The binary under test.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_outbox-worker");
 
-/// Runs the binary with `args`, without DATABASE_URL, quietly.
+/// Runs the binary with `args`, without DATABASE_URL, quietly, as an
+/// operator runs it (not through cargo: without the package name cargo
+/// gives the processes it starts).
 pub(crate) async fn cli(args: &[&str]) -> Output {
     tokio::process::Command::new(BIN)
         .args(args)
         .env_remove("DATABASE_URL")
+        .env_remove("CARGO_PKG_NAME")
         .env("OUTBOX_LOG", "warn")
         .output()
         .await
