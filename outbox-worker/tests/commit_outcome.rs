@@ -307,6 +307,40 @@ async fn a_commit_whose_answer_is_lost_is_found_committed_or_reported_in_doubt_a
     assert!(stdout(&out).contains(&id), "{}", stdout(&out));
     assert_eq!(events(id).await, 1);
 
+    // COMMIT waits, and --command-timeout runs out there: the command
+    // cannot tell whether its write committed, so it says so (exit 5),
+    // naming the id to retry with. (It had: its commit record is local;
+    // ending the session that waits makes it visible.)
+    let id = outbox::events::new_event_id();
+    let emit = tokio::spawn({
+        let mut args = command(&url, true, &id);
+        args.extend(["--command-timeout".to_owned(), "10s".to_owned()]);
+        async move { run(&args).await }
+    });
+    let (pid, emit) = waiting_for_standby(&pool, emit).await;
+    let out = emit.await.unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("--command-timeout ran out while committing")
+            && err.contains(&format!("--id {id}"))
+            && err.contains("may have been written"),
+        "{err}"
+    );
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while events(id.clone()).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event whose COMMIT was left waiting never became visible"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // The server goes away in COMMIT and stays away: the command cannot
     // ask, so it says the outcome is unknown, naming the id (exit 5 when
     // --command-timeout runs out while it asks). Rarely, the other session
