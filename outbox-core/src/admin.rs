@@ -73,13 +73,10 @@ pub async fn retry_dead(pool: &PgPool, task_type: Option<&str>) -> Result<Vec<Ta
 /// cancelled or asked to cancel (finished and dead tasks are left alone).
 pub async fn cancel_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
     let ids = ids.iter().map(|id| id.0).collect();
-    Ok(
-        crate::pooler::on(pool, async |conn| db::admin::cancel_tasks(conn, ids).await)
-            .await?
-            .into_iter()
-            .map(TaskId)
-            .collect(),
-    )
+    let mut tx = crate::pooler::begin(pool).await?;
+    let cancelled = db::admin::cancel_tasks(&mut tx, ids).await?;
+    tx.commit().await?;
+    Ok(cancelled.into_iter().map(TaskId).collect())
 }
 
 /// Every queue's settings (each queue a worker ever served has a row), by

@@ -329,3 +329,97 @@ async fn a_cancel_the_worker_never_heard_of_ends_its_run() {
         [("completed".to_owned(), 2), ("completed".to_owned(), 2)]
     );
 }
+
+/// Starts a cancel of `id` while `tx` holds the task's row, waits until the
+/// cancel waits for it, commits `tx`, and returns what the cancel
+/// returned.
+async fn cancel_across(
+    db: &TestDb,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    id: TaskId,
+) -> Vec<TaskId> {
+    let cancel = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { admin::cancel_tasks(&pool, &[id]).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let sessions: Vec<(Option<String>, Option<String>, String)> = sqlx::query_as(
+            "SELECT wait_event_type, wait_event, left(query, 60) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        if sessions.iter().any(|(kind, _, query)| {
+            kind.as_deref() == Some("Lock") && query.contains("operator cancel")
+        }) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline && !cancel.is_finished(),
+            "the cancel never waited for the task: {sessions:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    cancel.await.unwrap().unwrap()
+}
+
+/// A cancel that waits for a task's row while another transaction changes
+/// the task's state, then commits, cancels the task by the state it then
+/// has: one just claimed is asked to stop, one just failed (waiting for its
+/// retry) ends dead. The cancel's updates used to judge the task by its
+/// state before the wait, none of them matched it, and the cancel was lost.
+#[tokio::test]
+async fn a_cancel_racing_a_change_of_state_is_not_lost() {
+    let db = TestDb::migrated().await;
+    let task = Long {
+        polite: true,
+        snooze: false,
+    };
+    let claimed = outbox::submit(&mut *db.conn().await, task.clone())
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox_claim_tasks('cancel-tests', 10, 'test-token', NULL, \
+         -1::smallint, NULL, NULL, NULL, NULL, 1)",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(ids, [claimed.0]);
+    assert_eq!(cancel_across(&db, tx, claimed).await, [claimed]);
+    let (state, asked): (String, bool) = sqlx::query_as(
+        "SELECT state::text, cancel_requested_at IS NOT NULL FROM outbox_tasks WHERE id = $1",
+    )
+    .bind(claimed.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), asked), ("processing", true));
+
+    // Running when the cancel began; failed, waiting for a retry, when it
+    // got the row.
+    let failed = outbox::submit(&mut *db.conn().await, task).await.unwrap();
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'processing', claimed_by = 'other-token', \
+         claims = claims + 1, attempted_at = now() WHERE id = $1",
+    )
+    .bind(failed.0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'failed', claimed_by = NULL, retry_count = 1, \
+         execute_at = now() + interval '1 hour' WHERE id = $1",
+    )
+    .bind(failed.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(cancel_across(&db, tx, failed).await, [failed]);
+    assert_cancelled(&admin::get_task(&db.pool, failed).await.unwrap().unwrap());
+}

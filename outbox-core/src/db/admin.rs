@@ -66,13 +66,18 @@ pub(crate) async fn retry_tasks(
     .await
 }
 
-pub(crate) async fn cancel_tasks<'e>(
-    on: impl sqlx::PgExecutor<'e>,
-    ids: Vec<i64>,
-) -> sqlx::Result<Vec<i64>> {
+/// Cancels tasks `ids` inside the caller's transaction: locks them first
+/// (cancel_lock.sql), then cancels each by the state it has under the lock
+/// (cancel_tasks.sql), in a statement of its own: one statement for both
+/// judged a task changed while it waited by its state before the wait.
+pub(crate) async fn cancel_tasks(conn: &mut PgConnection, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
+    sqlx::query(include_str!("sql/cancel_lock.sql"))
+        .bind(&ids)
+        .execute(&mut *conn)
+        .await?;
     sqlx::query_scalar(include_str!("sql/cancel_tasks.sql"))
         .bind(ids)
-        .fetch_all(on)
+        .fetch_all(conn)
         .await
 }
 

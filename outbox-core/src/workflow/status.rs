@@ -148,7 +148,7 @@ pub async fn cancel(pool: &PgPool, id: WorkflowId) -> Result<Option<CancelReport
     };
     let steps_cancelled: i64 = row.try_get("steps_cancelled")?;
     let tasks: Vec<i64> = row.try_get("tasks")?;
-    let cancelled = crate::db::admin::cancel_tasks(&mut *tx, tasks).await?;
+    let cancelled = crate::db::admin::cancel_tasks(&mut tx, tasks).await?;
     tx.commit().await?;
     Ok(Some(CancelReport {
         steps_cancelled,

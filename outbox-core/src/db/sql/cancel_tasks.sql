@@ -17,6 +17,14 @@
 -- 0` is evaluated before its first row). A running task's key is not
 -- taken: its cancel hands nothing on, and the statements that end a
 -- running task (its outcome, recovery) lock the task before its key.
+--
+-- cancel_lock.sql runs first, in the same transaction: it takes the same
+-- keys, then the tasks, in a statement of its own, so that this one's
+-- snapshot, taken after, sees each task as it is under the lock. On its
+-- own, this statement judged a task changed by a transaction that
+-- committed while it waited (claimed, failed for a retry, recovered) by
+-- its state before the wait, which every CTE's scan reads, and none of
+-- the updates matched it: the cancel was lost.
 WITH keys AS (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM outbox_keys AS o
