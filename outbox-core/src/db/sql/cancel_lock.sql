@@ -4,10 +4,12 @@
 -- that the cancel's updates, in a statement (and a snapshot) of their
 -- own, judge each task by the state it has under the lock. See
 -- cancel_tasks.sql for why keys come first. (A locking CTE in the
--- cancel's own statement is not enough: on PostgreSQL 15 its updates then
--- built the task's new row from the version their snapshot saw, and a
--- task failed for a retry while the cancel waited came out dead with its
--- old claim holder, refused by the table's checks.) $1 ids.
+-- cancel's own statement is not enough: PostgreSQL checks an updated
+-- row's constraints on the row built from the version the statement's
+-- snapshot saw, before it finds the newer version and builds the row
+-- again from that, so the cancel of a task failed for a retry while the
+-- cancel waited was refused, a dead row with its old claim holder
+-- breaking the table's checks.) $1 ids.
 WITH keys AS (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM outbox_keys AS o
