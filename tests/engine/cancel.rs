@@ -3,7 +3,7 @@
 //! "cancelled by an operator", never retried, whatever the handler returns.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox::{
@@ -37,6 +37,8 @@ struct Worked {
     /// Opened by the test once the cancel is in: a handler that ignores its
     /// token runs until then, however slow the machine.
     gate: Arc<tokio::sync::Semaphore>,
+    /// Handlers started of tasks behind a run's head.
+    behind: Arc<AtomicUsize>,
 }
 
 impl Default for Worked {
@@ -46,6 +48,7 @@ impl Default for Worked {
             saw_token: Arc::default(),
             heard: Arc::default(),
             gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            behind: Arc::default(),
         }
     }
 }
@@ -255,6 +258,8 @@ impl TaskHandler<InRun> for Worked {
         if task.first {
             self.started.store(true, Ordering::SeqCst);
             let _open = self.gate.acquire().await;
+        } else {
+            self.behind.fetch_add(1, Ordering::SeqCst);
         }
         Ok(Outcome::Success)
     }
@@ -328,6 +333,84 @@ async fn a_cancel_the_worker_never_heard_of_ends_its_run() {
         rest,
         [("completed".to_owned(), 2), ("completed".to_owned(), 2)]
     );
+}
+
+/// A task claimed behind its run's head and cancelled before its turn never
+/// starts its handler: it ends cancelled when its turn comes, and the head
+/// completes.
+#[tokio::test]
+async fn a_task_cancelled_before_it_starts_never_runs() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for first in [true, false] {
+        batch
+            .push(&InRun {
+                key: "k".to_owned(),
+                first,
+            })
+            .unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    // A task of another type, running beside the run, cancelled after the
+    // waiting one: the worker hears of the two in that order, so once the
+    // sentinel's token fires it knows of both.
+    let sentinel = outbox::submit(
+        &mut *db.conn().await,
+        Long {
+            polite: false,
+            snooze: false,
+        },
+    )
+    .await
+    .unwrap();
+    let (runs, watch) = (Worked::default(), Worked::default());
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                maintenance: false,
+                ..WorkerConfig::default()
+            })
+            .handler::<InRun>(runs.clone())
+            .handler::<Long>(watch.clone())
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 3 FROM outbox_all_tasks WHERE state = 'processing'",
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_started(&runs).await;
+    wait_started(&watch).await;
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &ids[1..]).await.unwrap(),
+        ids[1..].to_vec()
+    );
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &[sentinel]).await.unwrap(),
+        [sentinel]
+    );
+    wait_for_condition(
+        "the worker to hear both cancels",
+        Duration::from_secs(30),
+        || watch.heard.load(Ordering::SeqCst),
+    )
+    .await;
+    runs.gate.add_permits(1);
+    watch.gate.add_permits(1);
+    worker
+        .wait_for_all(
+            &[(TaskEventKind::Completed, 1), (TaskEventKind::Dead, 2)],
+            Duration::from_secs(30),
+        )
+        .await;
+    worker.stop().await;
+    assert_eq!(runs.behind.load(Ordering::SeqCst), 0, "its handler ran");
+    assert_cancelled(&admin::get_task(&db.pool, ids[1]).await.unwrap().unwrap());
+    assert_cancelled(&admin::get_task(&db.pool, sentinel).await.unwrap().unwrap());
+    let head = admin::get_task(&db.pool, ids[0]).await.unwrap().unwrap();
+    assert_eq!(head.state, "completed", "{head:?}");
 }
 
 /// Starts a cancel of `id` while `tx` holds the task's row, waits until the

@@ -90,6 +90,13 @@ pub(crate) async fn execute(
         // starts (see worker/heartbeat.rs).
         let result = if shared.holdings.was_let_go(task.id, &task.token) {
             None
+        } else if shared.holdings.cancel_requested(task.id) {
+            // Cancelled by an operator while it waited for its slot (claimed
+            // ahead, or behind its run's head): its handler never starts,
+            // and its outcome below says so. (One that comes between here
+            // and the handler's start fires its token at once.)
+            tracing::info!("task cancelled before it started; not running it");
+            Some(Ok(Outcome::GiveUp(CANCELLED.to_owned())))
         } else {
             if task.follows {
                 started_at = Some(shared.config.clock.now().unwrap_or_else(chrono::Utc::now));
