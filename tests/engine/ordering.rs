@@ -482,6 +482,52 @@ async fn per_key_concurrency_lets_that_many_of_a_key_run_and_raising_it_hands_ou
         4,
         "raising it hands out the new place at once"
     );
+    // Lowering it takes back a place not started; a running task keeps its
+    // place and counts against the setting.
+    let set = |n: i32| {
+        let pool = db.pool.clone();
+        async move {
+            admin::set_queue(
+                &pool,
+                "ordered",
+                &admin::QueueChange::new().per_key_concurrency(n),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set(1).await;
+    assert_eq!(waiting(&db).await, 5, "lowering it takes the place back");
+    set(2).await;
+    assert_eq!(waiting(&db).await, 4);
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'processing', claimed_by = 'test', claims = 1 \
+         WHERE id = (SELECT max(id) FROM outbox_tasks WHERE NOT blocked)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    set(1).await;
+    let unblocked: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT state::text, blocked FROM outbox_tasks WHERE NOT blocked ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unblocked,
+        [("processing".to_owned(), false)],
+        "the running one holds the key"
+    );
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'pending', claimed_by = NULL, claims = 0 \
+         WHERE claimed_by = 'test'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    set(2).await;
+    assert_eq!(waiting(&db).await, 4);
     let w = worker(&db.pool, 8);
     wait_until(
         &db.pool,

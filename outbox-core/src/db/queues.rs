@@ -86,19 +86,35 @@ pub(crate) async fn set(
     queue: &str,
     change: &QueueChange,
 ) -> sqlx::Result<QueueSettings> {
-    let row = crate::pooler::on(pool, async |conn| {
-        sqlx::query(include_str!("sql/set_queue.sql"))
+    let set = sqlx::query(include_str!("sql/set_queue.sql"))
+        .bind(queue)
+        .bind(change.paused)
+        .bind(change.global_concurrency.is_some())
+        .bind(change.global_concurrency.flatten())
+        .bind(change.rate_per_second.is_some())
+        .bind(change.rate_per_second.flatten())
+        .bind(change.per_key_concurrency);
+    let row = if change.per_key_concurrency.is_some() {
+        // Places handed out under a higher setting and not started are
+        // taken back while the change holds the queue's row.
+        let mut tx = crate::pooler::begin(pool).await?;
+        let row = set.fetch_one(&mut *tx).await?;
+        let taken: i64 = sqlx::query_scalar(include_str!("sql/take_back_key_places.sql"))
             .bind(queue)
-            .bind(change.paused)
-            .bind(change.global_concurrency.is_some())
-            .bind(change.global_concurrency.flatten())
-            .bind(change.rate_per_second.is_some())
-            .bind(change.rate_per_second.flatten())
-            .bind(change.per_key_concurrency)
-            .fetch_one(conn)
-            .await
-    })
-    .await?;
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if taken > 0 {
+            tracing::info!(
+                queue,
+                taken,
+                "tasks wait for their key again under the lower per-key concurrency"
+            );
+        }
+        row
+    } else {
+        crate::pooler::on(pool, async |conn| set.fetch_one(conn).await).await?
+    };
     if change.per_key_concurrency.is_some() {
         crate::pooler::on(pool, async |conn| advance_keys(conn, Some(queue)).await).await?;
     }
