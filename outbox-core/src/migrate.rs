@@ -199,6 +199,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0029_cancelled_outcomes.up.sql"),
         down: include_str!("../../migrations/0029_cancelled_outcomes.down.sql"),
     },
+    Migration {
+        version: 30,
+        name: "cancelled_attempts",
+        up: include_str!("../../migrations/0030_cancelled_attempts.up.sql"),
+        down: include_str!("../../migrations/0030_cancelled_attempts.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

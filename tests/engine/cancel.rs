@@ -234,7 +234,10 @@ async fn never_heard_of(delete_completed: bool, snooze: bool) {
     worker.stop().await;
     let kinds: Vec<_> = seen.iter().map(|e| (e.id, e.kind)).collect();
     assert_eq!(kinds, [(id, TaskEventKind::Dead)]);
-    assert_cancelled(&admin::get_task(&db.pool, id).await.unwrap().unwrap());
+    let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
+    assert_cancelled(&row);
+    // The attempt the cancel stopped counts, as when the worker hears of it.
+    assert_eq!(row.retry_count, 1, "{row:?}");
     // Retried by an operator, it runs again (the request is cleared).
     assert_eq!(admin::retry_tasks(&db.pool, &[id]).await.unwrap(), vec![id]);
     let row = admin::get_task(&db.pool, id).await.unwrap().unwrap();
@@ -408,9 +411,72 @@ async fn a_task_cancelled_before_it_starts_never_runs() {
     worker.stop().await;
     assert_eq!(runs.behind.load(Ordering::SeqCst), 0, "its handler ran");
     assert_cancelled(&admin::get_task(&db.pool, ids[1]).await.unwrap().unwrap());
+    // Dead, it is out of its key's line (it waited in it, blocked, as a
+    // task of the run).
+    let blocked: bool = sqlx::query_scalar("SELECT blocked FROM outbox_tasks WHERE id = $1")
+        .bind(ids[1].0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(!blocked);
     assert_cancelled(&admin::get_task(&db.pool, sentinel).await.unwrap().unwrap());
     let head = admin::get_task(&db.pool, ids[0]).await.unwrap().unwrap();
     assert_eq!(head.state, "completed", "{head:?}");
+}
+
+/// A task of a run cancelled without the worker hearing of it runs and
+/// succeeds; its outcome meets the request: it ends dead, its attempt
+/// counted, and out of its key's line (it waited in it as a task of the
+/// run), as any dead task is.
+#[tokio::test]
+async fn a_task_of_a_run_cancelled_unheard_ends_dead_out_of_its_line() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for first in [true, false] {
+        batch
+            .push(&InRun {
+                key: "k".to_owned(),
+                first,
+            })
+            .unwrap();
+    }
+    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let runs = Worked::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                listen: false,
+                heartbeat_interval: Duration::from_secs(60),
+                maintenance: false,
+                ..WorkerConfig::default()
+            })
+            .handler::<InRun>(runs.clone())
+            .build()
+            .unwrap(),
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 2 FROM outbox_all_tasks WHERE state = 'processing'",
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_started(&runs).await;
+    assert_eq!(
+        admin::cancel_tasks(&db.pool, &ids[1..]).await.unwrap(),
+        ids[1..].to_vec()
+    );
+    runs.gate.add_permits(1);
+    worker
+        .wait_for_all(
+            &[(TaskEventKind::Completed, 1), (TaskEventKind::Dead, 1)],
+            Duration::from_secs(30),
+        )
+        .await;
+    worker.stop().await;
+    assert_eq!(runs.behind.load(Ordering::SeqCst), 1, "not told, it ran");
+    let row = admin::get_task(&db.pool, ids[1]).await.unwrap().unwrap();
+    assert_cancelled(&row);
+    assert_eq!((row.retry_count, row.blocked), (1, false), "{row:?}");
 }
 
 /// Starts a cancel of `id` while `tx` holds the task's row, waits until the
