@@ -55,6 +55,50 @@ async fn queues_are_paused_resumed_limited_and_listed() {
         set.contains("global concurrency 3, rate 2/s, per-key concurrency 2"),
         "{set}"
     );
+    // The same rate set again keeps the bucket (an empty one stays empty: a
+    // fresh bucket would grant a fresh burst); a new rate starts afresh.
+    sqlx::query("UPDATE outbox_queues SET rate_tokens = 0, rate_filled_at = now()")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let tokens = || async {
+        sqlx::query_scalar::<_, Option<f64>>("SELECT rate_tokens FROM outbox_queues")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    ok(&cli(&[
+        "queues",
+        "set",
+        "mail",
+        "--rate",
+        "2/s",
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert_eq!(tokens().await, Some(0.0));
+    ok(&cli(&[
+        "queues",
+        "set",
+        "mail",
+        "--rate",
+        "3/s",
+        "--database-url",
+        url,
+    ])
+    .await);
+    assert_eq!(tokens().await, None);
+    ok(&cli(&[
+        "queues",
+        "set",
+        "mail",
+        "--rate",
+        "2/s",
+        "--database-url",
+        url,
+    ])
+    .await);
     assert!(
         ok(&cli(&["queues", "pause", "mail", "--database-url", url]).await).contains("paused mail")
     );

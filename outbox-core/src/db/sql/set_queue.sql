@@ -21,9 +21,12 @@ WITH changed AS (
                          WHEN $2::boolean THEN coalesce(q.paused_at, clock_timestamp()) END,
         global_concurrency = CASE WHEN $3::boolean THEN $4::integer ELSE q.global_concurrency END,
         rate_per_second = CASE WHEN $5::boolean THEN $6::float8 ELSE q.rate_per_second END,
-        -- A new rate starts from a bucket of its own.
-        rate_tokens = CASE WHEN $5::boolean THEN NULL ELSE q.rate_tokens END,
-        rate_filled_at = CASE WHEN $5::boolean THEN NULL ELSE q.rate_filled_at END,
+        -- A new rate starts from a bucket of its own; the same rate set
+        -- again keeps the bucket (a fresh one would grant a fresh burst).
+        rate_tokens = CASE WHEN $5::boolean AND q.rate_per_second IS DISTINCT FROM $6::float8
+                           THEN NULL ELSE q.rate_tokens END,
+        rate_filled_at = CASE WHEN $5::boolean AND q.rate_per_second IS DISTINCT FROM $6::float8
+                              THEN NULL ELSE q.rate_filled_at END,
         per_key_concurrency = coalesce($7::integer, q.per_key_concurrency),
         updated_at = now()
     RETURNING name, paused_at, global_concurrency, rate_per_second, per_key_concurrency, updated_at
