@@ -94,16 +94,9 @@ pub(crate) async fn set(
         .bind(change.rate_per_second.is_some())
         .bind(change.rate_per_second.flatten())
         .bind(change.per_key_concurrency);
-    let row = if change.per_key_concurrency.is_some() {
-        // Places handed out under a higher setting and not started are
-        // taken back while the change holds the queue's row.
-        let mut tx = crate::pooler::begin(pool).await?;
-        let row = set.fetch_one(&mut *tx).await?;
-        let taken: i64 = sqlx::query_scalar(include_str!("sql/take_back_key_places.sql"))
-            .bind(queue)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
+    let row = crate::pooler::on(pool, async |conn| set.fetch_one(conn).await).await?;
+    if change.per_key_concurrency.is_some() {
+        let taken = take_back_key_places(pool, queue).await?;
         if taken > 0 {
             tracing::info!(
                 queue,
@@ -111,14 +104,33 @@ pub(crate) async fn set(
                 "tasks wait for their key again under the lower per-key concurrency"
             );
         }
-        row
-    } else {
-        crate::pooler::on(pool, async |conn| set.fetch_one(conn).await).await?
-    };
-    if change.per_key_concurrency.is_some() {
         crate::pooler::on(pool, async |conn| advance_keys(conn, Some(queue)).await).await?;
     }
     settings(&row)
+}
+
+/// After a change of `queue`'s per-key concurrency (committed: every
+/// hand-over from then on reads it), takes back the places of tasks not
+/// started beyond it: locks the keys that have too many holders, in the
+/// order hand-overs lock them, then re-blocks the excess in a statement of
+/// its own, whose snapshot sees what hand-overs did while it waited.
+/// Returns how many tasks were taken back.
+async fn take_back_key_places(pool: &PgPool, queue: &str) -> sqlx::Result<i64> {
+    let mut tx = crate::pooler::begin(pool).await?;
+    let keys: Vec<String> = sqlx::query_scalar(include_str!("sql/lock_crowded_keys.sql"))
+        .bind(queue)
+        .fetch_all(&mut *tx)
+        .await?;
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let taken = sqlx::query_scalar(include_str!("sql/take_back_key_places.sql"))
+        .bind(queue)
+        .bind(&keys)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(taken)
 }
 
 /// Deletes `queue`'s settings row unless a live worker serves the queue or
