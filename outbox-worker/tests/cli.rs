@@ -1281,6 +1281,13 @@ async fn periodic_declarations_are_checked_and_listed() {
     .await;
     worker.signal("TERM");
     worker.wait(Duration::from_secs(20)).await;
+    // The leader hands its lease over as it stops, or it runs out (20 s).
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT bool_and(expires_at <= now()) FROM outbox_leases WHERE name = 'maintenance'",
+        Duration::from_secs(60),
+    )
+    .await;
     // Removed from the code (no worker declares it now): its record and
     // the ticks it enqueued ahead go; a tick's task of another name stays.
     sqlx::query(

@@ -360,3 +360,79 @@ async fn ticks_enqueued_ahead_are_dropped_after_downtime_and_when_the_declaratio
          the latest missed tick is enqueued; the backlog's tick stays"
     );
 }
+
+/// A leader whose lease ran out and that took it back begins a leadership
+/// again and declares its periodic tasks again: a declaration an operator
+/// deleted meanwhile (`periodic delete`, which found no live leader) comes
+/// back, and its ticks go on.
+#[tokio::test]
+async fn a_leader_that_takes_its_lease_back_declares_again() {
+    let db = TestDb::migrated().await;
+    let hourly = PeriodicTask::new("hourly", "every 1h", &Sweep { area: "all".into() }).unwrap();
+    let worker = leader_only(&db, [hourly]);
+    let recorded = "SELECT EXISTS (SELECT 1 FROM outbox_periodic WHERE name = 'hourly')";
+    wait_until(&db.pool, recorded, Duration::from_secs(20)).await;
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("UPDATE outbox_leases SET expires_at = now() - interval '1 second'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM outbox_periodic WHERE name = 'hourly'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    wait_until(&db.pool, recorded, Duration::from_secs(20)).await;
+    worker.stop().await;
+}
+
+/// `periodic delete` takes back the ticks a leader enqueued while the
+/// delete waited for the record (the leader holds it as it enqueues), and
+/// refuses nothing when no leader declares the task.
+#[tokio::test]
+async fn a_delete_takes_back_the_ticks_enqueued_while_it_waited() {
+    let db = TestDb::migrated().await;
+    sqlx::query(
+        "INSERT INTO outbox_periodic (name, schedule, task_type, queue, payload) \
+         VALUES ('gone', 'every 1s', 'test.periodic.sweep', 'periodic-tests', '{}')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // A leader enqueueing a tick ahead, as enqueue_periodic_ahead.sql does.
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_periodic WHERE name = 'gone' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, execute_at, \
+                                   unique_key, unique_states) \
+         VALUES ('test.periodic.sweep', 'periodic-tests', '{}', 3, now() + interval '1 hour', \
+                 'periodic:gone:' || extract(epoch FROM now() + interval '1 hour')::bigint, 31)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let delete = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { outbox::periodic::delete(&pool, "gone", false).await }
+    });
+    wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                        AND query LIKE '%first statement of `periodic delete`%')",
+        Duration::from_secs(30),
+    )
+    .await;
+    tx.commit().await.unwrap();
+    assert_eq!(
+        delete.await.unwrap().unwrap(),
+        outbox::periodic::PeriodicDeletion::Deleted { ticks: 1 }
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}

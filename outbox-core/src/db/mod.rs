@@ -669,21 +669,23 @@ pub(crate) async fn delete_expired(
     Ok(done.rows_affected())
 }
 
-/// Takes or renews lease `name` for `holder` for `ttl_us`; returns whether
-/// `holder` holds it now.
+/// Takes or renews lease `name` for `holder` for `ttl_us`; returns `None`
+/// when `holder` does not hold it now, else whether its leadership began
+/// with this call (taken, or taken back after it ran out) rather than went
+/// on.
 pub(crate) async fn acquire_lease(
     conn: &mut PgConnection,
     name: &str,
     holder: &str,
     ttl_us: i64,
-) -> sqlx::Result<bool> {
-    let held: Option<i64> = sqlx::query_scalar(include_str!("sql/acquire_lease.sql"))
+) -> sqlx::Result<Option<bool>> {
+    let held: Option<(i64, bool)> = sqlx::query_as(include_str!("sql/acquire_lease.sql"))
         .bind(name)
         .bind(holder)
         .bind(ttl_us)
         .fetch_optional(conn)
         .await?;
-    Ok(held.is_some())
+    Ok(held.map(|(_, began)| began))
 }
 
 /// Gives lease `name` up at once if `holder` has it.

@@ -239,14 +239,17 @@ pub enum PeriodicDeletion {
 /// then its ticks stop until a leader records it again (the next change of
 /// leader, if the code still declares it).
 pub async fn delete(pool: &PgPool, name: &str, force: bool) -> Result<PeriodicDeletion> {
-    let row = crate::pooler::on(pool, async |conn| {
-        sqlx::query(include_str!("../db/sql/delete_periodic.sql"))
-            .bind(name)
-            .bind(force)
-            .fetch_one(conn)
-            .await
-    })
-    .await?;
+    let mut tx = crate::pooler::begin(pool).await?;
+    sqlx::query(include_str!("../db/sql/lock_periodic.sql"))
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(include_str!("../db/sql/delete_periodic.sql"))
+        .bind(name)
+        .bind(force)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
     let found: bool = row.try_get("found")?;
     let deleted: bool = row.try_get("deleted")?;
     Ok(if !found {

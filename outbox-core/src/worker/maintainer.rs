@@ -70,12 +70,19 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         };
         let mut wait = interval;
         match held {
-            Ok(true) => {
+            Ok(Some(began)) => {
                 outage.ok();
                 let since = *reachable_since.get_or_insert_with(Instant::now);
                 if !leading {
                     tracing::info!(worker_id = %shared.config.worker_id, "elected maintenance leader");
                     leading = true;
+                    declared = false;
+                } else if began {
+                    // Its lease ran out before this renewal: a leadership
+                    // begins again, and declares again (an operator may
+                    // have deleted a declaration meanwhile, judging that no
+                    // leader declared it).
+                    tracing::info!("took the maintenance lease back after it ran out");
                     declared = false;
                 }
                 let recover = since.elapsed() >= settle;
@@ -109,7 +116,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     }
                 }
             }
-            Ok(false) => {
+            Ok(None) => {
                 outage.ok();
                 reachable_since.get_or_insert_with(Instant::now);
                 if leading {

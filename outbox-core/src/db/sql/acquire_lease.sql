@@ -1,6 +1,7 @@
 -- Takes lease $1 for holder $2 for $3 microseconds when it is free or
 -- expired, or renews it when $2 already holds it; returns the term (bumped
--- on every change of holder) when $2 holds it afterwards, no row otherwise.
+-- on every change of holder) and whether a leadership began (see
+-- acquired_at) when $2 holds it afterwards, no row otherwise.
 -- Expiry is judged by the database's clock only, so workers' clocks never
 -- matter. Two candidates at once serialise on the row: the second sees the
 -- first's fresh lease and gets no row.
@@ -10,6 +11,10 @@ ON CONFLICT (name) DO UPDATE
 SET holder = excluded.holder,
     expires_at = excluded.expires_at,
     term = CASE WHEN l.holder = excluded.holder THEN l.term ELSE l.term + 1 END,
-    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE now() END
+    -- A leadership begins when the lease is taken, and again when its
+    -- holder takes it back after it ran out (another worker may have found
+    -- it free meanwhile, and an operator's `periodic delete` judged by it).
+    acquired_at = CASE WHEN l.holder = excluded.holder AND l.expires_at > now()
+                       THEN l.acquired_at ELSE now() END
 WHERE l.holder = excluded.holder OR l.expires_at <= now()
-RETURNING term
+RETURNING term, acquired_at = now() AS began

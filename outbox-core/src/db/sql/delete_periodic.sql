@@ -1,13 +1,18 @@
 -- Operator removal of periodic task $1 (periodic delete): its record and
 -- the ticks it enqueued ahead and never started (matched as declare_
--- periodic.sql matches them). Refused, deleting nothing, when the current
--- maintenance leader recorded the declaration during its leadership (its
--- code declares it: the leader's next rounds would enqueue nothing, and
--- the next leader would record it again), unless $2 (force). Returns
--- whether the record existed, whether the current leader declares it,
--- whether it was deleted, and how many ticks were taken back.
+-- periodic.sql matches them). Runs after lock_periodic.sql, in the same
+-- transaction: the record is locked, so no leader enqueues ticks of it
+-- meanwhile, and this statement's snapshot sees every tick one enqueued
+-- before. Refused, deleting nothing, when the current maintenance leader
+-- recorded the declaration during its leadership (its code declares it:
+-- the leader's next rounds would enqueue nothing, and the next leader
+-- would record it again), unless $2 (force). A leadership begins again
+-- when its holder takes back a lease that ran out (acquire_lease.sql), and
+-- declares again. Returns whether the record existed, whether the current
+-- leader declares it, whether it was deleted, and how many ticks were
+-- taken back.
 WITH p AS (
-    SELECT name, task_type, queue, updated_at FROM outbox_periodic WHERE name = $1 FOR UPDATE
+    SELECT name, task_type, queue, updated_at FROM outbox_periodic WHERE name = $1
 ),
 live AS (
     SELECT EXISTS (SELECT 1 FROM p, outbox_leases AS l
