@@ -9,7 +9,11 @@
 -- counted. Those statements now count it. A task of a run that a cancel
 -- ends also leaves its key's line (blocked false), as a waiting task an
 -- operator cancels does: a dead task left blocked had maintenance look at
--- its key again at every round. Otherwise as migration 29.
+-- its key again at every round (and `queues delete` refused the queue
+-- for ever); the tasks left so are taken out of their lines here.
+-- Otherwise as migration 29.
+
+UPDATE outbox_tasks SET blocked = false WHERE blocked AND dead_at IS NOT NULL;
 
 CREATE OR REPLACE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integer[],
                                       attempt_tokens text[], clock timestamptz,

@@ -261,12 +261,28 @@ pub(crate) async fn migrated(pool: PgPool) -> Result<PgPool, Failure> {
 }
 
 /// How the operator reaches this binary again: through `cargo run` when
-/// that is how it was started (cargo names the package in the
+/// cargo started it from a build of its own (cargo names the package in the
 /// environment; the README's demo command, or an application's own binary
-/// built on `main_with`), else as it was invoked.
+/// built on `main_with`, with `--bin` for a package that may have several),
+/// else as it was invoked.
 pub(crate) fn this_command() -> String {
-    match std::env::var("CARGO_PKG_NAME") {
-        Ok(package) if !package.is_empty() => format!("cargo run -p {package} --"),
+    let exe = std::env::current_exe().ok();
+    let built = exe
+        .as_ref()
+        .is_some_and(|e| e.components().any(|c| c.as_os_str() == "target"));
+    let bin = exe
+        .as_ref()
+        .and_then(|e| e.file_stem())
+        .map(|s| s.to_string_lossy().into_owned());
+    match (std::env::var("CARGO_PKG_NAME"), bin) {
+        (Ok(package), Some(bin)) if built && !package.is_empty() => {
+            if package == "outbox-worker" && bin == "outbox-worker" {
+                // This package's one binary.
+                "cargo run -p outbox-worker --".to_owned()
+            } else {
+                format!("cargo run -p {package} --bin {bin} --")
+            }
+        }
         _ => std::env::args()
             .next()
             .filter(|arg0| !arg0.is_empty())

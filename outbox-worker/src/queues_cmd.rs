@@ -160,8 +160,8 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
              `queues resume` or `queues set`)"
         ))),
         QueueDeletion::Unfinished => Err(Failure::config(format!(
-            "tasks wait or run on {name} (`queues list` counts them): let them finish or \
-             cancel them first"
+            "tasks wait or run on {name} (`queues list --json` counts them: available, \
+             scheduled, retrying, blocked, processing): let them finish or cancel them first"
         ))),
     }
 }

@@ -704,7 +704,9 @@ async fn demo_completes_against_a_given_database() {
     // Run by cargo, the suggestions reach the binary through cargo, by its
     // own package's name.
     assert!(
-        text.contains("cargo run -p my-app -- tasks retry --dead --type outbox.fail"),
+        text.contains(
+            "cargo run -p my-app --bin outbox-worker -- tasks retry --dead --type outbox.fail"
+        ),
         "{text}"
     );
     let dead: i64 =

@@ -55,6 +55,8 @@ done AS (
                           || ' last heartbeat at ' || coalesce(t.heartbeat_at::text, 'never') END,
         finished_at = CASE WHEN t.blocked AND t.cancel_requested_at IS NULL THEN NULL
                            ELSE coalesce($3::timestamptz, now()) END,
+        -- Cancelled, it is dead and leaves its key's line.
+        blocked = t.blocked AND t.cancel_requested_at IS NULL,
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($3::timestamptz, now())

@@ -14,6 +14,8 @@ WITH done AS (
         finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
         last_error = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
                           ELSE last_error END,
+        -- Dead, it leaves its key's line (a task of a run waits in it).
+        blocked = blocked AND cancel_requested_at IS NULL,
         claimed_by = NULL,
         heartbeat_at = NULL,
         execute_at = least(execute_at, now()),
