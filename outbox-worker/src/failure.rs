@@ -60,3 +60,14 @@ impl From<outbox::Error> for Failure {
         }
     }
 }
+
+/// Names for a refusal's "there are: ..." part: joined, or `empty` when
+/// there are none.
+pub(crate) fn names_or(names: impl IntoIterator<Item = String>, empty: &str) -> String {
+    let names: Vec<String> = names.into_iter().collect();
+    if names.is_empty() {
+        empty.to_owned()
+    } else {
+        names.join(", ")
+    }
+}

@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 use outbox::periodic::{PeriodicDeletion, PeriodicTask};
 
 use crate::connect::{DbArgs, connect_operator_migrated};
-use crate::failure::Failure;
+use crate::failure::{Failure, names_or};
 
 /// A `--periodic` value, split but not yet checked against the registry.
 #[derive(Debug, Clone)]
@@ -115,18 +115,13 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
             Ok(())
         }
         PeriodicDeletion::NotFound => {
-            let names: Vec<String> = outbox::periodic::list(&pool)
+            let names = outbox::periodic::list(&pool)
                 .await?
                 .into_iter()
-                .map(|p| p.name)
-                .collect();
+                .map(|p| p.name);
             Err(Failure::config(format!(
                 "no periodic task named {name:?} (recorded: {})",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
+                names_or(names, "none")
             )))
         }
         PeriodicDeletion::Declared => Err(Failure::config(format!(

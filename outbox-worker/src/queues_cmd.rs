@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 use outbox::admin::{self, QueueChange, QueueDeletion, QueueSettings};
 
 use crate::connect::{DbArgs, connect_operator_migrated};
-use crate::failure::Failure;
+use crate::failure::{Failure, names_or};
 use crate::flags;
 
 /// `queues` subcommands.
@@ -140,18 +140,10 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
             Ok(())
         }
         QueueDeletion::NotFound => {
-            let names: Vec<String> = admin::list_queues(&pool)
-                .await?
-                .into_iter()
-                .map(|q| q.name)
-                .collect();
+            let names = admin::list_queues(&pool).await?.into_iter().map(|q| q.name);
             Err(Failure::config(format!(
                 "no queue named {name:?} has settings (queues with settings: {})",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
+                names_or(names, "none")
             )))
         }
         QueueDeletion::Served(n) => Err(Failure::config(format!(
@@ -200,11 +192,7 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
     Err(Failure::config(format!(
         "no queue named {name:?}: no worker serves it and it has no tasks (queues: {}); \
          pass --create to set it before its workers start",
-        if names.is_empty() {
-            "none yet".to_owned()
-        } else {
-            names.join(", ")
-        }
+        names_or(names, "none yet")
     )))
 }
 

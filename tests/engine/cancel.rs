@@ -268,6 +268,21 @@ impl TaskHandler<InRun> for Worked {
     }
 }
 
+/// Submits `n` tasks of key "k", the first of which waits for the gate;
+/// a worker claims them as one run.
+async fn submit_run(db: &TestDb, n: usize) -> Vec<TaskId> {
+    let mut batch = outbox::Batch::new();
+    for i in 0..n {
+        batch
+            .push(&InRun {
+                key: "k".to_owned(),
+                first: i == 0,
+            })
+            .unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap()
+}
+
 /// A run (the key's head and the tasks claimed behind it) whose head an
 /// operator cancels without the worker hearing: the head ends dead and the
 /// rest of the run goes back, as when the worker hears of it, and is
@@ -275,16 +290,7 @@ impl TaskHandler<InRun> for Worked {
 #[tokio::test]
 async fn a_cancel_the_worker_never_heard_of_ends_its_run() {
     let db = TestDb::migrated().await;
-    let mut batch = outbox::Batch::new();
-    for first in [true, false, false] {
-        batch
-            .push(&InRun {
-                key: "k".to_owned(),
-                first,
-            })
-            .unwrap();
-    }
-    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let ids = submit_run(&db, 3).await;
     let worked = Worked::default();
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())
@@ -344,16 +350,7 @@ async fn a_cancel_the_worker_never_heard_of_ends_its_run() {
 #[tokio::test]
 async fn a_task_cancelled_before_it_starts_never_runs() {
     let db = TestDb::migrated().await;
-    let mut batch = outbox::Batch::new();
-    for first in [true, false] {
-        batch
-            .push(&InRun {
-                key: "k".to_owned(),
-                first,
-            })
-            .unwrap();
-    }
-    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let ids = submit_run(&db, 2).await;
     // A task of another type, running beside the run, cancelled after the
     // waiting one: the worker hears of the two in that order, so once the
     // sentinel's token fires it knows of both.
@@ -431,16 +428,7 @@ async fn a_task_cancelled_before_it_starts_never_runs() {
 #[tokio::test]
 async fn a_task_of_a_run_cancelled_unheard_ends_dead_out_of_its_line() {
     let db = TestDb::migrated().await;
-    let mut batch = outbox::Batch::new();
-    for first in [true, false] {
-        batch
-            .push(&InRun {
-                key: "k".to_owned(),
-                first,
-            })
-            .unwrap();
-    }
-    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let ids = submit_run(&db, 2).await;
     let runs = Worked::default();
     let mut worker = RunningWorker::start(
         Worker::builder(db.pool.clone())
