@@ -2,8 +2,12 @@
 -- second, in the same transaction): locks the ordering keys of the tasks
 -- it may hand on (those not running), then the tasks, in id order, so
 -- that the cancel's updates, in a statement (and a snapshot) of their
--- own, judge each task by the state it has under the lock. See
--- cancel_tasks.sql for why keys come first. (A locking CTE in the
+-- own, judge each task by the state it has under the lock. Keys come
+-- first: a hand-over locks a key and then writes its next tasks, so a
+-- cancel that wrote a waiting task first and locked its key after could
+-- deadlock with it. A running task's key is not taken: its cancel hands
+-- nothing on, and the statements that end a running task (its outcome,
+-- recovery) lock the task before its key. (A locking CTE in the
 -- cancel's own statement is not enough: PostgreSQL checks an updated
 -- row's constraints on the row built from the version the statement's
 -- snapshot saw, before it finds the newer version and builds the row

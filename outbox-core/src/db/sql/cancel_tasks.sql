@@ -8,34 +8,18 @@
 -- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
 -- skipped.
 --
--- The ordering keys of the tasks it hands on (those not running) are
--- locked before any task is written. A hand-over locks a key and then
--- writes its next tasks; a cancel that wrote a waiting task first and
--- locked its key after could deadlock with it (PostgreSQL aborts one of
--- the two, and both are retried, but an operator's cancel should not fail
--- for it). Every update below waits for the keys (`(SELECT n FROM keys) >=
--- 0` is evaluated before its first row). A running task's key is not
--- taken: its cancel hands nothing on, and the statements that end a
--- running task (its outcome, recovery) lock the task before its key.
---
--- cancel_lock.sql runs first, in the same transaction: it takes the same
--- keys, then the tasks, in a statement of its own, so that this one's
--- snapshot, taken after, sees each task as it is under the lock. On its
--- own, this statement judged a task changed by a transaction that
--- committed while it waited (claimed, failed for a retry, recovered) by
--- its state before the wait, which every CTE's scan reads, and none of
--- the updates matched it: the cancel was lost.
-WITH keys AS (
-    SELECT count(*) AS n FROM (
-        SELECT 1 FROM outbox_keys AS o
-        WHERE (o.queue, o.ordering_key) IN (
-            SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
-            WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL
-              AND t.state <> 'processing')
-        ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
-        FOR UPDATE OF o) AS l
-),
-waiting AS (
+-- It runs after cancel_lock.sql, in the same transaction, which locks the
+-- ordering keys of the tasks it hands on (those not running) and then the
+-- tasks, so that this statement's snapshot, taken after, sees each task as
+-- it is under the lock. On its own (it used to take the keys itself),
+-- this statement judged a task changed by a transaction that committed
+-- while it waited (claimed, failed for a retry, recovered) by its state
+-- before the wait, which every CTE's scan reads, and none of the updates
+-- matched it: the cancel was lost. A task that stopped running while the
+-- cancel waited has its key taken by the hand-over below, after the task:
+-- the order of the statements that end a running task (its outcome,
+-- recovery).
+WITH waiting AS (
     UPDATE outbox_tasks
     SET state = 'failed',
         dead_at = now(),
@@ -48,7 +32,6 @@ waiting AS (
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
       AND dead_at IS NULL
-      AND (SELECT n FROM keys) >= 0
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -62,7 +45,6 @@ running AS (
     WHERE id = ANY($1::bigint[])
       AND state = 'processing'
       AND cancel_requested_at IS NULL
-      AND (SELECT n FROM keys) >= 0
     RETURNING id
 ),
 skipped AS (
@@ -74,7 +56,6 @@ skipped AS (
       AND dead_at IS NOT NULL
       AND ordering_key IS NOT NULL
       AND NOT skip_dead
-      AND (SELECT n FROM keys) >= 0
     RETURNING id, queue, ordering_key
 ),
 handed AS (
