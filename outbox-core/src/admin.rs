@@ -72,11 +72,19 @@ pub async fn retry_dead(pool: &PgPool, task_type: Option<&str>) -> Result<Vec<Ta
 /// the task ends dead with the same error, never retried. Returns the ids
 /// cancelled or asked to cancel (finished and dead tasks are left alone).
 pub async fn cancel_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
-    let ids = ids.iter().map(|id| id.0).collect();
-    let mut tx = crate::pooler::begin(pool).await?;
-    let cancelled = db::admin::cancel_tasks(&mut tx, ids).await?;
-    tx.commit().await?;
-    Ok(cancelled.into_iter().map(TaskId).collect())
+    let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
+    let mut tries = 0;
+    loop {
+        let mut tx = crate::pooler::begin(pool).await?;
+        match db::admin::cancel_tasks(&mut tx, ids.clone()).await {
+            Ok(cancelled) => {
+                tx.commit().await?;
+                return Ok(cancelled.into_iter().map(TaskId).collect());
+            }
+            Err(error) if db::run_again(&error, &mut tries) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 /// Every queue's settings (each queue a worker ever served has a row), by

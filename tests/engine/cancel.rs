@@ -560,3 +560,56 @@ async fn a_cancel_racing_a_change_of_state_is_not_lost() {
     assert_eq!(cancel_across(&db, tx, failed).await, [failed]);
     assert_cancelled(&admin::get_task(&db.pool, failed).await.unwrap().unwrap());
 }
+
+/// A cancel that loses a deadlock to the engine runs again instead of
+/// failing. The cancel locks a waiting task's key, then the tasks; stuck-task
+/// recovery locks a running task, then its key. A batch with both tasks of
+/// one key can deadlock with it, and PostgreSQL aborts one of the two.
+#[tokio::test]
+async fn a_cancel_that_loses_a_deadlock_runs_again() {
+    let db = TestDb::migrated().await;
+    let ids = submit_run(&db, 2).await;
+    // The head runs; the task behind it waits for the key.
+    sqlx::query(
+        "UPDATE outbox_tasks SET state = 'processing', claimed_by = 'test', claims = 1 \
+         WHERE id = $1",
+    )
+    .bind(ids[0].0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // As recovery does: the running task first. This session looks for
+    // deadlocks late, so the cancel is the one PostgreSQL aborts.
+    let mut recovery = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL deadlock_timeout = '30s'")
+        .execute(&mut *recovery)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM outbox_tasks WHERE id = $1 FOR UPDATE")
+        .bind(ids[0].0)
+        .execute(&mut *recovery)
+        .await
+        .unwrap();
+    let cancel = tokio::spawn({
+        let (pool, ids) = (db.pool.clone(), ids.clone());
+        async move { admin::cancel_tasks(&pool, &ids).await }
+    });
+    wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                        AND query LIKE '%first statement of an operator cancel%')",
+        Duration::from_secs(30),
+    )
+    .await;
+    // Then its key, which the cancel holds: a deadlock.
+    sqlx::query(
+        "SELECT 1 FROM outbox_keys WHERE queue = 'cancel-runs' AND ordering_key = 'k' FOR UPDATE",
+    )
+    .execute(&mut *recovery)
+    .await
+    .unwrap();
+    recovery.commit().await.unwrap();
+    let mut cancelled = cancel.await.unwrap().expect("the cancel runs again");
+    cancelled.sort();
+    assert_eq!(cancelled, ids);
+}

@@ -43,6 +43,13 @@ fn transient_sqlstate(code: &str) -> bool {
     }
 }
 
+/// Whether PostgreSQL aborted the transaction to break a deadlock or a
+/// serialization conflict: running it again, from its start, may succeed.
+pub(crate) fn lost_a_race(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| code == "40P01" || code == "40001"))
+}
+
 /// Whether `error` says the session itself is gone, not only the
 /// statement: the connection broke or timed out, or the server ended the
 /// session (admin or crash shutdown, or not accepting sessions). Sessions

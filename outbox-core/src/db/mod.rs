@@ -669,6 +669,23 @@ pub(crate) async fn delete_expired(
     Ok(done.rows_affected())
 }
 
+/// How often an operator's transaction runs again when PostgreSQL aborted
+/// it to break a deadlock or a serialization conflict.
+const RACE_RETRIES: u32 = 5;
+
+/// Whether an operator's transaction that failed with `error` runs again
+/// from its start: PostgreSQL aborted it to break a deadlock or a
+/// serialization conflict (a cancel locks keys, then tasks, and can lose
+/// to the engine), and it has not run [`RACE_RETRIES`] more times yet.
+pub(crate) fn run_again(error: &sqlx::Error, tries: &mut u32) -> bool {
+    if *tries >= RACE_RETRIES || !classify::lost_a_race(error) {
+        return false;
+    }
+    *tries += 1;
+    tracing::info!(%error, tries, "an operator's transaction lost a race; running it again");
+    true
+}
+
 /// Takes or renews lease `name` for `holder` for `ttl_us`; returns `None`
 /// when `holder` does not hold it now, else whether its leadership began
 /// with this call (taken, or taken back after it ran out) rather than went

@@ -138,18 +138,35 @@ pub struct CancelReport {
 /// tasks are cancelled. A saga then compensates its completed steps. `None`
 /// if there is no such workflow.
 pub async fn cancel(pool: &PgPool, id: WorkflowId) -> Result<Option<CancelReport>> {
-    let mut tx = crate::pooler::begin(pool).await?;
+    let mut tries = 0;
+    loop {
+        let mut tx = crate::pooler::begin(pool).await?;
+        match cancel_in(&mut tx, id).await {
+            Ok(report) => {
+                tx.commit().await?;
+                return Ok(report);
+            }
+            Err(error) if crate::db::run_again(&error, &mut tries) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// [`cancel`] in the caller's transaction.
+async fn cancel_in(
+    conn: &mut sqlx::PgConnection,
+    id: WorkflowId,
+) -> sqlx::Result<Option<CancelReport>> {
     let Some(row) = sqlx::query(include_str!("../db/sql/cancel_workflow.sql"))
         .bind(id.0)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await?
     else {
         return Ok(None);
     };
     let steps_cancelled: i64 = row.try_get("steps_cancelled")?;
     let tasks: Vec<i64> = row.try_get("tasks")?;
-    let cancelled = crate::db::admin::cancel_tasks(&mut tx, tasks).await?;
-    tx.commit().await?;
+    let cancelled = crate::db::admin::cancel_tasks(conn, tasks).await?;
     Ok(Some(CancelReport {
         steps_cancelled,
         tasks_cancelled: cancelled.len() as i64,
