@@ -74,13 +74,13 @@ enum Command {
     Demo(DemoArgs),
     /// Burn-down benchmark: insert, submit, drain and pickup-latency figures.
     Bench(crate::bench::BenchArgs),
-    /// List periodic tasks.
+    /// List periodic tasks; delete one removed from the code.
     #[command(subcommand)]
     Periodic(crate::periodic_cmd::PeriodicCommand),
     /// Serve the web dashboard (authenticated; see --help).
     Dashboard(crate::dashboard_cmd::DashboardArgs),
     /// List queues with their settings; pause, resume and limit them for
-    /// the whole cluster.
+    /// the whole cluster; delete one left behind.
     #[command(subcommand)]
     Queues(crate::queues_cmd::QueuesCommand),
     /// List the workers of the cluster.
