@@ -172,6 +172,27 @@ async fn a_key_is_free_again_once_its_task_left_the_covered_states() {
             .state,
         "dead"
     );
+    // Two dead tasks of one key (the second submitted after the first
+    // died) and one of another key, retried together: the first of the
+    // key and the other are retried; the second stays dead.
+    admin::cancel_tasks(&db.pool, &[third.id]).await.unwrap();
+    let other = outbox::submit(&mut *db.conn().await, invoice(6))
+        .await
+        .unwrap();
+    admin::cancel_tasks(&db.pool, &[other]).await.unwrap();
+    let mut retried = admin::retry_dead(&db.pool, Some("test.unique.invoice"))
+        .await
+        .unwrap();
+    retried.sort();
+    assert_eq!(retried, [second.id, other]);
+    assert_eq!(
+        admin::get_task(&db.pool, third.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        "dead"
+    );
 
     // Covering completed and dead tasks too.
     let wide =

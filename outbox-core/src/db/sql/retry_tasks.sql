@@ -1,9 +1,25 @@
 -- Operator retry: FAILED tasks (dead, or waiting for their next attempt)
 -- become claimable now with a fresh attempt budget. A unique task whose key
 -- another live task holds meanwhile is left dead (retrying it would be the
--- duplicate its uniqueness forbids). $1 ids (null = every
--- dead task), $2 task type filter for the dead-task form (null = any).
-WITH done AS (
+-- duplicate its uniqueness forbids), and of several dead tasks of one key
+-- retried together the first is retried and the rest stay dead (the
+-- update reads the statement's snapshot, in which none of them holds the
+-- key: all of them made live would break the unique index, and the whole
+-- retry failed). $1 ids (null = every dead task), $2 task type filter for
+-- the dead-task form (null = any).
+WITH candidates AS (
+    SELECT id, unique_key
+    FROM outbox_tasks
+    WHERE state = 'failed'
+      AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+           OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+),
+chosen AS (
+    SELECT id FROM candidates WHERE unique_key IS NULL
+    UNION ALL
+    SELECT min(id) FROM candidates WHERE unique_key IS NOT NULL GROUP BY unique_key
+),
+done AS (
     UPDATE outbox_tasks
     SET state = 'pending',
         retry_count = 0,
@@ -23,9 +39,8 @@ WITH done AS (
         skip_dead = coalesce((SELECT d.skip_dead FROM outbox_task_types AS d
                               WHERE d.task_type = outbox_tasks.task_type), false),
         updated_at = now()
-    WHERE state = 'failed'
-      AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
-           OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+    WHERE id IN (SELECT id FROM chosen)
+      AND state = 'failed'
       AND (unique_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM outbox_tasks AS holder
             WHERE holder.unique_key = outbox_tasks.unique_key
