@@ -9,6 +9,7 @@ use tracing::Instrument;
 use super::Shared;
 use super::claim_ahead::Places;
 use super::events::TaskEventKind;
+use super::holdings::BeforeStart;
 use crate::db::{ClaimedTask, Finish, NextState};
 use crate::handler::{Outcome, TaskContext};
 use crate::options::clamped_delay_micros;
@@ -87,17 +88,18 @@ pub(crate) async fn execute(
         // when it did (migration 28).
         let mut started_at = None;
         // A task claimed ahead and let go of before its slot came never
-        // starts (see worker/heartbeat.rs).
-        let result = if shared.holdings.was_let_go(task.id, &task.token) {
-            None
-        } else if shared.holdings.cancel_requested(task.id) {
+        // starts (see worker/heartbeat.rs), nor does one cancelled meanwhile.
+        let result = match shared.holdings.before_start(task.id, &task.token) {
+            BeforeStart::LetGo => None,
             // Cancelled by an operator while it waited for its slot (claimed
             // ahead, or behind its run's head): its handler never starts,
             // and its outcome below says so. (One that comes between here
             // and the handler's start fires its token at once.)
-            tracing::info!("task cancelled before it started; not running it");
-            Some(Ok(Outcome::GiveUp(CANCELLED.to_owned())))
-        } else {
+            BeforeStart::Cancelled => {
+                tracing::info!("task cancelled before it started; not running it");
+                Some(Ok(Outcome::GiveUp(CANCELLED.to_owned())))
+            }
+            BeforeStart::Run => {
             if task.follows {
                 started_at = Some(shared.config.clock.now().unwrap_or_else(chrono::Utc::now));
             }
@@ -110,6 +112,7 @@ pub(crate) async fn execute(
                 &completed_in,
             )
             .await
+            }
         };
         metrics::histogram!(HANDLER_DURATION, "task_type" => Arc::clone(&task_type))
             .record(started.elapsed().as_secs_f64());

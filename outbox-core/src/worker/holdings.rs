@@ -65,6 +65,16 @@ struct Inner {
     cancel_requested: HashSet<i64>,
 }
 
+/// What a claimed attempt does when its slot comes ([`Holdings::before_start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BeforeStart {
+    /// Start the handler.
+    Run,
+    /// Let go of: it never starts, and goes back.
+    LetGo,
+    /// An operator cancelled its task: it never starts, and ends cancelled.
+    Cancelled,
+}
 /// Shared between the producers, executor, completer and heartbeat.
 pub(crate) struct Holdings {
     inner: Mutex<Inner>,
@@ -213,9 +223,18 @@ impl Holdings {
         n
     }
 
-    /// Whether this attempt was let go of ([`Self::let_go`]).
-    pub(crate) fn was_let_go(&self, id: i64, token: &Arc<str>) -> bool {
-        self.lock().let_go.contains(&(id, Arc::clone(token)))
+    /// Whether a claimed attempt may start its handler: not if it was let
+    /// go of ([`Self::let_go`]) or an operator asked to cancel its task
+    /// meanwhile. One look, under one lock, on every task's way in.
+    pub(crate) fn before_start(&self, id: i64, token: &Arc<str>) -> BeforeStart {
+        let inner = self.lock();
+        if inner.let_go.contains(&(id, Arc::clone(token))) {
+            BeforeStart::LetGo
+        } else if inner.cancel_requested.contains(&id) {
+            BeforeStart::Cancelled
+        } else {
+            BeforeStart::Run
+        }
     }
 
     /// Aborts the handlers of attempts let go of that still run; returns
@@ -327,7 +346,7 @@ mod tests {
 
     use tokio_util::sync::CancellationToken;
 
-    use super::{Handler, Holdings};
+    use super::{BeforeStart, Handler, Holdings};
 
     /// Holds task `id` under `token`, its handler not started.
     fn hold(h: &Holdings, id: i64, token: &Arc<str>) {
@@ -363,7 +382,9 @@ mod tests {
         let only: HashSet<i64> = (1..=4).collect();
         assert_eq!(h.let_go(Some(&only)), 2, "1 and 2");
         assert_eq!(h.let_go(Some(&only)), 0, "once each");
-        let let_go: Vec<bool> = (1..=5).map(|id| h.was_let_go(id, &token)).collect();
+        let let_go: Vec<bool> = (1..=5)
+            .map(|id| h.before_start(id, &token) == BeforeStart::LetGo)
+            .collect();
         assert_eq!(let_go, [true, true, false, false, false]);
         let told: Vec<(i64, bool)> = running
             .iter()
@@ -383,6 +404,6 @@ mod tests {
         }
         // An attempt let go of is forgotten with it.
         h.done(1, &token);
-        assert!(!h.was_let_go(1, &token));
+        assert_ne!(h.before_start(1, &token), BeforeStart::LetGo);
     }
 }
