@@ -160,3 +160,54 @@ async fn every_second_at_the_default_interval_runs_every_tick_once_through_a_kil
             .collect::<Vec<_>>()
     );
 }
+
+/// The only worker, the leader, black-holed for longer than its lease and
+/// then let through again: no other worker took over, so it takes its own
+/// lease back. That begins a leadership again, and it declares its periodic
+/// tasks again: a `periodic delete` made while the lease had run out (no
+/// live leader declared the task) is undone, and the ticks go on, each
+/// once.
+#[tokio::test]
+async fn a_leader_black_holed_past_its_lease_takes_it_back_and_declares_again() {
+    let db = TestDb::migrated().await;
+    let (proxy, proxied) = outbox_tests::proxy::FaultProxy::start(&db.url).await;
+    let mut worker = WorkerProcess::spawn(WORKER, &proxied, ARGS);
+    wait_for_ticks(&db, 2).await;
+    proxy.blackhole();
+    // Its lease (1 s at rounds of 100 ms) runs out.
+    wait_until(
+        &db.pool,
+        "SELECT bool_and(expires_at <= now()) FROM outbox_leases WHERE name = 'maintenance'",
+        Duration::from_secs(30),
+    )
+    .await;
+    let deleted = outbox::periodic::delete(&db.pool, "tick", false)
+        .await
+        .unwrap();
+    assert!(
+        matches!(deleted, outbox::periodic::PeriodicDeletion::Deleted { .. }),
+        "{deleted:?}"
+    );
+    proxy.pass();
+    wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM outbox_periodic WHERE name = 'tick')",
+        Duration::from_secs(60),
+    )
+    .await;
+    let before = ticks(&db).await.len();
+    wait_for_ticks(&db, before + 2).await;
+    worker.signal("TERM");
+    worker.wait(Duration::from_secs(20)).await;
+    let all = ticks(&db).await;
+    let duplicated: Vec<_> = all.iter().filter(|(_, n)| *n != 1).collect();
+    assert!(
+        duplicated.is_empty(),
+        "ticks enqueued more than once: {duplicated:?}"
+    );
+    eprintln!(
+        "periodic: the leader black-holed past its lease, its declaration deleted meanwhile: \
+         declared again on its return, {} ticks in all, none twice",
+        all.len()
+    );
+}
