@@ -31,6 +31,7 @@ pub async fn claim_and_release(
         None,
         db::ClaimStart::FRONT,
         1,
+        None,
     )
     .await?
     .tasks;

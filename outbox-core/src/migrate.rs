@@ -205,6 +205,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0030_cancelled_attempts.up.sql"),
         down: include_str!("../../migrations/0030_cancelled_attempts.down.sql"),
     },
+    Migration {
+        version: 31,
+        name: "intake",
+        up: include_str!("../../migrations/0031_intake.up.sql"),
+        down: include_str!("../../migrations/0031_intake.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -518,9 +518,10 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
     );
     drop(misspelled);
 
-    // A table lock holds `stats`: it gives up after --command-timeout.
+    // A table lock holds `stats`: it gives up after --command-timeout. (The
+    // intake too: a single submit writes there.)
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE outbox_tasks IN ACCESS EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE outbox_tasks, outbox_intake IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -554,7 +555,7 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("nothing was written"), "{err}");
     tx.rollback().await.unwrap();
-    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_tasks")
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks")
         .fetch_one(&db.pool)
         .await
         .unwrap();

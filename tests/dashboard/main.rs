@@ -410,6 +410,7 @@ async fn an_injected_script_is_shown_as_text_and_never_runs() {
         },
     )
     .await;
+    db.take_intake().await;
     sqlx::query("UPDATE outbox_tasks SET last_error = $1 WHERE id = $2")
         .bind(attack)
         .bind(id.0)

@@ -467,7 +467,8 @@ async fn a_task_of_a_run_cancelled_unheard_ends_dead_out_of_its_line() {
     assert_eq!((row.retry_count, row.blocked), (1, false), "{row:?}");
 }
 
-/// Starts a cancel of `id` while `tx` holds the task's row, waits until the
+/// Starts a cancel of `id` while `tx` holds the task's row (or its row in
+/// the intake), waits until the
 /// cancel waits for it, commits `tx`, and returns what the cancel
 /// returned.
 async fn cancel_across(
@@ -488,8 +489,11 @@ async fn cancel_across(
         .fetch_all(&db.pool)
         .await
         .unwrap();
+        // It waits either for the task's row or, for a task a claim is
+        // moving from the intake, for that move.
         if sessions.iter().any(|(kind, _, query)| {
-            kind.as_deref() == Some("Lock") && query.contains("operator cancel")
+            kind.as_deref() == Some("Lock")
+                && (query.contains("operator cancel") || query.contains("outbox_take_intake_ids"))
         }) {
             break;
         }
@@ -515,31 +519,44 @@ async fn a_cancel_racing_a_change_of_state_is_not_lost() {
         polite: true,
         snooze: false,
     };
-    let claimed = outbox::submit(&mut *db.conn().await, task.clone())
+    // Claimed while the cancel waits: once in outbox_tasks, and once as the
+    // claim moves it there from the intake (where its submit wrote it).
+    for from_intake in [false, true] {
+        let claimed = outbox::submit(&mut *db.conn().await, task.clone())
+            .await
+            .unwrap();
+        if !from_intake {
+            db.take_intake().await;
+        }
+        let mut tx = db.pool.begin().await.unwrap();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM outbox_claim_tasks('cancel-tests', 10, 'test-token', NULL, \
+             -1::smallint, NULL, NULL, NULL, NULL, 1, 0)",
+        )
+        .fetch_all(&mut *tx)
         .await
         .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM outbox_claim_tasks('cancel-tests', 10, 'test-token', NULL, \
-         -1::smallint, NULL, NULL, NULL, NULL, 1)",
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
-    assert_eq!(ids, [claimed.0]);
-    assert_eq!(cancel_across(&db, tx, claimed).await, [claimed]);
-    let (state, asked): (String, bool) = sqlx::query_as(
-        "SELECT state::text, cancel_requested_at IS NOT NULL FROM outbox_tasks WHERE id = $1",
-    )
-    .bind(claimed.0)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!((state.as_str(), asked), ("processing", true));
+        assert_eq!(ids, [claimed.0]);
+        assert_eq!(cancel_across(&db, tx, claimed).await, [claimed]);
+        let (state, asked): (String, bool) = sqlx::query_as(
+            "SELECT state::text, cancel_requested_at IS NOT NULL FROM outbox_tasks \
+             WHERE id = $1",
+        )
+        .bind(claimed.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (state.as_str(), asked),
+            ("processing", true),
+            "{from_intake}"
+        );
+    }
 
     // Running when the cancel began; failed, waiting for a retry, when it
     // got the row.
     let failed = outbox::submit(&mut *db.conn().await, task).await.unwrap();
+    db.take_intake().await;
     sqlx::query(
         "UPDATE outbox_tasks SET state = 'processing', claimed_by = 'other-token', \
          claims = claims + 1, attempted_at = now() WHERE id = $1",

@@ -307,7 +307,7 @@ async fn a_waiting_task_frees_its_slot_and_only_a_committed_signal_wakes_it() {
         &db.pool,
         &format!(
             "SELECT state = 'pending' AND execute_at > now() + interval '10 seconds' \
-             FROM outbox_tasks WHERE id = {waiting}"
+             FROM outbox_all_tasks WHERE id = {waiting}"
         ),
         Duration::from_secs(30),
     )

@@ -63,6 +63,7 @@ async fn explain_gives_each_reason() {
     ));
 
     let retrying = outbox::submit(&mut conn, Slot { ms: 1 }).await.unwrap();
+    db.take_intake().await;
     sql(
         &db,
         &format!(
@@ -100,6 +101,7 @@ async fn explain_gives_each_reason() {
     admin::set_queue(&db.pool, "limited", &change)
         .await
         .unwrap();
+    db.take_intake().await;
     sql(
         &db,
         &format!(
@@ -129,6 +131,7 @@ async fn explain_gives_each_reason() {
         [Reason::Dead { error: Some(e), blocking: None, .. }] if e == "cancelled by an operator"
     ));
 
+    db.take_intake().await;
     sql(
         &db,
         &format!(

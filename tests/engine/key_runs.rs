@@ -151,6 +151,7 @@ async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)
         .bind(None::<chrono::DateTime<chrono::Utc>>)
         .bind(None::<i64>)
         .bind(8_i32)
+        .bind(0_i64)
         .fetch_all(conn)
         .await
         .unwrap();

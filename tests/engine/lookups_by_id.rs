@@ -55,6 +55,7 @@ async fn claim(conn: &mut PgConnection, n: i64, token: &str) -> Vec<(i64, i32)> 
         .bind(None::<DateTime<Utc>>)
         .bind(None::<i64>)
         .bind(1_i32)
+        .bind(0_i64)
         .fetch_all(conn)
         .await
         .unwrap()
@@ -119,6 +120,7 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(&ids)
         .bind(vec!["claim-a"])
         .bind(None::<DateTime<Utc>>)
+        .bind(0_i64)
         .fetch_all(&mut *tx)
         .await
         .unwrap()
@@ -185,6 +187,7 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .bind(20_i64)
         .bind("claim-c")
         .bind(None::<DateTime<Utc>>)
+        .bind(0_i64)
         .fetch_all(&mut *tx)
         .await
         .unwrap();

@@ -10,6 +10,7 @@ mod explain;
 mod failures;
 mod hand_on;
 mod history;
+mod intake;
 mod key_runs;
 mod lookups_by_id;
 mod migrations;

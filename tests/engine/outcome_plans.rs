@@ -78,6 +78,7 @@ async fn limited_claim(conn: &mut PgConnection) {
         .bind(1_i64)
         .bind("a claim")
         .bind(None::<DateTime<Utc>>)
+        .bind(0_i64)
         .fetch_all(conn)
         .await
         .unwrap();

@@ -161,6 +161,16 @@ impl TestDb {
             .expect("a connection from the test pool")
     }
 
+    /// Moves the tasks of the intake (where a single submit of a task due
+    /// now writes it) into `outbox_tasks`, as a claim would: for a test
+    /// that changes a submitted task's row there by hand.
+    pub async fn take_intake(&self) {
+        sqlx::query("SELECT outbox_take_intake(1000000, 0)")
+            .execute(&self.pool)
+            .await
+            .expect("move the intake");
+    }
+
     /// Number of task rows.
     pub async fn task_count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks")

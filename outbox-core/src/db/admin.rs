@@ -66,11 +66,13 @@ pub(crate) async fn retry_tasks(
     .await
 }
 
-/// Cancels tasks `ids` inside the caller's transaction: locks them first
+/// Cancels tasks `ids` inside the caller's transaction: moves those still
+/// in the intake into outbox_tasks, locks them
 /// (cancel_lock.sql), then cancels each by the state it has under the lock
 /// (cancel_tasks.sql), in a statement of its own: one statement for both
 /// judged a task changed while it waited by its state before the wait.
 pub(crate) async fn cancel_tasks(conn: &mut PgConnection, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
+    super::intake::take_ids(&mut *conn, &ids).await?;
     sqlx::query(include_str!("sql/cancel_lock.sql"))
         .bind(&ids)
         .execute(&mut *conn)

@@ -6,6 +6,7 @@ pub(crate) mod classify;
 pub(crate) mod event_log;
 pub(crate) mod events;
 pub(crate) mod history;
+pub(crate) mod intake;
 pub(crate) mod queues;
 pub(crate) mod session;
 pub(crate) mod throughput;
@@ -58,6 +59,29 @@ pub(crate) async fn insert_tasks(
     tasks: Vec<NewTask>,
     notify: Vec<String>,
 ) -> sqlx::Result<Vec<i64>> {
+    if let [t] = tasks.as_slice()
+        && t.run_at.is_none()
+        && t.delay_us.is_none()
+        && t.ordering_key.is_none()
+    {
+        // Due now and unkeyed: the narrow intake row (migration 31). The
+        // notify, if any, is of this task's queue.
+        let t = tasks.into_iter().next().expect("one task");
+        let sql = if notify.is_empty() {
+            include_str!("sql/insert_intake.sql")
+        } else {
+            include_str!("sql/insert_intake_notify.sql")
+        };
+        let id = sqlx::query_scalar(sql)
+            .bind(t.task_type)
+            .bind(t.queue)
+            .bind(t.payload)
+            .bind(t.priority)
+            .bind(t.max_attempts)
+            .fetch_one(conn)
+            .await?;
+        return Ok(vec![id]);
+    }
     if tasks.len() == 1 && notify.is_empty() {
         let t = tasks.into_iter().next().expect("one task");
         let id = sqlx::query_scalar(include_str!("sql/insert_task.sql"))
@@ -199,12 +223,15 @@ pub(crate) struct Claimed {
     pub(crate) tasks: Vec<ClaimedTask>,
     pub(crate) first: Option<ClaimPosition>,
     pub(crate) last: Option<ClaimPosition>,
+    /// The highest id of the intake the claim moved, if it moved any.
+    pub(crate) intake_to: Option<i64>,
 }
 
 /// TX1: claims up to `limit` due tasks of `queue` under claim `token`,
 /// reading from `start` (see claim_tasks.sql). Each keyed task comes with
 /// the run of its key's tasks claimed behind it, up to `run_length` tasks
-/// in all (1: none; see migration 28).
+/// in all (1: none; see migration 28). First it moves tasks of the intake
+/// with ids above `intake_above` into outbox_tasks (none when `None`).
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     queue: &str,
@@ -213,6 +240,7 @@ pub(crate) async fn claim_tasks(
     now: Option<DateTime<Utc>>,
     start: ClaimStart,
     run_length: usize,
+    intake_above: Option<i64>,
 ) -> sqlx::Result<Claimed> {
     let rows = sqlx::query(include_str!("sql/claim_tasks.sql"))
         .bind(queue.to_owned())
@@ -225,13 +253,19 @@ pub(crate) async fn claim_tasks(
         .bind(start.front.map(|f| f.execute_at))
         .bind(start.front.map(|f| f.id))
         .bind(i32::try_from(run_length).unwrap_or(i32::MAX))
+        .bind(intake_above)
         .fetch_all(conn)
         .await?;
+    let intake_to = intake_moved_to(&rows)?;
     let mut placed = Vec::with_capacity(rows.len());
     // The rest of each run, by its key, in key order once sorted.
     let mut runs: HashMap<String, Vec<ClaimedTask>> = HashMap::new();
     let mut heads: HashMap<String, usize> = HashMap::new();
     for r in &rows {
+        if r.try_get::<Option<i64>, _>("id")?.is_none() {
+            // Nothing claimed: the row that says how far the move went.
+            continue;
+        }
         let task = claimed_task(r, token)?;
         if r.try_get::<bool, _>("follows")? {
             let key: String = r.try_get("ordering_key")?;
@@ -267,7 +301,16 @@ pub(crate) async fn claim_tasks(
         first: placed.first().map(|(at, _)| *at),
         last: placed.last().map(|(at, _)| *at),
         tasks: placed.into_iter().map(|(_, task)| task).collect(),
+        intake_to,
     })
+}
+
+/// How far a claim's move of the intake went: every row says it.
+pub(crate) fn intake_moved_to(rows: &[sqlx::postgres::PgRow]) -> sqlx::Result<Option<i64>> {
+    match rows.first() {
+        Some(r) => r.try_get("intake_to"),
+        None => Ok(None),
+    }
 }
 
 /// One row a claim returned.

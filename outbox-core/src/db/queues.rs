@@ -34,20 +34,24 @@ pub(crate) async fn serve_queue(
 }
 
 /// TX1 of a queue with a global concurrency or a rate: one statement that
-/// takes the queue's row, then claims what the limits allow. Also says
-/// whether the limits (or a pause) let it take fewer than `limit`.
+/// moves tasks of the intake above `intake_above` (none when `None`), takes
+/// the queue's row, then claims what the limits allow. Also says whether
+/// the limits (or a pause) let it take fewer than `limit`, and how far the
+/// move of the intake went.
 pub(crate) async fn claim_limited(
     conn: &mut PgConnection,
     queue: &str,
     limit: usize,
     token: &Arc<str>,
     now: Option<DateTime<Utc>>,
-) -> sqlx::Result<(Vec<ClaimedTask>, bool)> {
+    intake_above: Option<i64>,
+) -> sqlx::Result<(Vec<ClaimedTask>, bool, Option<i64>)> {
     let rows = sqlx::query(include_str!("sql/claim_limited.sql"))
         .bind(queue)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(token.to_string())
         .bind(now)
+        .bind(intake_above)
         .fetch_all(conn)
         .await?;
     let allowed: i64 = match rows.first() {
@@ -64,7 +68,7 @@ pub(crate) async fn claim_limited(
     // taken (had the queue run out first, it is simply empty).
     let taken = i64::try_from(tasks.len()).unwrap_or(i64::MAX);
     let held_back = allowed < i64::try_from(limit).unwrap_or(i64::MAX) && taken >= allowed;
-    Ok((tasks, held_back))
+    Ok((tasks, held_back, super::intake_moved_to(&rows)?))
 }
 
 /// Every queue's settings, by name.

@@ -220,6 +220,7 @@ async fn maintain(
         }
     }
     forget_gone_workers(shared).await?;
+    take_intake(shared).await?;
     if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
         // Best effort, like the key hand-over below: partition DDL gives up
         // on a lock it cannot get at once (a long reader of the history),
@@ -301,6 +302,19 @@ async fn history(shared: &Shared) -> sqlx::Result<()> {
     .await?;
     if !dropped.is_empty() {
         tracing::info!(partitions = ?dropped, "dropped history partitions past the retention");
+    }
+    Ok(())
+}
+
+/// Moves the tasks of the intake that no claim moved into `outbox_tasks`
+/// (a backstop: every claim moves the intake first).
+async fn take_intake(shared: &Shared) -> sqlx::Result<()> {
+    let moved = call(&shared.engine, shared.deadline, "intake", async |conn| {
+        crate::db::intake::take(conn, crate::db::intake::PER_ROUND).await
+    })
+    .await?;
+    if let Some(moved_to) = moved {
+        tracing::debug!(moved_to, "moved submitted tasks from the intake");
     }
     Ok(())
 }

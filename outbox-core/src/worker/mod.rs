@@ -264,6 +264,8 @@ pub(crate) struct Shared {
     pub(crate) periodic: Arc<Vec<PeriodicTask>>,
     /// Where the completer puts the tasks it hands ordering keys on to.
     pub(crate) hand_on: hand_on::HandOn,
+    /// Where claims read the intake from.
+    pub(crate) intake: crate::db::intake::IntakeFloor,
 }
 
 impl Worker {
@@ -351,6 +353,7 @@ impl Worker {
         }
         let shared = Arc::new(Shared {
             hand_on: hand_on::HandOn::new(lanes, stop_claiming.clone()),
+            intake: crate::db::intake::IntakeFloor::default(),
             wakers: Arc::clone(&wakers),
             throughput: throughput::Throughput::default(),
             periodic: Arc::clone(&self.periodic),

@@ -198,13 +198,16 @@ async fn claim_loop(
         let token = shared.holdings.begin_claim();
         let now = shared.config.clock.now();
         let start = floor.start(Instant::now());
+        let intake_above = Some(shared.intake.above(Instant::now()));
         let claimed = call(&shared.engine, shared.deadline, "claim", async |conn| {
             // The statement's own time, not the wait for a connection: it
             // is what tells a walk of a bloated index.
             let claim_started = Instant::now();
             if limited {
-                let (tasks, held_back) =
-                    db::queues::claim_limited(conn, &queue, wanted, &token, now).await?;
+                let (tasks, held_back, intake_to) =
+                    db::queues::claim_limited(conn, &queue, wanted, &token, now, intake_above)
+                        .await?;
+                shared.intake.moved(intake_to);
                 Ok((tasks, held_back, None))
             } else {
                 let claimed = db::claim_tasks(
@@ -215,8 +218,10 @@ async fn claim_loop(
                     now,
                     start,
                     shared.config.key_run,
+                    intake_above,
                 )
                 .await?;
+                shared.intake.moved(claimed.intake_to);
                 let claim = Claim {
                     wanted,
                     got: claimed.tasks.len(),

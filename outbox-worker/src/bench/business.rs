@@ -53,7 +53,33 @@ pub(crate) struct BusinessReport {
     /// With a submit over with a second order row: 1.0 means a submit
     /// costs the transaction what any one-row insert costs.
     submit_vs_second_row: f64,
+    /// The control issue 23 holds a submit to: a plain row of the
+    /// submit's own columns (type, queue, payload, priority, attempts,
+    /// created_at) in a table with a bigserial primary key.
+    with_task_row_tx_per_s: f64,
+    with_task_row_ms: Latency,
+    /// Added to each transaction's time (clients over rate), in ms.
+    task_row_marginal_ms: f64,
+    second_row_marginal_ms: f64,
+    submit_marginal_ms: f64,
+    /// A submit's marginal cost over the task-shaped row's: target 1.15
+    /// or less. And over the second order row's.
+    submit_vs_task_row_marginal: f64,
+    submit_vs_second_row_marginal: f64,
 }
+
+/// The control row of a submit's own columns.
+const CREATE_TASK_CONTROL: &str = "
+CREATE TABLE IF NOT EXISTS bench_task_control (
+    id bigserial PRIMARY KEY,
+    task_type text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    priority smallint NOT NULL,
+    max_attempts integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+TRUNCATE bench_task_control;";
 
 /// The application's table: a primary key and one secondary index, like a
 /// typical orders table.
@@ -78,6 +104,10 @@ async fn orders_phase(bench: &Bench) -> Result<Option<usize>, Failure> {
         .execute(&bench.pool)
         .await
         .map_err(db)?;
+    sqlx::raw_sql(CREATE_TASK_CONTROL)
+        .execute(&bench.pool)
+        .await
+        .map_err(db)?;
     Ok(Some(total))
 }
 
@@ -91,18 +121,27 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
         &bench.pool,
         clients,
         per_round,
-        &[Extra::None, Extra::Submit, Extra::SecondRow],
+        &[Extra::None, Extra::Submit, Extra::SecondRow, Extra::TaskRow],
     )
     .await?;
-    let [plain, with, second]: [Kind; 3] = kinds
+    let [plain, with, second, task_row]: [Kind; 4] = kinds
         .try_into()
         .map_err(|_| Failure::runtime("one kind per extra"))?;
-    sqlx::raw_sql("DROP TABLE bench_orders")
+    sqlx::raw_sql("DROP TABLE bench_orders, bench_task_control")
         .execute(&bench.pool)
         .await
         .map_err(db)?;
     bench.reset().await?;
     let (plain_rate, with_rate, second_rate) = (plain.rate(), with.rate(), second.rate());
+    let task_row_rate = task_row.rate();
+    // Each kind's time per transaction over the plain one's, in ms.
+    let marginal =
+        |rate: f64| clients as f64 * 1000.0 * (1.0 / rate.max(1e-9) - 1.0 / plain_rate.max(1e-9));
+    let (submit_marginal, second_marginal, task_marginal) = (
+        marginal(with_rate),
+        marginal(second_rate),
+        marginal(task_row_rate),
+    );
     let (plain_ms, with_ms) = (Latency::of(plain.ms), Latency::of(with.ms));
     let pct = |with: f64, plain: f64| (with / plain.max(1e-9) - 1.0) * 100.0;
     let report = BusinessReport {
@@ -118,11 +157,21 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
         with_second_row_tx_per_s: second_rate,
         with_second_row_ms: Latency::of(second.ms),
         submit_vs_second_row: with_rate / second_rate.max(1e-9),
+        with_task_row_tx_per_s: task_row_rate,
+        with_task_row_ms: Latency::of(task_row.ms),
+        task_row_marginal_ms: task_marginal,
+        second_row_marginal_ms: second_marginal,
+        submit_marginal_ms: submit_marginal,
+        submit_vs_task_row_marginal: submit_marginal / task_marginal.max(1e-9),
+        submit_vs_second_row_marginal: submit_marginal / second_marginal.max(1e-9),
     };
     bench.say(format!(
         "business transaction (BEGIN; INSERT order; COMMIT) from {clients} clients, {} each:\n  \
          plain {:.0} tx/s, {}\n  with a submit {:.0} tx/s, {}\n  throughput {:.3}x, p50 {:+.1}%, p99 {:+.1}%\n  \
-         control, a second order row instead: {:.0} tx/s, {} (submit / second row: {:.3}x)",
+         control, a second order row instead: {:.0} tx/s, {} (submit / second row: {:.3}x)\n  \
+         control, a plain row of the submit's columns instead: {:.0} tx/s, {}\n  \
+         marginal cost: submit {:.3} ms, task-shaped row {:.3} ms, second order row {:.3} ms \
+         (submit / task-shaped row: {:.2}x, submit / second order row: {:.2}x)",
         report.transactions_each,
         report.plain_tx_per_s,
         report.plain_ms,
@@ -134,6 +183,13 @@ pub(crate) async fn measure(bench: &Bench) -> Result<Option<BusinessReport>, Fai
         report.with_second_row_tx_per_s,
         report.with_second_row_ms,
         report.submit_vs_second_row,
+        report.with_task_row_tx_per_s,
+        report.with_task_row_ms,
+        report.submit_marginal_ms,
+        report.task_row_marginal_ms,
+        report.second_row_marginal_ms,
+        report.submit_vs_task_row_marginal,
+        report.submit_vs_second_row_marginal,
     ));
     Ok(Some(report))
 }
@@ -144,6 +200,8 @@ enum Extra {
     None,
     Submit,
     SecondRow,
+    /// A plain row of a submit's columns (the control a submit is held to).
+    TaskRow,
     /// A plain row of an event's columns in an ordinary table (the
     /// control an emit is held to).
     EventRow,
@@ -365,6 +423,7 @@ async fn run_round(
                         .await?;
                     }
                     Extra::SecondRow => drop(insert_order(&mut tx, customer).await?),
+                    Extra::TaskRow => task_row(&mut tx).await?,
                     Extra::EventRow => event_row(&mut tx, order).await?,
                     Extra::Emit => emit_one(&mut tx, order).await?,
                     Extra::Lines => lines(&mut tx, customer, i).await?,
@@ -398,6 +457,23 @@ pub(crate) async fn insert_order(
     .bind(1999_i64)
     .fetch_one(conn)
     .await
+}
+
+/// The submit's control: a plain row of a task's columns, as a submit of
+/// `Noop` to the bench queue writes them; its id returned, as a submit's is.
+async fn task_row(conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+    sqlx::query_scalar::<_, i64>(
+        "INSERT INTO bench_task_control (task_type, queue, payload, priority, max_attempts)
+         VALUES ($1, $2, $3::jsonb, $4, $5) RETURNING id",
+    )
+    .bind("outbox.noop")
+    .bind(SUBMIT_QUEUE)
+    .bind("{}")
+    .bind(0_i16)
+    .bind(1_i32)
+    .fetch_one(conn)
+    .await
+    .map(drop)
 }
 
 /// The control: a plain row of an event's columns, for the order just

@@ -15,7 +15,10 @@
 --
 -- The statement itself is outbox_claim_limited (migration 26): one call,
 -- planned once per session. $1 queue, $2 how many at most, $3 claim
--- token, $4 clock override (tests).
+-- token, $4 clock override (tests), $5: first, up to 1,000 tasks of the
+-- intake (migration 31) with ids above this one (none when null) are
+-- moved into outbox_tasks, whatever their queue; `intake_to` is the
+-- highest id moved.
 SELECT id, task_type, queue, payload, retry_count, max_attempts, claims, ordered, key_seq,
-       created_at, trace_context, workflow_id, allowed
-FROM outbox_claim_limited($1::text, $2::bigint, $3::text, $4::timestamptz)
+       created_at, trace_context, workflow_id, allowed, intake_to
+FROM outbox_claim_limited($1::text, $2::bigint, $3::text, $4::timestamptz, $5::bigint)

@@ -33,6 +33,12 @@
 -- $10 is the longest run of one key's tasks a claim takes with the key's
 -- head (1: the head alone; migration 28). The tasks of a run come back
 -- with `follows` and their key, still blocked.
+--
+-- $11: first, up to 1,000 tasks of the intake (migration 31) with ids
+-- above this one (none when null) are moved into outbox_tasks, whatever
+-- their queue; `intake_to` is the highest id moved, and when nothing is
+-- claimed, one row with a null id carries it.
 SELECT id, task_type, queue, payload, retry_count, max_attempts, claims, ordered, key_seq,
-       created_at, trace_context, priority, execute_at, workflow_id, follows, ordering_key
-FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+       created_at, trace_context, priority, execute_at, workflow_id, follows, ordering_key,
+       intake_to
+FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)

@@ -18,7 +18,8 @@ unfinished AS (
                    WHERE queue = $1 AND state IN ('pending', 'failed') AND dead_at IS NULL
                      AND NOT blocked)
         OR EXISTS (SELECT 1 FROM outbox_tasks WHERE queue = $1 AND blocked AND dead_at IS NULL)
-        OR EXISTS (SELECT 1 FROM outbox_tasks WHERE state = 'processing' AND queue = $1) AS present
+        OR EXISTS (SELECT 1 FROM outbox_tasks WHERE state = 'processing' AND queue = $1)
+        OR EXISTS (SELECT 1 FROM outbox_intake WHERE queue = $1) AS present
 ),
 gone AS (
     DELETE FROM outbox_queues AS d

@@ -2,7 +2,8 @@
 -- the first task holding the task's ordering key (if another does), how
 -- many wait behind that key, the queue's settings and running count, the
 -- live workers serving the queue, and how many due tasks are ahead of it
--- in its queue (counted up to 10,000). $1 task id.
+-- in its queue, the intake's included (counted up to 10,000). $1 task
+-- id.
 WITH t AS (
     SELECT id, queue, ordering_key, priority, execute_at, skip_dead FROM outbox_all_tasks WHERE id = $1
 )
@@ -31,6 +32,10 @@ SELECT
           AND c.state IN ('pending', 'failed') AND c.dead_at IS NULL AND NOT c.blocked
           AND c.execute_at <= now()
           AND (c.priority, c.execute_at, c.id) < (t.priority, t.execute_at, t.id)
+        UNION ALL
+        SELECT 1 FROM outbox_intake AS i
+        WHERE i.queue = t.queue
+          AND (i.priority, i.created_at, i.id) < (t.priority, t.execute_at, t.id)
         LIMIT 10000) AS a) AS ahead,
     now() AS now
 FROM t

@@ -10,8 +10,11 @@ WITH live AS (
            count(*) FILTER (WHERE execute_at > now() AND state = 'pending') AS scheduled,
            count(*) FILTER (WHERE execute_at > now() AND state = 'failed') AS retrying,
            coalesce(extract(epoch FROM now() - min(execute_at) FILTER (WHERE execute_at <= now())), 0)::float8 AS oldest
-    FROM outbox_tasks
-    WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+    FROM (SELECT queue, execute_at, state FROM outbox_tasks
+          WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+          UNION ALL
+          -- The intake's tasks (migration 31), due since their submit.
+          SELECT queue, created_at, 'pending' FROM outbox_intake) AS t
     GROUP BY queue
 ), waiting AS (
     SELECT queue, count(*) AS blocked

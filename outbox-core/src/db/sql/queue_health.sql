@@ -1,8 +1,10 @@
 -- The cheap figures for gauges: each sub-query is answered from a partial
--- index, so the cost does not grow with completed history.
+-- index, so the cost does not grow with completed history. Tasks in the
+-- intake (migration 31, a few rows long) are claimable.
 SELECT
     (SELECT count(*) FROM outbox_tasks
-      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now()) AS claimable,
+      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now())
+      + (SELECT count(*) FROM outbox_intake) AS claimable,
     (SELECT count(*) FROM outbox_tasks
       WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at > now()) AS scheduled,
     -- Tasks claimed in a run (migration 28) stay blocked: they count as
@@ -11,7 +13,10 @@ SELECT
       - (SELECT count(*) FROM outbox_tasks WHERE state = 'processing' AND blocked) AS blocked,
     (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') AS processing,
     (SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL) AS dead,
-    (SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0)::float8 FROM outbox_tasks
-      WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at <= now()) AS oldest_claimable_age_s,
+    (SELECT coalesce(extract(epoch FROM now() - least(
+         (SELECT min(execute_at) FROM outbox_tasks
+           WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked
+             AND execute_at <= now()),
+         (SELECT min(created_at) FROM outbox_intake))), 0)::float8) AS oldest_claimable_age_s,
     (SELECT coalesce(extract(epoch FROM now() - min(heartbeat_at)), 0)::float8 FROM outbox_tasks
       WHERE state = 'processing') AS oldest_heartbeat_age_s
