@@ -232,6 +232,10 @@ pub(crate) struct Claimed {
 /// the run of its key's tasks claimed behind it, up to `run_length` tasks
 /// in all (1: none; see migration 28). First it moves tasks of the intake
 /// with ids above `intake_above` into outbox_tasks (none when `None`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one per parameter of the claim statement; a struct would only rename them"
+)]
 pub(crate) async fn claim_tasks(
     conn: &mut PgConnection,
     queue: &str,
