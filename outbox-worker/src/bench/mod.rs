@@ -659,6 +659,7 @@ impl Bench {
         for table in [
             "VACUUM ANALYZE outbox_tasks",
             "VACUUM ANALYZE outbox_task_history",
+            "VACUUM ANALYZE outbox_intake",
         ] {
             sqlx::query(table).execute(&self.pool).await.map_err(db)?;
         }
