@@ -1,5 +1,7 @@
--- Back to migration 30: the intake's tasks move into outbox_tasks first,
--- so none is lost.
+-- Back to migration 30. No submit may write to the intake from here on
+-- (one that committed after the move below would be dropped with the
+-- table), and its tasks move into outbox_tasks first: none is lost.
+LOCK TABLE outbox_intake IN ACCESS EXCLUSIVE MODE;
 SELECT outbox_take_intake_ids(ARRAY(SELECT id FROM outbox_intake));
 
 CREATE OR REPLACE VIEW outbox_all_tasks AS
@@ -18,6 +20,14 @@ FROM outbox_task_history;
 DROP FUNCTION outbox_claim_limited(text, bigint, text, timestamptz, bigint);
 DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
                                  timestamptz, bigint, integer, bigint);
+DROP FUNCTION outbox_claim_limited(text, bigint, text, timestamptz);
+DROP FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
+                                 timestamptz, bigint, integer);
+ALTER FUNCTION outbox_claim_limited_body(text, bigint, text, timestamptz)
+    RENAME TO outbox_claim_limited;
+ALTER FUNCTION outbox_claim_tasks_body(text, bigint, text, timestamptz, smallint, timestamptz,
+                                       bigint, timestamptz, bigint, integer)
+    RENAME TO outbox_claim_tasks;
 DROP FUNCTION outbox_take_intake_ids(bigint[]);
-DROP FUNCTION outbox_take_intake(bigint, bigint);
+DROP FUNCTION outbox_take_intake(bigint, bigint, text);
 DROP TABLE outbox_intake;

@@ -12,9 +12,12 @@
 -- A task in the intake keeps its id (drawn from the task table's
 -- sequence), its created_at and trace context; it becomes due at
 -- created_at. Reads by id and lists see it through outbox_all_tasks as
--- pending. Statements that change a task by id (cancel, signal) first
--- move it with outbox_take_intake_ids, waiting for a claim that is moving
--- it at that moment.
+-- pending. A cancel moves it first with outbox_take_intake_ids, waiting
+-- for a claim that is moving it at that moment; a signal is recorded for
+-- it where it is (send_signal.sql).
+--
+-- A submitter's database role needs INSERT on outbox_intake and USAGE on
+-- outbox_tasks_id_seq (guide, section 3).
 CREATE TABLE outbox_intake (
     id            bigint PRIMARY KEY DEFAULT nextval('outbox_tasks_id_seq'),
     task_type     text NOT NULL,
@@ -28,8 +31,8 @@ CREATE TABLE outbox_intake (
     -- every insert statement, and two of them cost a single submit about
     -- 0.3x of a plain row (PERFORMANCE.md, "The intake"). The submit
     -- validates priority and max_attempts before it writes, and the move
-    -- clamps them into the task table's ranges, so that no row written
-    -- here by hand can stop the moves.
+    -- clamps them into the task table's ranges, so that no value of them
+    -- written here by hand can stop the moves.
 );
 
 -- Every row is deleted within moments of its commit: vacuum after a few
@@ -51,7 +54,11 @@ ALTER TABLE outbox_intake SET (
 -- (less a margin, and from 0 every second; see db/intake.rs), so that a
 -- snapshot held open elsewhere, which keeps every deleted row's index
 -- entry, does not make each claim walk all of them.
-CREATE FUNCTION outbox_take_intake(wanted bigint, above bigint)
+--
+-- The queues of the moved tasks other than `own_queue` (the claimer's)
+-- are notified at commit: their workers may have looked while this move
+-- held the rows, found nothing, and gone to sleep until their next poll.
+CREATE FUNCTION outbox_take_intake(wanted bigint, above bigint, own_queue text)
 RETURNS bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -60,6 +67,7 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
     moved_to bigint;
+    moved_queues text[];
 BEGIN
 WITH taken AS (
     DELETE FROM outbox_intake AS i
@@ -76,9 +84,12 @@ moved AS (
     SELECT id, task_type, queue, payload, least(greatest(priority, 0), 9),
            greatest(max_attempts, 1), created_at, created_at, trace_context
     FROM taken
-    RETURNING id
+    RETURNING id, queue
 )
-SELECT max(id) INTO moved_to FROM moved;
+SELECT max(moved.id), array_agg(DISTINCT moved.queue) INTO moved_to, moved_queues FROM moved;
+PERFORM pg_notify('outbox_tasks', q)
+FROM unnest(moved_queues) AS q
+WHERE q IS DISTINCT FROM own_queue;
 RETURN moved_to;
 END
 $$;
@@ -86,11 +97,13 @@ $$;
 -- Moves the tasks `ids` that are in the intake into outbox_tasks, waiting
 -- for a transaction moving one of them (a claim's outbox_take_intake)
 -- to end: once this returns, a statement with a fresh snapshot finds each
--- of them in outbox_tasks. Returns how many it moved.
+-- of them in outbox_tasks. For a cancel (in a transaction of its own).
+-- Returns how many it moved.
 CREATE FUNCTION outbox_take_intake_ids(ids bigint[])
 RETURNS bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     moved_count bigint;
@@ -114,12 +127,56 @@ RETURN moved_count;
 END
 $$;
 
--- The claims of migration 28 (plain) and 27 (limited), each after moving
--- up to 1,000 tasks of the intake with ids above `intake_above` (none when
--- null), in the claim's transaction. Each row says how far the move went
--- (`intake_to`, the highest id moved). New
--- overloads: a worker of the version before keeps calling the old ones,
--- and the maintenance leader moves the intake too.
+-- The claims of migration 28 (plain) and 27 (limited) keep their bodies
+-- under new names. Under the old names and signatures, which workers of
+-- the version before call, they move the intake first, from its first row
+-- (so a rolling upgrade that migrates before it replaces the workers
+-- leaves no task in the intake); the new overloads move it from
+-- `intake_above` (none when null) and say how far they went.
+ALTER FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, timestamptz, bigint,
+                                  timestamptz, bigint, integer)
+    RENAME TO outbox_claim_tasks_body;
+ALTER FUNCTION outbox_claim_limited(text, bigint, text, timestamptz)
+    RENAME TO outbox_claim_limited_body;
+
+CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
+                                   floor_priority smallint, floor_execute_at timestamptz,
+                                   floor_id bigint, front_execute_at timestamptz,
+                                   front_id bigint, run_length integer)
+RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
+               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
+               created_at timestamptz, trace_context text, priority smallint,
+               execute_at timestamptz, workflow_id bigint, follows boolean,
+               ordering_key text)
+LANGUAGE plpgsql
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM outbox_take_intake(1000, 0, q);
+    RETURN QUERY
+    SELECT * FROM outbox_claim_tasks_body(q, n, token, clock, floor_priority, floor_execute_at,
+                                          floor_id, front_execute_at, front_id, run_length);
+END
+$$;
+
+CREATE FUNCTION outbox_claim_limited(claim_queue text, wanted bigint, claim_token text,
+                                     at timestamptz)
+RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
+               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
+               created_at timestamptz, trace_context text, workflow_id bigint,
+               allowed bigint)
+LANGUAGE plpgsql
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM outbox_take_intake(1000, 0, claim_queue);
+    RETURN QUERY
+    SELECT * FROM outbox_claim_limited_body(claim_queue, wanted, claim_token, at);
+END
+$$;
+
 CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
                                    floor_priority smallint, floor_execute_at timestamptz,
                                    floor_id bigint, front_execute_at timestamptz,
@@ -137,12 +194,12 @@ DECLARE
     moved_to bigint;
 BEGIN
     IF intake_above IS NOT NULL THEN
-        moved_to := outbox_take_intake(1000, intake_above);
+        moved_to := outbox_take_intake(1000, intake_above, q);
     END IF;
     RETURN QUERY
     SELECT c.*, moved_to
-    FROM outbox_claim_tasks(q, n, token, clock, floor_priority, floor_execute_at, floor_id,
-                            front_execute_at, front_id, run_length) AS c;
+    FROM outbox_claim_tasks_body(q, n, token, clock, floor_priority, floor_execute_at,
+                                 floor_id, front_execute_at, front_id, run_length) AS c;
     -- Nothing claimed, something moved: one row with a null id says how
     -- far.
     IF NOT FOUND AND moved_to IS NOT NULL THEN
@@ -169,10 +226,11 @@ DECLARE
     moved_to bigint;
 BEGIN
     IF intake_above IS NOT NULL THEN
-        moved_to := outbox_take_intake(1000, intake_above);
+        moved_to := outbox_take_intake(1000, intake_above, claim_queue);
     END IF;
     RETURN QUERY
-    SELECT c.*, moved_to FROM outbox_claim_limited(claim_queue, wanted, claim_token, at) AS c;
+    SELECT c.*, moved_to
+    FROM outbox_claim_limited_body(claim_queue, wanted, claim_token, at) AS c;
     -- Paused (no row at all), something moved: one row with a null id and
     -- nothing allowed says how far.
     IF NOT FOUND AND moved_to IS NOT NULL THEN

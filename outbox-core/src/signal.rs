@@ -50,9 +50,6 @@ pub async fn signal<T: Serialize + ?Sized>(
             text.len()
         )));
     }
-    // A task still in the intake (submitted moments ago, perhaps in this
-    // very transaction) takes signals like any other.
-    crate::db::intake::take_ids(&mut *conn, &[task.0]).await?;
     let sent: bool = sqlx::query_scalar(include_str!("db/sql/send_signal.sql"))
         .bind(task.0)
         .bind(name)

@@ -205,7 +205,7 @@ async fn a_move_cut_off_by_a_terminated_session_loses_nothing() {
         .await
         .unwrap();
     sqlx::query("BEGIN").execute(&mut mover).await.unwrap();
-    let moved: Option<i64> = sqlx::query_scalar("SELECT outbox_take_intake(1000, 0)")
+    let moved: Option<i64> = sqlx::query_scalar("SELECT outbox_take_intake(1000, 0, NULL)")
         .fetch_one(&mut mover)
         .await
         .unwrap();
@@ -300,4 +300,120 @@ async fn a_task_committed_long_after_it_drew_its_id_is_still_moved() {
         .await;
     worker.stop().await;
     assert_eq!(runs.ran(), HashMap::from([(early_id, 1), (later_id, 1)]));
+}
+
+/// A claim of one queue that moves another queue's task wakes that
+/// queue's workers at commit: they may have looked while the move held
+/// the task, found nothing, and gone to sleep until their next poll (here
+/// a minute away).
+#[tokio::test]
+async fn a_move_wakes_the_workers_of_the_queues_it_moved_tasks_of() {
+    let db = TestDb::migrated().await;
+    let runs = Runs::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(outbox::WorkerConfig {
+                poll_interval: Duration::from_secs(60),
+                maintenance: false,
+                ..outbox::WorkerConfig::default()
+            })
+            .handler::<Job>(runs.clone())
+            .build()
+            .unwrap(),
+    );
+    // Once this has run, the worker listens and waits.
+    outbox::submit(&mut *db.conn().await, Job { n: 0 })
+        .await
+        .unwrap();
+    worker
+        .wait_for(TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    // A task written and moved by another queue's claim, in one
+    // transaction: nothing else notifies its queue.
+    let mut mover = db.pool.begin().await.unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_intake (task_type, queue, payload, priority, max_attempts) \
+         VALUES ('test.intake.job', $1, '{\"n\": 1}', 0, 3) RETURNING id",
+    )
+    .bind(QUEUE)
+    .fetch_one(&mut *mover)
+    .await
+    .unwrap();
+    let moved: Option<i64> =
+        sqlx::query_scalar("SELECT outbox_take_intake(1000, 0, 'another-queue')")
+            .fetch_one(&mut *mover)
+            .await
+            .unwrap();
+    assert_eq!(moved, Some(id));
+    mover.commit().await.unwrap();
+    worker
+        .wait_for(TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    worker.stop().await;
+    assert_eq!(runs.ran().get(&TaskId(id)), Some(&1));
+}
+
+/// A signal sent in a REPEATABLE READ transaction to a task a claim moved
+/// out of the intake after the transaction's snapshot is recorded (a move
+/// in the signalling transaction would fail it: "could not serialize
+/// access due to concurrent delete").
+#[tokio::test]
+async fn a_signal_at_repeatable_read_reaches_a_task_moved_since_its_snapshot() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&mut *db.conn().await, Job { n: 1 })
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT count(*) FROM outbox_intake")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    db.take_intake().await;
+    assert!(outbox::signal(&mut tx, id, "go", &1).await.unwrap());
+    tx.commit().await.unwrap();
+    let signals: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_task_signals WHERE task_id = $1")
+            .bind(id.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(signals, 1);
+}
+
+/// A worker of the version before migration 31 calls the claim functions'
+/// old signatures, which move the intake too: a rolling upgrade that
+/// migrates first leaves no task behind.
+#[tokio::test]
+async fn the_claims_old_signatures_move_the_intake_too() {
+    let db = TestDb::migrated().await;
+    let plain = outbox::submit(&mut *db.conn().await, Job { n: 1 })
+        .await
+        .unwrap();
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox_claim_tasks($1, 10, 'old-worker', NULL, -1::smallint, NULL, \
+         NULL, NULL, NULL, 1)",
+    )
+    .bind(QUEUE)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, [plain.0]);
+    admin::set_queue(&db.pool, QUEUE, &QueueChange::new().rate_per_second(1000.0))
+        .await
+        .unwrap();
+    let limited = outbox::submit(&mut *db.conn().await, Job { n: 2 })
+        .await
+        .unwrap();
+    let claimed: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT id FROM outbox_claim_limited($1, 10, 'old-worker-2', NULL)")
+            .bind(QUEUE)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(claimed, [Some(limited.0)]);
+    assert_eq!(in_intake(&db).await, 0);
 }

@@ -165,7 +165,7 @@ impl TestDb {
     /// now writes it) into `outbox_tasks`, as a claim would: for a test
     /// that changes a submitted task's row there by hand.
     pub async fn take_intake(&self) {
-        sqlx::query("SELECT outbox_take_intake(1000000, 0)")
+        sqlx::query("SELECT outbox_take_intake(1000000, 0, NULL)")
             .execute(&self.pool)
             .await
             .expect("move the intake");

@@ -74,10 +74,11 @@ impl IntakeFloor {
 }
 
 /// Moves up to `wanted` committed tasks of the intake into `outbox_tasks`,
-/// from its first row, passing over those another transaction is moving.
-/// Returns the highest id moved.
+/// from its first row, passing over those another transaction is moving,
+/// and wakes the workers of their queues at commit. Returns the highest
+/// id moved.
 pub(crate) async fn take(conn: &mut PgConnection, wanted: i64) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar("SELECT outbox_take_intake($1, 0)")
+    sqlx::query_scalar("SELECT outbox_take_intake($1, 0, NULL)")
         .bind(wanted)
         .fetch_one(conn)
         .await
@@ -85,7 +86,9 @@ pub(crate) async fn take(conn: &mut PgConnection, wanted: i64) -> sqlx::Result<O
 
 /// Moves those of tasks `ids` still in the intake into `outbox_tasks`,
 /// waiting for a claim moving one of them: the caller's next statement
-/// finds each in `outbox_tasks`. For statements that change a task by id.
+/// finds each in `outbox_tasks`. For a cancel, in a transaction of its
+/// own (in a caller's REPEATABLE READ transaction, a row a claim moved
+/// after its snapshot would fail it with a serialization error).
 pub(crate) async fn take_ids(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<i64> {
     sqlx::query_scalar("SELECT outbox_take_intake_ids($1)")
         .bind(ids)

@@ -220,7 +220,11 @@ async fn maintain(
         }
     }
     forget_gone_workers(shared).await?;
-    take_intake(shared).await?;
+    // Best effort, like the key hand-over: a move that fails must not hold
+    // recovery and cleanup back (the claims move the intake too).
+    if let Err(error) = take_intake(shared).await {
+        tracing::warn!(%error, "could not move the intake this round");
+    }
     if last_cleanup.is_none_or(|t| t.elapsed() >= config.cleanup_interval) {
         // Best effort, like the key hand-over below: partition DDL gives up
         // on a lock it cannot get at once (a long reader of the history),

@@ -1,7 +1,8 @@
 -- One bounded batch each: durable step records and signals of tasks that
 -- left outbox_tasks (completed into the history, or deleted). A dead task
 -- keeps them, so an operator's retry skips what succeeded and still sees
--- its signals. $1 batch size. Returns the rows deleted.
+-- its signals; so does a task in the intake (migration 31), signalled
+-- before any claim moved it. $1 batch size. Returns the rows deleted.
 WITH steps AS (
     DELETE FROM outbox_durable_steps
     WHERE ctid = ANY (ARRAY(
@@ -15,6 +16,7 @@ signals AS (
     WHERE ctid = ANY (ARRAY(
         SELECT s.ctid FROM outbox_task_signals AS s
         WHERE NOT EXISTS (SELECT 1 FROM outbox_tasks AS t WHERE t.id = s.task_id)
+          AND NOT EXISTS (SELECT 1 FROM outbox_intake AS i WHERE i.id = s.task_id)
         LIMIT $1))
     RETURNING 1
 )
