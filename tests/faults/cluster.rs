@@ -102,6 +102,7 @@ async fn three_workers_keep_each_key_in_order_through_a_kill_and_a_dead_head_blo
     );
     workers[victim].signal("KILL");
     workers[victim].wait(Duration::from_secs(10)).await;
+    workers[victim].sessions_ended(&db.pool).await;
     let died_holding: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(held_by_killed))
         .fetch_all(&db.pool)
         .await

@@ -111,9 +111,18 @@ impl WorkerProcess {
         self.signal("KILL");
         let status = self.wait(Duration::from_secs(10)).await;
         assert!(!status.success(), "killed, not exited: {status:?}");
-        // A statement the process sent just before it died still runs to its
-        // end on the server, and an outcome may commit after the kill: what
-        // it died holding is known once its sessions are gone.
+        self.sessions_ended(pool).await;
+        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
+            .fetch_one(pool)
+            .await
+            .expect("count tasks in flight")
+    }
+
+    /// Waits until the (killed) process's database sessions have ended. A
+    /// statement it sent just before it died still runs to its end on the
+    /// server, and an outcome may commit after the kill: what it died
+    /// holding is known once its sessions are gone.
+    pub async fn sessions_ended(&self, pool: &PgPool) {
         wait_until(
             pool,
             &format!(
@@ -125,10 +134,6 @@ impl WorkerProcess {
             Duration::from_secs(60),
         )
         .await;
-        sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE state = 'processing'")
-            .fetch_one(pool)
-            .await
-            .expect("count tasks in flight")
     }
 
     /// True while the process runs.
