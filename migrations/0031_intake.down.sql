@@ -28,6 +28,6 @@ ALTER FUNCTION outbox_claim_limited_body(text, bigint, text, timestamptz)
 ALTER FUNCTION outbox_claim_tasks_body(text, bigint, text, timestamptz, smallint, timestamptz,
                                        bigint, timestamptz, bigint, integer)
     RENAME TO outbox_claim_tasks;
-DROP FUNCTION outbox_take_intake_ids(bigint[]);
+DROP FUNCTION outbox_take_intake_ids(bigint[], text);
 DROP FUNCTION outbox_take_intake(bigint, bigint, text);
 DROP TABLE outbox_intake;

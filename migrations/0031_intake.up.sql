@@ -47,18 +47,17 @@ ALTER TABLE outbox_intake SET (
     vacuum_truncate = false
 );
 
--- Moves up to `wanted` committed tasks of the intake with ids above
--- `above`, the lowest first, into outbox_tasks as pending, passing over
--- rows another transaction is moving. Returns the highest id it moved
--- (null when none). A claimer reads above the ids it moved a moment ago
--- (less a margin, and from 0 every second; see db/intake.rs), so that a
--- snapshot held open elsewhere, which keeps every deleted row's index
--- entry, does not make each claim walk all of them.
+-- Moves the tasks `ids` that are in the intake into outbox_tasks as
+-- pending, waiting for a transaction moving one of them to end: once this
+-- returns, a statement with a fresh snapshot finds each of them in
+-- outbox_tasks. A cancel calls it (in a transaction of its own), and so
+-- does every move (outbox_take_intake, with rows it has locked). Returns
+-- the highest id it moved (null when none).
 --
--- The queues of the moved tasks other than `own_queue` (the claimer's)
--- are notified at commit: their workers may have looked while this move
--- held the rows, found nothing, and gone to sleep until their next poll.
-CREATE FUNCTION outbox_take_intake(wanted bigint, above bigint, own_queue text)
+-- The queues of the moved tasks other than `own_queue` (a claimer's) are
+-- notified at commit: their workers may have looked while this move held
+-- the rows, found nothing, and gone to sleep until their next poll.
+CREATE FUNCTION outbox_take_intake_ids(ids bigint[], own_queue text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -71,10 +70,7 @@ DECLARE
 BEGIN
 WITH taken AS (
     DELETE FROM outbox_intake AS i
-    WHERE i.id = ANY (ARRAY(SELECT x.id FROM outbox_intake AS x
-                            WHERE x.id > above
-                            ORDER BY x.id LIMIT wanted
-                            FOR UPDATE SKIP LOCKED))
+    WHERE i.id = ANY (ids)
     RETURNING i.*
 ),
 moved AS (
@@ -94,36 +90,26 @@ RETURN moved_to;
 END
 $$;
 
--- Moves the tasks `ids` that are in the intake into outbox_tasks, waiting
--- for a transaction moving one of them (a claim's outbox_take_intake)
--- to end: once this returns, a statement with a fresh snapshot finds each
--- of them in outbox_tasks. For a cancel (in a transaction of its own).
--- Returns how many it moved.
-CREATE FUNCTION outbox_take_intake_ids(ids bigint[])
+-- Moves up to `wanted` committed tasks of the intake with ids above
+-- `above`, the lowest first, passing over rows another transaction is
+-- moving (outbox_take_intake_ids does the rest). Returns the highest id
+-- it moved (null when none). A claimer reads above the ids it moved a
+-- moment ago (less a margin, and from 0 every second; see db/intake.rs),
+-- so that a snapshot held open elsewhere, which keeps every deleted row's
+-- index entry, does not make each claim walk all of them.
+CREATE FUNCTION outbox_take_intake(wanted bigint, above bigint, own_queue text)
 RETURNS bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
-DECLARE
-    moved_count bigint;
 BEGIN
-WITH taken AS (
-    DELETE FROM outbox_intake AS i
-    WHERE i.id = ANY (ids)
-    RETURNING i.*
-),
-moved AS (
-    INSERT INTO outbox_tasks (id, task_type, queue, payload, priority, max_attempts,
-                              execute_at, created_at, trace_context)
-    OVERRIDING SYSTEM VALUE
-    SELECT id, task_type, queue, payload, least(greatest(priority, 0), 9),
-           greatest(max_attempts, 1), created_at, created_at, trace_context
-    FROM taken
-    RETURNING 1
-)
-SELECT count(*) INTO moved_count FROM moved;
-RETURN moved_count;
+RETURN outbox_take_intake_ids(ARRAY(SELECT x.id FROM outbox_intake AS x
+                                    WHERE x.id > above
+                                    ORDER BY x.id LIMIT wanted
+                                    FOR UPDATE SKIP LOCKED),
+                              own_queue);
 END
 $$;
 
@@ -138,44 +124,6 @@ ALTER FUNCTION outbox_claim_tasks(text, bigint, text, timestamptz, smallint, tim
     RENAME TO outbox_claim_tasks_body;
 ALTER FUNCTION outbox_claim_limited(text, bigint, text, timestamptz)
     RENAME TO outbox_claim_limited_body;
-
-CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
-                                   floor_priority smallint, floor_execute_at timestamptz,
-                                   floor_id bigint, front_execute_at timestamptz,
-                                   front_id bigint, run_length integer)
-RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
-               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
-               created_at timestamptz, trace_context text, priority smallint,
-               execute_at timestamptz, workflow_id bigint, follows boolean,
-               ordering_key text)
-LANGUAGE plpgsql
-SET jit = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    PERFORM outbox_take_intake(1000, 0, q);
-    RETURN QUERY
-    SELECT * FROM outbox_claim_tasks_body(q, n, token, clock, floor_priority, floor_execute_at,
-                                          floor_id, front_execute_at, front_id, run_length);
-END
-$$;
-
-CREATE FUNCTION outbox_claim_limited(claim_queue text, wanted bigint, claim_token text,
-                                     at timestamptz)
-RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
-               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
-               created_at timestamptz, trace_context text, workflow_id bigint,
-               allowed bigint)
-LANGUAGE plpgsql
-SET jit = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    PERFORM outbox_take_intake(1000, 0, claim_queue);
-    RETURN QUERY
-    SELECT * FROM outbox_claim_limited_body(claim_queue, wanted, claim_token, at);
-END
-$$;
 
 CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
                                    floor_priority smallint, floor_execute_at timestamptz,
@@ -239,6 +187,54 @@ BEGIN
                NULL::integer, NULL::boolean, NULL::bigint, NULL::timestamptz, NULL::text,
                NULL::bigint, 0::bigint, moved_to;
     END IF;
+END
+$$;
+
+-- The old signatures, for workers of the version before: the new ones,
+-- moving the intake from its first row.
+CREATE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
+                                   floor_priority smallint, floor_execute_at timestamptz,
+                                   floor_id bigint, front_execute_at timestamptz,
+                                   front_id bigint, run_length integer)
+RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
+               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
+               created_at timestamptz, trace_context text, priority smallint,
+               execute_at timestamptz, workflow_id bigint, follows boolean,
+               ordering_key text)
+LANGUAGE plpgsql
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    -- The new signature's row that only says how far the move went (null
+    -- id) is no claimed task.
+    RETURN QUERY
+    SELECT c.id, c.task_type, c.queue, c.payload, c.retry_count, c.max_attempts, c.claims,
+           c.ordered, c.key_seq, c.created_at, c.trace_context, c.priority, c.execute_at,
+           c.workflow_id, c.follows, c.ordering_key
+    FROM outbox_claim_tasks(q, n, token, clock, floor_priority, floor_execute_at, floor_id,
+                            front_execute_at, front_id, run_length, 0) AS c
+    WHERE c.id IS NOT NULL;
+END
+$$;
+
+CREATE FUNCTION outbox_claim_limited(claim_queue text, wanted bigint, claim_token text,
+                                     at timestamptz)
+RETURNS TABLE (id bigint, task_type text, queue text, payload text, retry_count integer,
+               max_attempts integer, claims integer, ordered boolean, key_seq bigint,
+               created_at timestamptz, trace_context text, workflow_id bigint,
+               allowed bigint)
+LANGUAGE plpgsql
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    -- A paused queue's row that only says how far the move went (null id,
+    -- nothing allowed) reads as the pause did: held back.
+    RETURN QUERY
+    SELECT c.id, c.task_type, c.queue, c.payload, c.retry_count, c.max_attempts, c.claims,
+           c.ordered, c.key_seq, c.created_at, c.trace_context, c.workflow_id, c.allowed
+    FROM outbox_claim_limited(claim_queue, wanted, claim_token, at, 0) AS c;
 END
 $$;
 

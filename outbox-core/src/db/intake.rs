@@ -88,8 +88,9 @@ pub(crate) async fn take(conn: &mut PgConnection, wanted: i64) -> sqlx::Result<O
 /// waiting for a claim moving one of them: the caller's next statement
 /// finds each in `outbox_tasks`. For a cancel, in a transaction of its
 /// own (in a caller's REPEATABLE READ transaction, a row a claim moved
-/// after its snapshot would fail it with a serialization error).
-pub(crate) async fn take_ids(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<i64> {
+/// after its snapshot would fail it with a serialization error). Returns
+/// the highest id moved.
+pub(crate) async fn take_ids(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<Option<i64>> {
     sqlx::query_scalar("SELECT outbox_take_intake_ids($1)")
         .bind(ids)
         .fetch_one(conn)
