@@ -46,7 +46,14 @@ const RUNS: &[&str] = &[
 
 #[tokio::test]
 async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
-    kill_and_recover(false).await;
+    kill_and_recover(false, false).await;
+}
+
+/// The same with the tasks submitted one at a time: each goes through the
+/// intake (migration 31), which the killed worker's claims moved from.
+#[tokio::test]
+async fn a_killed_workers_tasks_submitted_one_by_one_are_recovered_and_none_is_lost() {
+    kill_and_recover(false, true).await;
 }
 
 /// The same beside a snapshot held open from before the first claim to
@@ -54,18 +61,30 @@ async fn a_killed_workers_tasks_are_recovered_and_none_is_lost() {
 /// survivor claims from its floor, and the recovered tasks still run.
 #[tokio::test]
 async fn a_killed_workers_tasks_are_recovered_beside_a_held_snapshot() {
-    kill_and_recover(true).await;
+    kill_and_recover(true, false).await;
 }
 
-async fn kill_and_recover(hold_snapshot: bool) {
+async fn kill_and_recover(hold_snapshot: bool, one_by_one: bool) {
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
-    outbox::submit_batch(
-        &mut *db.conn().await,
-        (0..TASKS).map(|_| Record { ms: 400 }),
-    )
-    .await
-    .unwrap();
+    if one_by_one {
+        let mut conn = db.conn().await;
+        for _ in 0..TASKS {
+            outbox::submit(&mut conn, Record { ms: 400 }).await.unwrap();
+        }
+        let in_intake: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_intake")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(in_intake, TASKS, "every task waits in the intake");
+    } else {
+        outbox::submit_batch(
+            &mut *db.conn().await,
+            (0..TASKS).map(|_| Record { ms: 400 }),
+        )
+        .await
+        .unwrap();
+    }
     let mut holder = db.conn().await;
     if hold_snapshot {
         sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_tasks")
@@ -121,7 +140,7 @@ async fn kill_and_recover(hold_snapshot: bool) {
         sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
     }
     eprintln!(
-        "kill -9 (snapshot held: {hold_snapshot}): {in_flight} tasks in flight at the kill; \
+        "kill -9 (snapshot held: {hold_snapshot}, one by one: {one_by_one}): {in_flight} tasks in flight at the kill; \
          afterwards {TASKS} of {TASKS} COMPLETED, {recovered} recovered, {executions} executions, \
          {duplicates} duplicate executions"
     );
