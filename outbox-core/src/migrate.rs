@@ -211,6 +211,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0031_intake.up.sql"),
         down: include_str!("../../migrations/0031_intake.down.sql"),
     },
+    Migration {
+        version: 32,
+        name: "workflow_cancel_mark",
+        up: include_str!("../../migrations/0032_workflow_cancel_mark.up.sql"),
+        down: include_str!("../../migrations/0032_workflow_cancel_mark.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -144,6 +144,9 @@ fn print_status(s: &WorkflowStatus) {
     println!("state     {}", w.state);
     println!("steps     {} ({} open)", w.steps, w.open_steps);
     println!("created   {}", w.created_at.to_rfc3339());
+    if let Some(at) = w.cancelled_at {
+        println!("cancelled {}", at.to_rfc3339());
+    }
     if let Some(at) = w.finished_at {
         println!("finished  {}", at.to_rfc3339());
     }

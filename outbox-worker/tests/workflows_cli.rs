@@ -64,6 +64,7 @@ async fn workflows_are_listed_shown_and_cancelled_and_bad_flags_are_refused() {
     assert_eq!(shown["state"], "failed");
     assert_eq!(shown["step_list"][0]["state"], "dead");
     assert_eq!(shown["step_list"][1]["state"], "cancelled");
+    let cancelled_at = shown["cancelled_at"].as_str().expect("cancelled_at");
     // A step's own error is labelled as its own, apart from its parents.
     let shown = ok(&cli(&["workflows", "show", &id_text, at[0], at[1]]).await);
     let extract = shown.lines().find(|l| l.starts_with("extract")).unwrap();
@@ -73,6 +74,12 @@ async fn workflows_are_listed_shown_and_cancelled_and_bad_flags_are_refused() {
     );
     let load = shown.lines().find(|l| l.starts_with("load")).unwrap();
     assert!(load.ends_with(" after extract"), "{shown}");
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("cancelled ") && l.contains(&cancelled_at[..19])),
+        "{shown}"
+    );
     // Cancelled again, it says the workflow had ended instead of counting
     // zeros.
     let again = ok(&cli(&["workflows", "cancel", &id_text, at[0], at[1]]).await);

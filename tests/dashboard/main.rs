@@ -652,6 +652,11 @@ async fn a_workflow_is_drawn_with_each_steps_state_and_cancelled_by_clicking() {
         }
         assert_eq!(state_of_step("mail").await, "dead");
         assert_eq!(state_of_step("report").await, "cancelled");
+        assert!(
+            text_of(&client, "workflow-cancelled")
+                .await
+                .starts_with("cancelled by an operator ")
+        );
     })
     .await;
     let status = outbox::workflow::workflow_status(&db.pool, running)
@@ -659,4 +664,5 @@ async fn a_workflow_is_drawn_with_each_steps_state_and_cancelled_by_clicking() {
         .unwrap()
         .unwrap();
     assert_eq!(status.workflow.state, "failed");
+    assert!(status.workflow.cancelled_at.is_some());
 }

@@ -905,6 +905,104 @@ async fn cancelling_a_saga_stops_what_waits_and_undoes_what_completed() {
     assert_eq!(shared.labels(), ["charge", "refund"]);
 }
 
+/// An operator cancelled the workflow; retrying one of its dead steps'
+/// tasks later runs that task on its own. The steps the cancel stopped
+/// stay cancelled: a retry must not undo an operator's cancel.
+#[tokio::test]
+async fn retrying_a_step_of_a_cancelled_workflow_runs_its_task_alone() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut w = Workflow::new("cancelled");
+    w.add("a", &work("a", 1))
+        .unwrap()
+        .add_after("b", &["a"], &work("b", 1))
+        .unwrap();
+    let id = submit(&db, w).await;
+    // No worker yet: a's task is pending, so the cancel kills it at once.
+    let report = outbox::workflow::cancel(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.steps_cancelled, report.tasks_cancelled), (1, 1));
+    let status = wait_state(&db.pool, id, "failed").await;
+    assert!(status.workflow.cancelled_at.is_some(), "{status:#?}");
+    assert_eq!(
+        step_states(&status),
+        pairs(&[("a", "dead"), ("b", "cancelled")])
+    );
+
+    let a = task_of(&status, "a");
+    assert_eq!(
+        outbox::admin::retry_tasks(&db.pool, &[a]).await.unwrap(),
+        [a]
+    );
+    let mut worker = start(&db, &shared);
+    worker
+        .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    worker.stop().await;
+    // Had the retry revived the workflow, a's completion would have
+    // released b in its own transaction.
+    let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(
+        (status.workflow.state.as_str(), status.workflow.open_steps),
+        ("failed", 0)
+    );
+    assert_eq!(
+        step_states(&status),
+        pairs(&[("a", "dead"), ("b", "cancelled")])
+    );
+    assert_eq!(shared.log(), ["a@-"]);
+}
+
+/// A cancelled saga whose compensation died resumes its compensation when
+/// an operator retries it: the cancel asked for the undo.
+#[tokio::test]
+async fn a_cancelled_sagas_dead_compensation_resumes_when_retried() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("refund", true);
+    let mut w = Workflow::new("checkout");
+    w.add("charge", &work("charge", 1))
+        .unwrap()
+        .compensate("charge", &work("refund", 0))
+        .unwrap()
+        .add_step(
+            "reserve",
+            &work("reserve", 1),
+            Step::new()
+                .after(["charge"])
+                .options(outbox::TaskOptions::new().queue("wf-held")),
+        )
+        .unwrap();
+    let id = submit(&db, w).await;
+    let mut worker = start(&db, &shared);
+    worker
+        .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(30))
+        .await;
+    outbox::workflow::cancel(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    let status = wait_state(&db.pool, id, "compensation_failed").await;
+    assert!(status.workflow.cancelled_at.is_some(), "{status:#?}");
+    shared.fail("refund", false);
+    outbox::admin::retry_tasks(&db.pool, &[task_of(&status, "undo:charge")])
+        .await
+        .unwrap();
+    let status = wait_state(&db.pool, id, "compensated").await;
+    worker.stop().await;
+    assert_eq!(
+        step_states(&status),
+        pairs(&[
+            ("charge", "completed"),
+            ("reserve", "dead"),
+            ("undo:charge", "completed"),
+        ])
+    );
+    assert_eq!(shared.labels(), ["charge", "refund", "refund"]);
+}
+
 /// Two transactions complete a chord's last two children at the same
 /// instant: the second waits for the first's lock on the workflow, sees
 /// its completion, and only one of them releases the callback.

@@ -26,6 +26,10 @@ pub struct WorkflowSummary {
     pub created_at: DateTime<Utc>,
     /// When it reached its final state.
     pub finished_at: Option<DateTime<Utc>>,
+    /// When an operator cancelled it (`workflows cancel`), if one did
+    /// before it ended. A retry of a cancelled workflow's dead step runs
+    /// that task on its own; the cancelled steps stay cancelled.
+    pub cancelled_at: Option<DateTime<Utc>>,
 }
 
 /// One step of a workflow, as `workflows show` prints it.
@@ -182,5 +186,6 @@ fn summary(row: &sqlx::postgres::PgRow) -> Result<WorkflowSummary> {
         open_steps: row.try_get("open_steps")?,
         created_at: row.try_get("created_at")?,
         finished_at: row.try_get("finished_at")?,
+        cancelled_at: row.try_get("cancelled_at")?,
     })
 }

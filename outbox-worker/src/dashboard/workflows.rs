@@ -58,6 +58,10 @@ impl WorkflowPage<'_> {
         when(self.status.workflow.finished_at.as_ref())
     }
 
+    fn cancelled(&self) -> String {
+        when(self.status.workflow.cancelled_at.as_ref())
+    }
+
     fn open(&self) -> bool {
         self.status.workflow.finished_at.is_none()
     }

@@ -1,5 +1,5 @@
 -- The latest workflows, newest first. $1 state filter (null = any), $2 limit.
-SELECT id, name, state, steps, open_steps, created_at, finished_at
+SELECT id, name, state, steps, open_steps, created_at, finished_at, cancelled_at
 FROM outbox_workflows
 WHERE $1::text IS NULL OR state = $1
 ORDER BY id DESC
