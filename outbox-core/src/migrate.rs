@@ -217,6 +217,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0032_workflow_cancel_mark.up.sql"),
         down: include_str!("../../migrations/0032_workflow_cancel_mark.down.sql"),
     },
+    Migration {
+        version: 33,
+        name: "claim_moves",
+        up: include_str!("../../migrations/0033_claim_moves.up.sql"),
+        down: include_str!("../../migrations/0033_claim_moves.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
