@@ -88,6 +88,29 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
         ARGS,
         bound,
         "heartbeat timeout + 3 maintenance intervals",
+        false,
+    )
+    .await;
+}
+
+/// The same with every task submitted alone, so through the intake: A's
+/// claims move A's four, and the twenty submitted while A is silent wait in
+/// the intake until B's claims move them. Nothing is lost or run twice but
+/// what A had in flight.
+#[tokio::test]
+async fn a_silent_leaders_tasks_submitted_one_by_one_are_recovered_and_later_ones_run_once() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    let (proxy, proxied) = FaultProxy::start(&db.url).await;
+    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
+    silent_leader(
+        &db,
+        &proxy,
+        &proxied,
+        ARGS,
+        bound,
+        "heartbeat timeout + 3 maintenance intervals",
+        true,
     )
     .await;
 }
@@ -117,6 +140,7 @@ async fn behind_pgbouncer_a_silent_leader_is_replaced_its_tasks_recovered_and_it
         &args,
         bound,
         "idle-in-transaction limit + 3 maintenance intervals",
+        false,
     )
     .await;
 }
@@ -124,7 +148,9 @@ async fn behind_pgbouncer_a_silent_leader_is_replaced_its_tasks_recovered_and_it
 /// Worker A (`a_args`, on `a_url` through `proxy`) leads and runs four
 /// tasks; B, direct, waits. The proxy goes silent: B must take the lease
 /// and recover A's tasks within `bound` (plus slack), run them again, and
-/// when the network returns, A's late outcomes must be fenced out.
+/// when the network returns, A's late outcomes must be fenced out. With
+/// `one_by_one`, each task is submitted alone (into the intake), and twenty
+/// more short ones while A is silent, which B alone runs, once each.
 async fn silent_leader(
     db: &TestDb,
     proxy: &FaultProxy,
@@ -132,6 +158,7 @@ async fn silent_leader(
     a_args: &[&str],
     bound: Duration,
     bound_is: &str,
+    one_by_one: bool,
 ) {
     // A leads and runs every task; B, connected directly, has nothing to do.
     let a = WorkerProcess::spawn(WORKER, a_url, a_args);
@@ -139,11 +166,24 @@ async fn silent_leader(
         leads(db, a.pid())
     })
     .await;
-    let mut batch = Batch::new();
-    for _ in 0..4 {
-        batch.push(&Record { ms: 4000 }).unwrap();
-    }
-    let ids = batch.submit(&mut *db.conn().await).await.unwrap();
+    let ids = if one_by_one {
+        let mut conn = db.conn().await;
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(
+                outbox::submit(&mut conn, Record { ms: 4000 })
+                    .await
+                    .unwrap(),
+            );
+        }
+        ids
+    } else {
+        let mut batch = Batch::new();
+        for _ in 0..4 {
+            batch.push(&Record { ms: 4000 }).unwrap();
+        }
+        batch.submit(&mut *db.conn().await).await.unwrap()
+    };
     wait_until(
         &db.pool,
         "SELECT count(*) = 4 FROM executions",
@@ -170,6 +210,13 @@ async fn silent_leader(
 
     proxy.blackhole();
     let silent_at = Instant::now();
+    let mut later = Vec::new();
+    if one_by_one {
+        let mut conn = db.conn().await;
+        for _ in 0..20 {
+            later.push(outbox::submit(&mut conn, Record { ms: 10 }).await.unwrap());
+        }
+    }
     let took_lead = until(silent_at, bound + SLACK, "B to take the lease", || {
         leads(db, b.pid())
     })
@@ -198,12 +245,8 @@ async fn silent_leader(
     // B runs them again (attempt 2). A's handlers finish while A is cut
     // off, and its outcomes wait; when the network returns, A writes them
     // late.
-    wait_until(
-        &db.pool,
-        "SELECT count(*) = 8 FROM executions",
-        Duration::from_secs(30),
-    )
-    .await;
+    let all_ran = format!("SELECT count(*) = {} FROM executions", 8 + later.len());
+    wait_until(&db.pool, &all_ran, Duration::from_secs(30)).await;
     let a_done = format!(
         "SELECT clock_timestamp() > max(at) + interval '4.5 s' FROM executions WHERE pid = {}",
         a.pid()
@@ -234,12 +277,11 @@ async fn silent_leader(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    wait_until(
-        &db.pool,
-        "SELECT count(*) = 4 FROM outbox_all_tasks WHERE state = 'completed'",
-        Duration::from_secs(30),
-    )
-    .await;
+    let all_completed = format!(
+        "SELECT count(*) = {} FROM outbox_all_tasks WHERE state = 'completed'",
+        4 + later.len()
+    );
+    wait_until(&db.pool, &all_completed, Duration::from_secs(30)).await;
 
     // Each row holds B's outcome: written after B's 4-second attempt ended,
     // never A's stale one.
@@ -266,8 +308,24 @@ async fn silent_leader(
             .unwrap();
     assert_eq!(
         by_pid,
-        vec![(i64::from(a.pid()), 4), (i64::from(b.pid()), 4)]
+        vec![
+            (i64::from(a.pid()), 4),
+            (i64::from(b.pid()), 4 + later.len() as i64)
+        ]
     );
+    // Those submitted while A was silent ran once each, on B.
+    for id in later {
+        let (claims, retries, runs): (i32, i32, i64) = sqlx::query_as(
+            "SELECT t.claims, t.retry_count, \
+                    (SELECT count(*) FROM executions e WHERE e.task_id = t.id) \
+             FROM outbox_all_tasks t WHERE t.id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!((claims, retries, runs), (1, 0, 1), "task {id}");
+    }
     eprintln!("black-holed leader: A's 4 late outcomes fenced out; B's 4 kept");
 }
 
