@@ -2,14 +2,17 @@
 -- Before, outbox_workflow_revive judged an operator's retry of a dead
 -- step's task by the workflow's state alone, and a cancelled workflow
 -- without compensations ends `failed`, as one whose step died: the retry
--- of a step the cancel killed brought the workflow back to `running` and
--- released every step the cancel had stopped.
+-- of a step the cancel killed brought the workflow back to `running`, and
+-- the steps below it that the cancel had stopped waited again and ran.
 --
 -- The cancel now marks a workflow that had not ended (cancelled_at, kept
 -- on a second cancel), and a retried forward step of a marked workflow
 -- runs its task on its own, as after a saga compensated: the task leaves
--- the workflow, whose record stays as it was. A retried compensation of a cancelled
--- saga still resumes the compensation, which the cancel asked for.
+-- the workflow, whose record stays as it was. A retried compensation of a
+-- cancelled saga still resumes the compensation, which the first cancel
+-- asked for, with the compensation steps below it, even those a later
+-- cancel stopped while the saga compensated: a retry of a compensation
+-- asks for the undo to be done.
 ALTER TABLE outbox_workflows ADD COLUMN cancelled_at timestamptz;
 
 CREATE OR REPLACE FUNCTION outbox_workflow_cancel(wf bigint)

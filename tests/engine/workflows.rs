@@ -311,6 +311,16 @@ async fn a_dead_step_cancels_skips_or_runs_its_dependents_and_a_retry_resumes() 
     let a = status.step_list.iter().find(|s| s.name == "a").unwrap();
     assert_eq!(a.last_error.as_deref(), Some("a refused"));
 
+    // A cancel of the workflow that had ended cancels nothing and leaves
+    // no mark: the retry below still resumes it.
+    let report = outbox::workflow::cancel(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.steps_cancelled, report.tasks_cancelled), (0, 0));
+    let after = workflow_status(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(after.workflow.cancelled_at, None);
+
     // The operator fixes the cause and retries the dead step: what its
     // death cancelled waits again and runs; nothing that ran runs twice.
     shared.fail("a", false);
@@ -925,11 +935,19 @@ async fn retrying_a_step_of_a_cancelled_workflow_runs_its_task_alone() {
         .unwrap();
     assert_eq!((report.steps_cancelled, report.tasks_cancelled), (1, 1));
     let status = wait_state(&db.pool, id, "failed").await;
-    assert!(status.workflow.cancelled_at.is_some(), "{status:#?}");
+    let cancelled_at = status.workflow.cancelled_at;
+    assert!(cancelled_at.is_some(), "{status:#?}");
     assert_eq!(
         step_states(&status),
         pairs(&[("a", "dead"), ("b", "cancelled")])
     );
+    // Cancelled again, it keeps the moment of the first cancel.
+    outbox::workflow::cancel(&db.pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    let again = workflow_status(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(again.workflow.cancelled_at, cancelled_at);
 
     let a = task_of(&status, "a");
     assert_eq!(

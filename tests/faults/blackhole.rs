@@ -93,11 +93,12 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
     .await;
 }
 
-/// The same with every task submitted alone, so through the intake: A's
-/// claims move A's four, and the twenty submitted while A is silent wait in
-/// the intake until B's claims move them. Nothing is lost or run twice but
-/// what A had in flight.
-#[tokio::test]
+/// The same with every task submitted alone, so through the intake: A
+/// moves A's four, and the twenty submitted while A is silent wait in the
+/// intake until B moves them (by its claims, or by its maintenance once it
+/// leads: either is a move, and `intake::` tests each alone). Nothing is
+/// lost or run twice but what A had in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_leaders_tasks_submitted_one_by_one_are_recovered_and_later_ones_run_once() {
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;

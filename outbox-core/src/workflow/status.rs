@@ -27,8 +27,9 @@ pub struct WorkflowSummary {
     /// When it reached its final state.
     pub finished_at: Option<DateTime<Utc>>,
     /// When an operator cancelled it (`workflows cancel`), if one did
-    /// before it ended. A retry of a cancelled workflow's dead step runs
-    /// that task on its own; the cancelled steps stay cancelled.
+    /// before it ended. A retry of a cancelled workflow's dead forward step
+    /// runs that task on its own, and the forward steps the cancel stopped
+    /// stay cancelled; a retried compensation resumes the compensation.
     pub cancelled_at: Option<DateTime<Utc>>,
 }
 
