@@ -155,6 +155,85 @@ async fn kill_and_recover(hold_snapshot: bool, one_by_one: bool) {
     );
 }
 
+/// A worker of the record queue with room for one claim of hundreds.
+const WIDE: &[&str] = &[
+    "--queue",
+    "record=500",
+    "--poll-interval",
+    "100ms",
+    "--heartbeat-interval",
+    "100ms",
+    "--heartbeat-timeout",
+    "4s",
+    "--maintenance-interval",
+    "100ms",
+];
+
+/// A worker killed -9 right after claims of hundreds of tasks (one claim
+/// takes up to 1,000): every task it held is recovered once, as a counted
+/// attempt, and runs; only those it had started run twice.
+#[tokio::test]
+async fn a_killed_worker_holding_hundreds_of_tasks_from_one_claim_loses_none() {
+    const MANY: i64 = 600;
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    outbox::submit_batch(
+        &mut *db.conn().await,
+        (0..MANY).map(|_| Record { ms: 2000 }),
+    )
+    .await
+    .unwrap();
+
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, WIDE);
+    // Killed once some of its handlers have started (each records that
+    // first), while every task it claimed is still in flight (2 s each).
+    wait_until(
+        &db.pool,
+        "SELECT count(*) >= 50 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+    let in_flight = first.kill_mid_flight(&db.pool, 0, 400).await;
+    assert!(
+        in_flight >= 400,
+        "the kill caught {in_flight} tasks in flight"
+    );
+
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, WIDE);
+    let all = format!("SELECT count(*) = {MANY} FROM outbox_all_tasks WHERE state = 'completed'");
+    wait_until(&db.pool, &all, Duration::from_secs(90)).await;
+    assert!(
+        second.is_running(),
+        "the second worker keeps running:\n{}",
+        second.log()
+    );
+    let (executions, never_ran, recovered): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM executions), \
+                (SELECT count(*) FROM outbox_all_tasks t \
+                 WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)), \
+                (SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 \
+                 AND last_error LIKE 'worker lost (heartbeat expired)%')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let duplicates = executions - MANY;
+    eprintln!(
+        "kill -9 holding one wide claim: {in_flight} tasks in flight at the kill; afterwards \
+         {MANY} of {MANY} COMPLETED, {recovered} recovered, {executions} executions, \
+         {duplicates} duplicate executions"
+    );
+    assert_eq!(never_ran, 0, "every task ran");
+    assert_eq!(
+        recovered, in_flight,
+        "each task in flight at the kill was recovered once, as a counted attempt"
+    );
+    assert!(
+        (0..=in_flight).contains(&duplicates),
+        "duplicates ({duplicates}) at most the tasks in flight ({in_flight})"
+    );
+}
+
 #[tokio::test]
 async fn a_killed_workers_durable_steps_are_not_run_again() {
     use outbox_tests::tasks::TwoSteps;
