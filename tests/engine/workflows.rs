@@ -858,12 +858,10 @@ async fn a_dead_compensation_fails_the_saga_until_an_operator_retries_it() {
     );
 }
 
-#[tokio::test]
-async fn cancelling_a_saga_stops_what_waits_and_undoes_what_completed() {
-    let db = TestDb::migrated().await;
-    let shared = Arc::new(Shared::default());
-    // The reserve step goes to a queue no worker serves, so it stays
-    // released (pending) while the charge completes.
+/// A charge (refunded as its compensation), then a reservation on a queue
+/// no worker serves, so that it stays released (pending) while the charge
+/// completes.
+fn held_checkout() -> Workflow {
     let mut w = Workflow::new("checkout");
     w.add("charge", &work("charge", 1))
         .unwrap()
@@ -876,9 +874,16 @@ async fn cancelling_a_saga_stops_what_waits_and_undoes_what_completed() {
                 .after(["charge"])
                 .options(outbox::TaskOptions::new().queue("wf-held")),
         )
-        .unwrap()
-        .add_after("ship", &["reserve"], &work("ship", 1))
         .unwrap();
+    w
+}
+
+#[tokio::test]
+async fn cancelling_a_saga_stops_what_waits_and_undoes_what_completed() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut w = held_checkout();
+    w.add_after("ship", &["reserve"], &work("ship", 1)).unwrap();
     let id = submit(&db, w).await;
     let mut worker = start(&db, &shared);
     worker
@@ -980,20 +985,7 @@ async fn a_cancelled_sagas_dead_compensation_resumes_when_retried() {
     let db = TestDb::migrated().await;
     let shared = Arc::new(Shared::default());
     shared.fail("refund", true);
-    let mut w = Workflow::new("checkout");
-    w.add("charge", &work("charge", 1))
-        .unwrap()
-        .compensate("charge", &work("refund", 0))
-        .unwrap()
-        .add_step(
-            "reserve",
-            &work("reserve", 1),
-            Step::new()
-                .after(["charge"])
-                .options(outbox::TaskOptions::new().queue("wf-held")),
-        )
-        .unwrap();
-    let id = submit(&db, w).await;
+    let id = submit(&db, held_checkout()).await;
     let mut worker = start(&db, &shared);
     worker
         .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(30))

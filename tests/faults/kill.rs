@@ -155,19 +155,13 @@ async fn kill_and_recover(hold_snapshot: bool, one_by_one: bool) {
     );
 }
 
-/// A worker of the record queue with room for one claim of hundreds.
-const WIDE: &[&str] = &[
-    "--queue",
-    "record=500",
-    "--poll-interval",
-    "100ms",
-    "--heartbeat-interval",
-    "100ms",
-    "--heartbeat-timeout",
-    "4s",
-    "--maintenance-interval",
-    "100ms",
-];
+/// [`FAST_RECOVERY`] with room for one claim of hundreds.
+fn wide() -> Vec<&'static str> {
+    let mut args = FAST_RECOVERY.to_vec();
+    assert_eq!(args[..2], ["--queue", "record=8"]);
+    args[1] = "record=500";
+    args
+}
 
 /// A worker killed -9 right after claims of hundreds of tasks (one claim
 /// takes up to 1,000): every task it held is recovered once, as a counted
@@ -184,7 +178,7 @@ async fn a_killed_worker_holding_hundreds_of_tasks_from_one_claim_loses_none() {
     .await
     .unwrap();
 
-    let mut first = WorkerProcess::spawn(WORKER, &db.url, WIDE);
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, &wide());
     // Killed once some of its handlers have started (each records that
     // first), while every task it claimed is still in flight (2 s each).
     wait_until(
@@ -199,7 +193,7 @@ async fn a_killed_worker_holding_hundreds_of_tasks_from_one_claim_loses_none() {
         "the kill caught {in_flight} tasks in flight"
     );
 
-    let mut second = WorkerProcess::spawn(WORKER, &db.url, WIDE);
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, &wide());
     let all = format!("SELECT count(*) = {MANY} FROM outbox_all_tasks WHERE state = 'completed'");
     wait_until(&db.pool, &all, Duration::from_secs(90)).await;
     assert!(
