@@ -1,5 +1,6 @@
 -- Back to migration 32: the claims' new signatures wrap the bodies of
--- migrations 28 and 27 (migration 31).
+-- migrations 28 and 27 (migration 31), and outbox_take_intake calls the
+-- mover even with nothing to move.
 
 CREATE OR REPLACE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
                                    floor_priority smallint, floor_execute_at timestamptz,
@@ -63,5 +64,21 @@ BEGIN
                NULL::integer, NULL::boolean, NULL::bigint, NULL::timestamptz, NULL::text,
                NULL::bigint, 0::bigint, moved_to;
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_take_intake(wanted bigint, above bigint, own_queue text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+RETURN outbox_take_intake_ids(ARRAY(SELECT x.id FROM outbox_intake AS x
+                                    WHERE x.id > above
+                                    ORDER BY x.id LIMIT wanted
+                                    FOR UPDATE SKIP LOCKED),
+                              own_queue);
 END
 $$;

@@ -10,9 +10,36 @@
 --
 -- The claim functions' new signatures (migration 31) now are the bodies
 -- of migrations 28 and 27 with the move as their first step, unchanged
--- otherwise. The old signatures still call the new ones.
+-- otherwise (but that the plain claim of a paused or limited queue goes
+-- on with nothing to claim, instead of returning at once, so as to say
+-- how far its move went in one place). The old signatures still call the
+-- new ones. outbox_take_intake calls the mover only when it locked rows,
+-- so a claim beside an empty intake makes one small call (pgbench, claims
+-- of 5: 0.42-0.49 ms against 0.43-0.55 ms with the move written inline).
 -- outbox_claim_tasks_body and outbox_claim_limited_body stay for the down
 -- file; nothing calls them.
+
+-- Migration 31's, but the mover is called only when there is something to
+-- move.
+CREATE OR REPLACE FUNCTION outbox_take_intake(wanted bigint, above bigint, own_queue text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    ids bigint[] := ARRAY(SELECT x.id FROM outbox_intake AS x
+                          WHERE x.id > above
+                          ORDER BY x.id LIMIT wanted
+                          FOR UPDATE SKIP LOCKED);
+BEGIN
+    IF cardinality(ids) = 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN outbox_take_intake_ids(ids, own_queue);
+END
+$$;
 
 CREATE OR REPLACE FUNCTION outbox_claim_tasks(q text, n bigint, token text, clock timestamptz,
                                    floor_priority smallint, floor_execute_at timestamptz,
@@ -42,19 +69,11 @@ DECLARE
     keyed_seqs bigint[];
     follower_ids bigint[] := '{}';
     moved_to bigint;
-    intake_ids bigint[];
 BEGIN
     -- First the intake (migration 31): up to 1,000 committed tasks above
-    -- intake_above, whatever their queue, so that this claim sees them
-    -- (outbox_take_intake, inline: an empty intake calls nothing).
+    -- intake_above, whatever their queue, so that this claim sees them.
     IF intake_above IS NOT NULL THEN
-        intake_ids := ARRAY(SELECT x.id FROM outbox_intake AS x
-                            WHERE x.id > intake_above
-                            ORDER BY x.id LIMIT 1000
-                            FOR UPDATE SKIP LOCKED);
-        IF cardinality(intake_ids) > 0 THEN
-            moved_to := outbox_take_intake_ids(intake_ids, q);
-        END IF;
+        moved_to := outbox_take_intake(1000, intake_above, q);
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     -- An operator's pause or limit waits for this claim; one that
@@ -64,16 +83,9 @@ BEGIN
       AND o.paused_at IS NULL AND o.global_concurrency IS NULL AND o.rate_per_second IS NULL
     FOR SHARE;
     IF NOT FOUND AND EXISTS (SELECT 1 FROM outbox_queues AS o WHERE o.name = q) THEN
-        -- Nothing claimed, something moved: one row with a null id says
-        -- how far.
-        IF moved_to IS NOT NULL THEN
-            RETURN QUERY
-            SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
-                   NULL::integer, NULL::boolean, NULL::bigint, NULL::timestamptz, NULL::text,
-                   NULL::smallint, NULL::timestamptz, NULL::bigint, NULL::boolean, NULL::text,
-                   moved_to;
-        END IF;
-        RETURN;
+        -- Paused or limited: this claim takes nothing (migration 28
+        -- returned here), but still says how far its move went, below.
+        n := 0;
     END IF;
     WITH next AS (
         (SELECT r.* FROM (
@@ -183,6 +195,8 @@ BEGIN
     RETURNING t.id, t.task_type, t.queue, t.payload::text, t.retry_count, t.max_attempts,
               t.claims, t.ordering_key IS NOT NULL, t.key_seq, t.created_at, t.trace_context,
               t.priority, t.execute_at, t.workflow_id, t.blocked, t.ordering_key, moved_to;
+    -- Nothing claimed, something moved: one row with a null id says how
+    -- far.
     IF NOT FOUND AND moved_to IS NOT NULL THEN
         RETURN QUERY
         SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
@@ -217,19 +231,11 @@ AS $$
 DECLARE
     locked_at timestamptz;
     moved_to bigint;
-    intake_ids bigint[];
 BEGIN
     -- First the intake (migration 31): up to 1,000 committed tasks above
-    -- intake_above, whatever their queue, so that this claim sees them
-    -- (outbox_take_intake, inline: an empty intake calls nothing).
+    -- intake_above, whatever their queue, so that this claim sees them.
     IF intake_above IS NOT NULL THEN
-        intake_ids := ARRAY(SELECT x.id FROM outbox_intake AS x
-                            WHERE x.id > intake_above
-                            ORDER BY x.id LIMIT 1000
-                            FOR UPDATE SKIP LOCKED);
-        IF cardinality(intake_ids) > 0 THEN
-            moved_to := outbox_take_intake_ids(intake_ids, claim_queue);
-        END IF;
+        moved_to := outbox_take_intake(1000, intake_above, claim_queue);
     END IF;
     -- Claims of the queue run one at a time across the cluster (each
     -- counts what the one before it claimed) and wait for unlimited
