@@ -223,6 +223,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0033_claim_moves.up.sql"),
         down: include_str!("../../migrations/0033_claim_moves.down.sql"),
     },
+    Migration {
+        version: 34,
+        name: "run_lock_by_id",
+        up: include_str!("../../migrations/0034_run_lock_by_id.up.sql"),
+        down: include_str!("../../migrations/0034_run_lock_by_id.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
