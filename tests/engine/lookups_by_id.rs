@@ -10,7 +10,9 @@
 //! about 20,000 to 1,700 steps/s, and outcome statements ran into their
 //! timeout. Counted here: the primary key's entries and the rows of
 //! sequential scans each of the worker's statements reads, with 5,000 rows
-//! the statistics do not know about.
+//! the statistics do not know about. And with statistics that take a
+//! partial index for empty, no lookup by id reads that index whole
+//! (migration 34).
 
 use chrono::{DateTime, Duration, Utc};
 use outbox_tests::TestDb;
@@ -24,6 +26,8 @@ const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.s
 const COMPLETE_IN_TX: &str =
     include_str!("../../outbox-core/src/db/sql/complete_in_transaction.sql");
 const CLAIM_LIMITED: &str = include_str!("../../outbox-core/src/db/sql/claim_limited.sql");
+const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
+const CANCEL: &str = include_str!("../../outbox-core/src/db/sql/cancel_tasks.sql");
 
 /// Fewer entries than one walk of the primary key (at least 10,000: the
 /// 5,000 deleted rows' entries and the 5,000 live ones).
@@ -208,5 +212,116 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
         .unwrap();
     assert_eq!(gone, [one[0].0]);
     check(&mut tx, "the completion in the handler's transaction").await;
+    tx.rollback().await.unwrap();
+}
+
+/// Rows of the task table fetched through any index so far in this
+/// transaction.
+async fn index_fetches(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables \
+         WHERE relid = 'outbox_tasks'::regclass",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// The heartbeat, the release of a run's rest and an operator's cancel
+/// find their few tasks by primary key even when the statistics took the
+/// partial index their other conditions imply for empty: `state =
+/// 'processing'` implies the running tasks' index, `dead_at IS NOT NULL`
+/// the dead tasks'. Planned under statistics gathered while nothing ran or
+/// had died (a table analyzed after a drain, or before any task failed),
+/// each read that index whole and tested every entry against its ids
+/// (migration 34 found the same in the claim and the outcomes).
+#[tokio::test]
+async fn statements_by_id_never_read_a_partial_index_whole_under_stale_statistics() {
+    const OTHERS: i64 = 3000;
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE outbox_tasks SET (autovacuum_enabled = false); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'test.gone', 'lookups', '{{}}', 1 FROM generate_series(1, 500); \
+         ANALYZE outbox_tasks; \
+         DELETE FROM outbox_tasks; \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, claimed_by, \
+                                   heartbeat_at, claims) \
+         SELECT 'test.running', 'lookups-other', '{{}}', 3, 'processing', 'other', now(), 1 \
+         FROM generate_series(1, {OTHERS}); \
+         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, dead_at, \
+                                   finished_at, ordering_key) \
+         SELECT 'test.dead', 'lookups-other', '{{}}', 1, 'failed', now(), now(), 'k' || g \
+         FROM generate_series(1, {OTHERS}) AS g"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // Twenty of this worker's running tasks, and twenty dead ones.
+    let mine: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, claimed_by, \
+                                   heartbeat_at, claims) \
+         SELECT 'test.mine', 'lookups', '{}', 3, 'processing', 'mine', now(), 1 \
+         FROM generate_series(1, 20) RETURNING id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let dead: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, dead_at, \
+                                   finished_at, ordering_key) \
+         SELECT 'test.dead', 'lookups', '{}', 1, 'failed', now(), now(), 'mine' || g \
+         FROM generate_series(1, 20) AS g RETURNING id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let mut fetched = index_fetches(&mut tx).await;
+    let mut check = async |tx: &mut PgConnection, what: &str| {
+        let now = index_fetches(tx).await;
+        let read = now - fetched;
+        fetched = now;
+        assert!(
+            read < OTHERS / 4,
+            "{what} fetched {read} rows through indexes beside {OTHERS} running and {OTHERS} dead \
+             tasks"
+        );
+    };
+
+    let held = sqlx::query(HEARTBEAT)
+        .bind(&mine[..10])
+        .bind(vec!["mine"])
+        .bind(None::<DateTime<Utc>>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 10);
+    check(&mut tx, "the heartbeat").await;
+
+    let released = sqlx::query(RELEASE_RUN)
+        .bind(&mine[..10])
+        .bind(vec!["mine"; 10])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert!(!released.is_empty(), "the run's rest went back");
+    check(&mut tx, "the release of a run's rest").await;
+
+    let mut asked = mine[10..].to_vec();
+    asked.extend(&dead);
+    let cancelled: Vec<i64> = sqlx::query_scalar(CANCEL)
+        .bind(&asked)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled.len(),
+        30,
+        "ten asked to stop, twenty dead skipped"
+    );
+    check(&mut tx, "an operator's cancel").await;
     tx.rollback().await.unwrap();
 }

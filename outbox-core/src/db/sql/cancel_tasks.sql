@@ -43,7 +43,9 @@ running AS (
         dead_at = dead_at,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
-      AND state = 'processing'
+      -- IS TRUE: by primary key, never the running tasks' index read
+      -- whole (heartbeat.sql says why).
+      AND (state = 'processing') IS TRUE
       AND cancel_requested_at IS NULL
     RETURNING id
 ),
@@ -53,7 +55,8 @@ skipped AS (
         dead_at = dead_at,
         updated_at = now()
     WHERE id = ANY($1::bigint[])
-      AND dead_at IS NOT NULL
+      -- The same for the dead tasks' indexes.
+      AND (dead_at IS NOT NULL) IS TRUE
       AND ordering_key IS NOT NULL
       AND NOT skip_dead
     RETURNING id, queue, ordering_key

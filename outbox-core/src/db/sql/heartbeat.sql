@@ -18,13 +18,17 @@
 -- The UPDATE finds them by `id = ANY`, not by a join with `held`: with
 -- statistics taken while the task table was empty, a join was planned
 -- with the whole table outside and `held` read again for each of its rows
--- (migration 27).
+-- (migration 27). And `state = 'processing'` is written `IS TRUE`: in
+-- that form it implies no partial index's predicate, so the rows are
+-- found by primary key even under statistics that took the index of
+-- running tasks for empty (a table analyzed while nothing ran), which
+-- would otherwise be read whole (migration 34 says more).
 WITH held AS (
     SELECT id
     FROM outbox_tasks
     WHERE id = ANY($1::bigint[])
       AND claimed_by = ANY($2::text[])
-      AND state = 'processing'
+      AND (state = 'processing') IS TRUE
     ORDER BY id
     FOR UPDATE
 )

@@ -24,7 +24,9 @@ WITH done AS (
         execute_at = least(execute_at, now()),
         updated_at = now()
     WHERE id = ANY ($1::bigint[])
-      AND state = 'processing'
+      -- IS TRUE: by primary key, never the running tasks' index read
+      -- whole (heartbeat.sql says why).
+      AND (state = 'processing') IS TRUE
       AND (id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
     RETURNING id, queue, ordering_key
 ),
