@@ -229,6 +229,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0034_run_lock_by_id.up.sql"),
         down: include_str!("../../migrations/0034_run_lock_by_id.down.sql"),
     },
+    Migration {
+        version: 35,
+        name: "claim_fronts",
+        up: include_str!("../../migrations/0035_claim_fronts.up.sql"),
+        down: include_str!("../../migrations/0035_claim_fronts.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -187,6 +187,15 @@ async fn a_queue_left_behind_is_deleted_and_one_in_use_is_not() {
     .execute(&db.pool)
     .await
     .unwrap();
+    // Where the queue's last slow walk began (migration 35), and another
+    // queue's.
+    sqlx::query(
+        "INSERT INTO outbox_claim_fronts (queue, priority, execute_at, id, walk_ms, walked_at) \
+         VALUES ('mail', 0, now(), 1, 150, now()), ('other', 0, now(), 1, 150, now())",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let out = cli(&delete()).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -212,6 +221,11 @@ async fn a_queue_left_behind_is_deleted_and_one_in_use_is_not() {
         .await
         .unwrap();
     assert_eq!(rows, 1, "a refused delete deleted");
+    let fronts: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_claim_fronts")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(fronts, 2, "a refused delete deleted a queue's last walk");
     ok(&cli(&["tasks", "cancel", &id.to_string(), "--database-url", url]).await);
     assert!(ok(&cli(&delete()).await).contains("deleted the settings of mail"));
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_queues")
@@ -219,6 +233,15 @@ async fn a_queue_left_behind_is_deleted_and_one_in_use_is_not() {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+    let fronts: Vec<String> = sqlx::query_scalar("SELECT queue FROM outbox_claim_fronts")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        fronts,
+        ["other"],
+        "the deleted queue's last walk went with it"
+    );
     let out = cli(&delete()).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");

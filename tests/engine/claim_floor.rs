@@ -216,3 +216,51 @@ async fn a_claim_with_nothing_above_the_floor_looks_behind_it() {
     wait_for(&db, "bool_and(state = 'completed')").await;
     worker.stop().await;
 }
+
+/// A worker that starts after a slow walk of its queue's claimable index
+/// (another producer's, recorded by migration 35) begins where that walk
+/// found its first task, and reads what lies before it only once that
+/// walk's floor lapses: a worker started beside a long-held snapshot does
+/// not step over every entry the snapshot keeps at once. The walk recorded
+/// here took a second (its floor lasts 20 s) and found "after-1" first;
+/// two tasks lie before it, as tasks that became claimable behind a floor
+/// do.
+#[tokio::test]
+async fn a_started_worker_begins_where_the_queues_last_slow_walk_did() {
+    let db = TestDb::migrated().await;
+    // All due at one moment an hour ago: the claim order is the ids'.
+    let due = Utc::now() - chrono::Duration::hours(1);
+    let mut batch = outbox::Batch::new();
+    for label in ["before-1", "before-2", "after-1", "after-2", "after-3"] {
+        batch
+            .push_with(&work(label, 0), TaskOptions::new().run_at(due))
+            .unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_claim_fronts (queue, priority, execute_at, id, walk_ms, walked_at) \
+         SELECT queue, priority, execute_at, id, 1000, now() FROM outbox_tasks \
+         WHERE payload->>'label' = 'after-1'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // Not polling: only the walk falling due brings it back for the tasks
+    // before the front.
+    let worker = start(&db, &Arc::new(Semaphore::new(0)), true);
+    wait_for(&db, "bool_and(state = 'completed')").await;
+    worker.stop().await;
+    let (last_after, first_before): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT max(attempted_at) FILTER (WHERE payload->>'label' LIKE 'after-%'), \
+                min(attempted_at) FILTER (WHERE payload->>'label' LIKE 'before-%') \
+         FROM outbox_all_tasks",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        last_after < first_before,
+        "the tasks from the walk's front on were claimed first ({last_after}), those before it \
+         after ({first_before})"
+    );
+}

@@ -470,3 +470,49 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
     let overlap = outbox_tests::tasks::max_overlap_of_finished(&pool).await;
     assert!(overlap <= 2, "{overlap} ran at once under a limit of 2");
 }
+
+/// A worker that starts while PostgreSQL is down cannot read where its
+/// queue's last slow walk began (migration 35), nor claim: once the server
+/// is back, its first claim walks the whole index, and every task runs,
+/// once, the ones before the recorded walk's front included.
+#[tokio::test]
+async fn a_worker_started_while_the_database_is_down_runs_every_task_once_when_it_is_back() {
+    const N: usize = 40;
+    let (cluster, url) = private_cluster().await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
+    outbox::migrate(&pool).await.unwrap();
+    outbox::submit_batch(&mut pool.acquire().await.unwrap(), (0..N).map(|_| Count {}))
+        .await
+        .unwrap();
+    // A slow walk that found the 21st task first, ended just now: half the
+    // tasks lie before it.
+    sqlx::query(
+        "INSERT INTO outbox_claim_fronts (queue, priority, execute_at, id, walk_ms, walked_at) \
+         SELECT queue, priority, execute_at, id, 1000, now() FROM outbox_tasks \
+         ORDER BY id OFFSET 20 LIMIT 1",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    on(&cluster, LocalPostgres::stop_server).await;
+    let counter = Counter::default();
+    let worker = RunningWorker::start(
+        Worker::builder(pool.clone())
+            .config(outage_config())
+            .handler::<Count>(counter.clone())
+            .queue("restart", 4)
+            .build()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    on(&cluster, LocalPostgres::start_again).await;
+    let pool = outbox_tests::TestDb::pool_on(&url, 2).await;
+    wait_until(
+        &pool,
+        &format!("SELECT count(*) = {N} FROM outbox_all_tasks WHERE state = 'completed'"),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+    assert_eq!(counter.0.load(Ordering::Relaxed), N, "each task ran once");
+}

@@ -2,6 +2,7 @@
 //! file per statement, and is called only through the functions here.
 
 pub(crate) mod admin;
+pub(crate) mod claim_fronts;
 pub(crate) mod classify;
 pub(crate) mod event_log;
 pub(crate) mod events;
@@ -198,6 +199,15 @@ impl ClaimPosition {
         execute_at: DateTime::UNIX_EPOCH,
         id: 0,
     };
+
+    /// The place just before this one: a claim that reads above it reads
+    /// this one first.
+    pub(crate) fn just_before(self) -> ClaimPosition {
+        ClaimPosition {
+            id: self.id.saturating_sub(1),
+            ..self
+        }
+    }
 }
 
 /// Where a claim starts reading the claimable index (see claim_tasks.sql).

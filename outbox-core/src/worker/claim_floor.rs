@@ -27,12 +27,24 @@
 //!   producer's time ([`WALK_SHARE`]), never longer than
 //!   [`FLOOR_MAX_AGE_CAP`];
 //! - below the floor, a claim reads only from the front: the first task the
-//!   last walk found. A task that became claimable before the front (a
-//!   key's next task submitted long ago) waits for the next walk, which a
-//!   producer with nothing to do does not sleep past (`walk_due_in`).
+//!   last walk found, or since then the first a claim found that read all
+//!   from the front on (one that came up short). A task that became
+//!   claimable before the front (a key's next task submitted long ago)
+//!   waits for the next walk, which a producer with nothing to do does not
+//!   sleep past (`walk_due_in`).
+//!
+//! A producer that has just started has no floor, and its first claim
+//! would walk the whole index. So a slow walk's front is also written to
+//! the database (migration 35), and a producer of that queue that starts
+//! while the walk's floor would still last begins where the walk began,
+//! with its floor, and walks when that walk falls due ([`ClaimFloor::seeded`]):
+//! a worker restarted beside a long-held snapshot does not pay a walk at
+//! every start, and no task waits longer than behind the walker's own
+//! floor.
 
 use std::time::{Duration, Instant};
 
+use crate::db::claim_fronts::WalkedFront;
 use crate::db::{ClaimPosition, ClaimStart};
 
 /// How long a floor lasts before a claim walks the whole index again: the
@@ -75,6 +87,32 @@ pub(crate) struct ClaimFloor {
 }
 
 impl ClaimFloor {
+    /// The floor of a producer that has just started, from the last slow
+    /// walk of its queue's index by any producer (migration 35): it starts
+    /// where that walk found its first task, reads below that no further,
+    /// and walks the whole index when the walk's floor lapses, as the
+    /// producer that walked would. None (the first claim walks) when the
+    /// walk was fast or its floor has lapsed.
+    pub(crate) fn seeded(walked: Option<WalkedFront>, now: Instant) -> Self {
+        let Some(w) = walked.filter(|w| w.took >= SLOW_WALK) else {
+            return Self::default();
+        };
+        let floor = Self {
+            at: None,
+            walk: w.took,
+            front: Some(w.front),
+        };
+        match now.checked_sub(w.age) {
+            // The floor just before the walk's first task: claims read
+            // from that task on.
+            Some(since) if w.age < floor.max_age() => Self {
+                at: Some((w.front.just_before(), since)),
+                ..floor
+            },
+            _ => Self::default(),
+        }
+    }
+
     /// Where the next claim starts reading.
     pub(crate) fn start(&self, now: Instant) -> ClaimStart {
         match self.at {
@@ -95,8 +133,15 @@ impl ClaimFloor {
         (self.walk * WALK_SHARE).clamp(FLOOR_MAX_AGE, FLOOR_MAX_AGE_CAP)
     }
 
-    /// Records a claim that started at `start`.
-    pub(crate) fn claimed(&mut self, start: ClaimStart, claim: Claim, now: Instant) {
+    /// Records a claim that started at `start`. Returns where it found its
+    /// first task when it was a slow walk of the whole index: worth telling
+    /// the queue's producers that start later (migration 35).
+    pub(crate) fn claimed(
+        &mut self,
+        start: ClaimStart,
+        claim: Claim,
+        now: Instant,
+    ) -> Option<ClaimPosition> {
         // A claim from the front, or one that came up short having read
         // all below the floor, walked the whole index: nothing has waited
         // in it since `now`, and its time is what a walk costs now.
@@ -105,6 +150,18 @@ impl ClaimFloor {
         if walked {
             self.walk = claim.took;
             self.front = claim.first;
+        } else if let Some(front) = start.front
+            && (claim.got < claim.wanted || start.floor < front)
+            && let Some(first) = claim.first.filter(|f| f.priority == front.priority)
+        {
+            // It read everything from the front on (it came up short, so
+            // it read below the floor; or its floor lay before the front,
+            // as a producer's first does when it starts where another's
+            // walk began): nothing before its first task at that priority is
+            // claimable now, and what becomes so waits for the walk, as
+            // behind the front. Claims that come up short then read from
+            // there, not from a front left behind by many claims since.
+            self.front = Some(first.max(front));
         }
         let Some(last) = claim.last else {
             if start.front.is_none() {
@@ -114,13 +171,14 @@ impl ClaimFloor {
             // Read from the front, nothing found: tasks may still wait
             // before it, so the floor stays and its walk stays due
             // (`walk_due_in`).
-            return;
+            return None;
         };
         let since = match self.at {
             Some((_, since)) if !walked => since,
             _ => now,
         };
         self.at = Some((last, since));
+        claim.first.filter(|_| walked && claim.took >= SLOW_WALK)
     }
 
     /// How soon a walk of the whole index is due while claims read below
@@ -217,19 +275,129 @@ mod tests {
         assert_eq!(floor.start(t0 + Duration::from_millis(3900)), slow);
         assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
         // A claim that comes up short reading from the front is no walk: it
-        // neither renews the floor nor moves the front.
+        // does not renew the floor. It read all from the front on, so the
+        // front moves to the first task it found.
         floor.claimed(slow, claim(10, Some((15, 16)), 5_000), t0);
         assert_eq!(
             floor.start(t0 + Duration::from_millis(3900)),
             ClaimStart {
                 floor: at(16),
-                front: Some(at(5)),
+                front: Some(at(15)),
             }
         );
         assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
         // However slow the walk, the floor lasts 30 s at most.
         floor.claimed(ClaimStart::FRONT, claim(10, Some((1, 10)), 60_000), t0);
         assert_eq!(floor.start(t0 + FLOOR_MAX_AGE_CAP), ClaimStart::FRONT);
+    }
+
+    fn walked(front: i64, took_ms: u64, age_ms: u64) -> Option<WalkedFront> {
+        Some(WalkedFront {
+            front: at(front),
+            took: Duration::from_millis(took_ms),
+            age: Duration::from_millis(age_ms),
+        })
+    }
+
+    #[test]
+    fn only_slow_walks_are_told_to_the_queues_later_producers() {
+        let t0 = Instant::now();
+        let mut floor = ClaimFloor::default();
+        assert_eq!(
+            floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 99), t0),
+            None
+        );
+        assert_eq!(
+            floor.claimed(ClaimStart::FRONT, claim(10, Some((5, 14)), 200), t0),
+            Some(at(5))
+        );
+        // Above the floor, or from the front: no walk.
+        let slow = floor.start(t0);
+        assert_eq!(
+            floor.claimed(slow, claim(10, Some((15, 24)), 500), t0),
+            None
+        );
+        // A walk that found nothing has no front to tell.
+        assert_eq!(
+            floor.claimed(ClaimStart::FRONT, claim(10, None, 500), t0),
+            None
+        );
+    }
+
+    #[test]
+    fn a_started_producer_begins_where_a_recent_slow_walk_did_and_walks_when_it_falls_due() {
+        let t0 = Instant::now() + Duration::from_secs(60);
+        // A walk of 200 ms that ended 1 s ago: its floor lasts 4 s, so 3 s
+        // more here, reading below it from task 5 only.
+        let floor = ClaimFloor::seeded(walked(5, 200, 1_000), t0);
+        let start = ClaimStart {
+            floor: at(4),
+            front: Some(at(5)),
+        };
+        assert_eq!(floor.start(t0), start);
+        assert_eq!(floor.walk_due_in(t0), Some(Duration::from_secs(3)));
+        assert_eq!(floor.start(t0 + Duration::from_millis(2_900)), start);
+        assert_eq!(floor.start(t0 + Duration::from_secs(3)), ClaimStart::FRONT);
+        // Its claims go on above it (the first read from the front on: the
+        // front is the first task it found), and the walk stays due.
+        let mut floor = floor;
+        assert_eq!(floor.claimed(start, claim(10, Some((6, 15)), 1), t0), None);
+        assert_eq!(
+            floor.start(t0 + Duration::from_millis(2_900)),
+            ClaimStart {
+                floor: at(15),
+                front: Some(at(6)),
+            }
+        );
+        assert_eq!(floor.start(t0 + Duration::from_secs(3)), ClaimStart::FRONT);
+    }
+
+    #[test]
+    fn claims_that_read_from_the_front_move_it_to_the_first_task_they_found() {
+        let t0 = Instant::now() + Duration::from_secs(60);
+        // A producer started where a walk began (task 5): its first claim
+        // reads from there and finds task 100 first.
+        let mut floor = ClaimFloor::seeded(walked(5, 200, 0), t0);
+        floor.claimed(floor.start(t0), claim(10, Some((100, 109)), 1), t0);
+        assert_eq!(
+            floor.start(t0),
+            ClaimStart {
+                floor: at(109),
+                front: Some(at(100)),
+            }
+        );
+        // A full claim above the floor did not read below it: the front
+        // stays.
+        floor.claimed(floor.start(t0), claim(10, Some((110, 119)), 1), t0);
+        assert_eq!(floor.start(t0).front, Some(at(100)));
+        // One that came up short read everything from the front on.
+        floor.claimed(floor.start(t0), claim(10, Some((150, 152)), 1), t0);
+        assert_eq!(
+            floor.start(t0),
+            ClaimStart {
+                floor: at(152),
+                front: Some(at(150)),
+            }
+        );
+        // The walk stays due when it was.
+        assert_eq!(floor.walk_due_in(t0), Some(Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn a_started_producer_walks_first_after_no_walk_a_fast_one_or_a_lapsed_one() {
+        let t0 = Instant::now() + Duration::from_secs(60);
+        for (hint, why) in [
+            (None, "no walk recorded"),
+            (walked(5, 99, 0), "a fast walk"),
+            (walked(5, 200, 4_000), "a walk whose floor lapsed"),
+            (
+                walked(5, 60_000, 30_000),
+                "a walk older than the longest floor",
+            ),
+        ] {
+            let floor = ClaimFloor::seeded(hint, t0);
+            assert_eq!(floor.start(t0), ClaimStart::FRONT, "{why}");
+        }
     }
 
     #[test]

@@ -39,7 +39,8 @@ use super::executor::Done;
 use super::hand_on::Lane;
 use super::outage::Outage;
 use super::wake::QueueWaker;
-use crate::db::{self, session::call};
+use crate::db::claim_fronts::WalkedFront;
+use crate::db::{self, ClaimPosition, session::call};
 use crate::records::QueueSettings;
 
 /// How old the copy of the queue's settings may be when claiming.
@@ -117,7 +118,7 @@ async fn claim_loop(
     let mut sizer = Sizer::new(shared.config.claim_ahead, shared.config.claim_ahead_window);
     let mut outage = Outage::new("producer");
     let mut settings: Option<(QueueSettings, Instant)> = None;
-    let mut floor = ClaimFloor::default();
+    let mut floor = ClaimFloor::seeded(last_walk(&shared, &queue).await, Instant::now());
     loop {
         // Wait for at least one free place, then take every free one (up to
         // the batch cap): the claim is sized to what can run now, plus what
@@ -237,7 +238,11 @@ async fn claim_loop(
             Ok((tasks, held_back, claim)) => {
                 outage.ok();
                 match claim {
-                    Some(claim) => floor.claimed(start, claim, Instant::now()),
+                    Some(claim) => {
+                        if let Some(front) = floor.claimed(start, claim, Instant::now()) {
+                            tell_walk(&shared, &queue, front, claim.took);
+                        }
+                    }
                     // A limited queue is claimed from the front, without a
                     // floor.
                     None => floor.forget(),
@@ -308,6 +313,44 @@ async fn claim_loop(
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// The last slow walk of `queue`'s claimable index by any producer
+/// (migration 35), for this producer's first floor. A hint: when it cannot
+/// be read, the first claim walks.
+async fn last_walk(shared: &Shared, queue: &str) -> Option<WalkedFront> {
+    let read = call(
+        &shared.engine,
+        shared.deadline,
+        "claim front",
+        async |conn| db::claim_fronts::read(conn, queue).await,
+    )
+    .await;
+    read.unwrap_or_else(|error| {
+        tracing::debug!(%error, queue, "could not read the queue's last walk; the first claim walks");
+        None
+    })
+}
+
+/// Records, in a task of its own so that no claim waits for it, that a slow
+/// walk of `queue`'s claimable index found its first task at `front`: the
+/// queue's producers that start later begin there (migration 35). Lost
+/// when it fails: they walk instead.
+fn tell_walk(shared: &Arc<Shared>, queue: &str, front: ClaimPosition, took: Duration) {
+    let shared = Arc::clone(shared);
+    let queue = queue.to_owned();
+    tokio::spawn(async move {
+        let written = call(
+            &shared.engine,
+            shared.deadline,
+            "claim front",
+            async |conn| db::claim_fronts::write(conn, &queue, front, took).await,
+        )
+        .await;
+        if let Err(error) = written {
+            tracing::debug!(%error, queue, "could not record where the walk of the queue's index began");
+        }
+    });
 }
 
 /// Releases the tasks of claims whose answer never arrived, if any.

@@ -26,6 +26,11 @@ gone AS (
     USING q, served, unfinished
     WHERE d.name = q.name AND served.n = 0 AND NOT unfinished.present
     RETURNING d.name
+),
+-- The queue's last slow walk goes with it (migration 35; a statement
+-- that modifies rows runs whether or not it is read).
+front AS (
+    DELETE FROM outbox_claim_fronts AS f USING gone WHERE f.queue = gone.name
 )
 SELECT EXISTS (SELECT 1 FROM q) AS found,
        (SELECT n FROM served) AS served,

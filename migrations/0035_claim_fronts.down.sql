@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS outbox_claim_fronts;
