@@ -30,25 +30,32 @@ pub(crate) async fn read(
     else {
         return Ok(None);
     };
-    let seconds = |v: f64| Duration::try_from_secs_f64(v).unwrap_or(Duration::MAX);
+    // A row made by hand with a time that is not one is no walk.
+    let (Ok(took), Ok(age)) = (
+        Duration::try_from_secs_f64(row.try_get::<f64, _>("walk_ms")? / 1000.0),
+        Duration::try_from_secs_f64(row.try_get("age_s")?),
+    ) else {
+        return Ok(None);
+    };
     Ok(Some(WalkedFront {
         front: ClaimPosition {
             priority: row.try_get("priority")?,
             execute_at: row.try_get("execute_at")?,
             id: row.try_get("id")?,
         },
-        took: seconds(row.try_get::<f64, _>("walk_ms")? / 1000.0),
-        age: seconds(row.try_get("age_s")?),
+        took,
+        age,
     }))
 }
 
-/// Records that a walk of `queue`'s claimable index that took `took` found
-/// its first task at `front`.
+/// Records that a walk of `queue`'s claimable index that took `took` and
+/// ended `ago` found its first task at `front`.
 pub(crate) async fn write(
     conn: &mut PgConnection,
     queue: &str,
     front: ClaimPosition,
     took: Duration,
+    ago: Duration,
 ) -> sqlx::Result<()> {
     sqlx::query(include_str!("sql/write_claim_front.sql"))
         .bind(queue)
@@ -56,6 +63,7 @@ pub(crate) async fn write(
         .bind(front.execute_at)
         .bind(front.id)
         .bind(took.as_secs_f64() * 1000.0)
+        .bind(ago.as_secs_f64())
         .execute(conn)
         .await?;
     Ok(())

@@ -27,17 +27,16 @@
 //!   producer's time ([`WALK_SHARE`]), never longer than
 //!   [`FLOOR_MAX_AGE_CAP`];
 //! - below the floor, a claim reads only from the front: the first task the
-//!   last walk found, or since then the first a claim found that read all
-//!   from the front on (one that came up short). A task that became
-//!   claimable before the front (a key's next task submitted long ago)
-//!   waits for the next walk, which a producer with nothing to do does not
-//!   sleep past (`walk_due_in`).
+//!   last walk found. A task that became claimable before the front (a
+//!   key's next task submitted long ago) waits for the next walk, which a
+//!   producer with nothing to do does not sleep past (`walk_due_in`).
 //!
 //! A producer that has just started has no floor, and its first claim
 //! would walk the whole index. So a slow walk's front is also written to
 //! the database (migration 35), and a producer of that queue that starts
 //! while the walk's floor would still last begins where the walk began,
-//! with its floor, and walks when that walk falls due ([`ClaimFloor::seeded`]):
+//! and walks when that walk falls due ([`ClaimFloor::seeded`]); the first
+//! task its first claim finds is its front, as a walk's first would be:
 //! a worker restarted beside a long-held snapshot does not pay a walk at
 //! every start, and no task waits longer than behind the walker's own
 //! floor.
@@ -130,7 +129,9 @@ impl ClaimFloor {
 
     /// How long the floor lasts now.
     fn max_age(&self) -> Duration {
-        (self.walk * WALK_SHARE).clamp(FLOOR_MAX_AGE, FLOOR_MAX_AGE_CAP)
+        self.walk
+            .saturating_mul(WALK_SHARE)
+            .clamp(FLOOR_MAX_AGE, FLOOR_MAX_AGE_CAP)
     }
 
     /// Records a claim that started at `start`. Returns where it found its
@@ -151,16 +152,16 @@ impl ClaimFloor {
             self.walk = claim.took;
             self.front = claim.first;
         } else if let Some(front) = start.front
-            && (claim.got < claim.wanted || start.floor < front)
+            && start.floor < front
             && let Some(first) = claim.first.filter(|f| f.priority == front.priority)
         {
-            // It read everything from the front on (it came up short, so
-            // it read below the floor; or its floor lay before the front,
-            // as a producer's first does when it starts where another's
-            // walk began): nothing before its first task at that priority is
-            // claimable now, and what becomes so waits for the walk, as
-            // behind the front. Claims that come up short then read from
-            // there, not from a front left behind by many claims since.
+            // The first claim of a producer that started where another's
+            // walk began (`seeded`) read from that walk's front on, as a
+            // walk would have: its first task is the front now, as a
+            // walk's would be. The claims that come up short at the end
+            // of a drain then read from there, not from a front many
+            // drains old. (Other claims leave the front: one that came up
+            // short would find there a task whose submit committed late.)
             self.front = Some(first.max(front));
         }
         let Some(last) = claim.last else {
@@ -275,14 +276,13 @@ mod tests {
         assert_eq!(floor.start(t0 + Duration::from_millis(3900)), slow);
         assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
         // A claim that comes up short reading from the front is no walk: it
-        // does not renew the floor. It read all from the front on, so the
-        // front moves to the first task it found.
+        // neither renews the floor nor moves the front.
         floor.claimed(slow, claim(10, Some((15, 16)), 5_000), t0);
         assert_eq!(
             floor.start(t0 + Duration::from_millis(3900)),
             ClaimStart {
                 floor: at(16),
-                front: Some(at(15)),
+                front: Some(at(5)),
             }
         );
         assert_eq!(floor.start(t0 + Duration::from_secs(4)), ClaimStart::FRONT);
@@ -353,7 +353,7 @@ mod tests {
     }
 
     #[test]
-    fn claims_that_read_from_the_front_move_it_to_the_first_task_they_found() {
+    fn a_started_producers_first_claim_moves_the_front_to_its_first_task() {
         let t0 = Instant::now() + Duration::from_secs(60);
         // A producer started where a walk began (task 5): its first claim
         // reads from there and finds task 100 first.
@@ -366,17 +366,15 @@ mod tests {
                 front: Some(at(100)),
             }
         );
-        // A full claim above the floor did not read below it: the front
-        // stays.
+        // Later claims, full or short, leave it.
         floor.claimed(floor.start(t0), claim(10, Some((110, 119)), 1), t0);
         assert_eq!(floor.start(t0).front, Some(at(100)));
-        // One that came up short read everything from the front on.
         floor.claimed(floor.start(t0), claim(10, Some((150, 152)), 1), t0);
         assert_eq!(
             floor.start(t0),
             ClaimStart {
                 floor: at(152),
-                front: Some(at(150)),
+                front: Some(at(100)),
             }
         );
         // The walk stays due when it was.

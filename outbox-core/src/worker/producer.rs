@@ -239,8 +239,9 @@ async fn claim_loop(
                 outage.ok();
                 match claim {
                     Some(claim) => {
-                        if let Some(front) = floor.claimed(start, claim, Instant::now()) {
-                            tell_walk(&shared, &queue, front, claim.took);
+                        let now = Instant::now();
+                        if let Some(front) = floor.claimed(start, claim, now) {
+                            tell_walk(&shared, &queue, front, claim.took, now);
                         }
                     }
                     // A limited queue is claimed from the front, without a
@@ -333,10 +334,16 @@ async fn last_walk(shared: &Shared, queue: &str) -> Option<WalkedFront> {
 }
 
 /// Records, in a task of its own so that no claim waits for it, that a slow
-/// walk of `queue`'s claimable index found its first task at `front`: the
-/// queue's producers that start later begin there (migration 35). Lost
-/// when it fails: they walk instead.
-fn tell_walk(shared: &Arc<Shared>, queue: &str, front: ClaimPosition, took: Duration) {
+/// walk of `queue`'s claimable index (it took `took` and ended at `ended`)
+/// found its first task at `front`: the queue's producers that start later
+/// begin there (migration 35). Lost when it fails: they walk instead.
+fn tell_walk(
+    shared: &Arc<Shared>,
+    queue: &str,
+    front: ClaimPosition,
+    took: Duration,
+    ended: Instant,
+) {
     let shared = Arc::clone(shared);
     let queue = queue.to_owned();
     tokio::spawn(async move {
@@ -344,7 +351,8 @@ fn tell_walk(shared: &Arc<Shared>, queue: &str, front: ClaimPosition, took: Dura
             &shared.engine,
             shared.deadline,
             "claim front",
-            async |conn| db::claim_fronts::write(conn, &queue, front, took).await,
+            // When the walk ended, not when a session was free to say so.
+            async |conn| db::claim_fronts::write(conn, &queue, front, took, ended.elapsed()).await,
         )
         .await;
         if let Err(error) = written {
