@@ -343,16 +343,7 @@ async fn the_hand_over_reads_by_primary_key_under_stale_statistics() {
     const WAITING: i64 = 2000;
     let db = TestDb::migrated().await;
     // Statistics that say no task waits for a key, kept while the test runs.
-    sqlx::raw_sql(
-        "ALTER TABLE outbox_tasks SET (autovacuum_enabled = false);
-         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts)
-         SELECT 'noop', 'ordered', '{}', 1 FROM generate_series(1, 500);
-         ANALYZE outbox_tasks;
-         DELETE FROM outbox_tasks;",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    outbox_tests::tasks::stale_task_statistics(&db.pool, "ordered").await;
     let mut batch = outbox::Batch::new();
     for n in 1..=WAITING + 1 {
         batch.push(&step("k", n, 0)).unwrap();

@@ -240,13 +240,9 @@ async fn statements_by_id_never_read_a_partial_index_whole_under_stale_statistic
     const OTHERS: i64 = 3000;
     let db = TestDb::migrated().await;
     let mut conn = db.conn().await;
+    outbox_tests::tasks::stale_task_statistics(&db.pool, "lookups").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE outbox_tasks SET (autovacuum_enabled = false); \
-         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
-         SELECT 'test.gone', 'lookups', '{{}}', 1 FROM generate_series(1, 500); \
-         ANALYZE outbox_tasks; \
-         DELETE FROM outbox_tasks; \
-         INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, claimed_by, \
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts, state, claimed_by, \
                                    heartbeat_at, claims) \
          SELECT 'test.running', 'lookups-other', '{{}}', 3, 'processing', 'other', now(), 1 \
          FROM generate_series(1, {OTHERS}); \

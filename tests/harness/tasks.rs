@@ -399,3 +399,27 @@ pub fn register(builder: WorkerBuilder) -> WorkerBuilder {
         .handler::<Slot>(IntervalRecorder)
         .handler::<Guarded>(GuardedRecorder)
 }
+
+/// Gives the task table statistics that say no task waits for a key, runs
+/// or has died (500 pending rows of `queue`, analyzed, then deleted), and
+/// keeps them while the test runs (no autovacuum on the table): what a
+/// table analyzed right after a drain has, under which the worker's
+/// statements must still find their tasks by primary key (migrations 19,
+/// 27 and 34).
+pub async fn stale_task_statistics(pool: &PgPool, queue: &str) {
+    sqlx::query("ALTER TABLE outbox_tasks SET (autovacuum_enabled = false)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         SELECT 'noop', $1, '{}', 1 FROM generate_series(1, 500)",
+    )
+    .bind(queue)
+    .execute(pool)
+    .await
+    .unwrap();
+    for sql in ["ANALYZE outbox_tasks", "DELETE FROM outbox_tasks"] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+}
