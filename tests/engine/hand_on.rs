@@ -354,25 +354,17 @@ async fn the_hand_over_reads_by_primary_key_under_stale_statistics() {
     // statistics. The key's first task finishes (deleted, as a success
     // leaves the table) and the key is handed on.
     let mut conn = TestDb::pool_on(&db.url, 1).await.acquire().await.unwrap();
-    let fetched = "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables \
-                   WHERE relid = 'outbox_tasks'::regclass";
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
     sqlx::query("DELETE FROM outbox_tasks WHERE ordering_key = 'k' AND NOT blocked")
         .execute(&mut *conn)
         .await
         .unwrap();
-    let before: i64 = sqlx::query_scalar(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let before = outbox_tests::tasks::task_index_fetches(&mut conn).await;
     let handed: i32 = sqlx::query_scalar("SELECT outbox_keys_advance('{ordered}', '{k}')")
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-    let after: i64 = sqlx::query_scalar(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let after = outbox_tests::tasks::task_index_fetches(&mut conn).await;
     sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     assert_eq!(handed, 1, "the key went on to its next task");
     assert!(

@@ -369,13 +369,8 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
     // A session of its own, so the functions are planned under these
     // statistics.
     let mut conn = TestDb::pool_on(&db.url, 1).await.acquire().await.unwrap();
-    let fetched = "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables \
-                   WHERE relid = 'outbox_tasks'::regclass";
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let before: i64 = sqlx::query_scalar(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let before = outbox_tests::tasks::task_index_fetches(&mut conn).await;
     let claimed: Vec<(String, i64, i64, i32)> = sqlx::query_as(
         "SELECT ordering_key, key_seq, id, claims FROM outbox_claim_tasks('ordered', $1, 'runs', \
          NULL, -1::smallint, 'epoch', 0, NULL, NULL, $2, NULL)",
@@ -385,11 +380,7 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
     .fetch_all(&mut *conn)
     .await
     .unwrap();
-    let claim_fetched = sqlx::query_scalar::<_, i64>(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
-        - before;
+    let claim_fetched = outbox_tests::tasks::task_index_fetches(&mut conn).await - before;
     sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     assert_eq!(
         claimed.len() as i64,
@@ -410,16 +401,9 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
     // Counted from here: the counts of earlier transactions of the session
     // may not have been flushed yet.
-    let before: i64 = sqlx::query_scalar(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let before = outbox_tests::tasks::task_index_fetches(&mut conn).await;
     let halted = complete_continuing(&mut conn, (run[0].2, run[0].3), "runs", run[1].2).await;
-    let outcome_fetched = sqlx::query_scalar::<_, i64>(fetched)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
-        - before;
+    let outcome_fetched = outbox_tests::tasks::task_index_fetches(&mut conn).await - before;
     sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     assert!(!halted, "the run goes on");
     let running = KEYS * RUN;

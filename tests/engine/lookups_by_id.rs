@@ -215,18 +215,6 @@ async fn the_workers_statements_read_tasks_by_key_after_the_table_was_analyzed_e
     tx.rollback().await.unwrap();
 }
 
-/// Rows of the task table fetched through any index so far in this
-/// transaction.
-async fn index_fetches(conn: &mut PgConnection) -> i64 {
-    sqlx::query_scalar(
-        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables \
-         WHERE relid = 'outbox_tasks'::regclass",
-    )
-    .fetch_one(conn)
-    .await
-    .unwrap()
-}
-
 /// The heartbeat, the release of a run's rest and an operator's cancel
 /// find their few tasks by primary key even when the statistics took the
 /// partial index their other conditions imply for empty: `state =
@@ -275,9 +263,9 @@ async fn statements_by_id_never_read_a_partial_index_whole_under_stale_statistic
     .unwrap();
 
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    let mut fetched = index_fetches(&mut tx).await;
+    let mut fetched = outbox_tests::tasks::task_index_fetches(&mut tx).await;
     let mut check = async |tx: &mut PgConnection, what: &str| {
-        let now = index_fetches(tx).await;
+        let now = outbox_tests::tasks::task_index_fetches(tx).await;
         let read = now - fetched;
         fetched = now;
         assert!(

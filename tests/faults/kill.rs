@@ -110,22 +110,7 @@ async fn kill_and_recover(hold_snapshot: bool, one_by_one: bool) {
         second.log()
     );
 
-    let executions: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    let never_ran: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_all_tasks t WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    let recovered: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 AND last_error LIKE 'worker lost (heartbeat expired)%'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let (executions, never_ran, recovered) = after_the_kill(&db.pool).await;
     let duplicates = executions - TASKS;
     if hold_snapshot {
         // Still the one snapshot, from before the first claim: it sees
@@ -144,15 +129,7 @@ async fn kill_and_recover(hold_snapshot: bool, one_by_one: bool) {
          afterwards {TASKS} of {TASKS} COMPLETED, {recovered} recovered, {executions} executions, \
          {duplicates} duplicate executions"
     );
-    assert_eq!(never_ran, 0, "every task ran");
-    assert_eq!(
-        recovered, in_flight,
-        "each task in flight at the kill was recovered once, as a counted attempt"
-    );
-    assert!(
-        duplicates <= in_flight,
-        "duplicates ({duplicates}) at most the tasks in flight ({in_flight})"
-    );
+    assert_recovered_once(never_ran, recovered, in_flight, duplicates);
 }
 
 /// [`FAST_RECOVERY`] with room for one claim of hundreds.
@@ -161,6 +138,36 @@ fn wide() -> Vec<&'static str> {
     assert_eq!(args[..2], ["--queue", "record=8"]);
     args[1] = "record=500";
     args
+}
+
+/// After a kill and a drain by another worker: the handlers' executions,
+/// the tasks that never ran, and the tasks stuck-task recovery took back
+/// from the killed worker (one counted attempt each).
+async fn after_the_kill(pool: &sqlx::PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM executions), \
+                (SELECT count(*) FROM outbox_all_tasks t \
+                 WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)), \
+                (SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 \
+                 AND last_error LIKE 'worker lost (heartbeat expired)%')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Every task ran, each one in flight at the kill was recovered once, and
+/// only those ran twice.
+fn assert_recovered_once(never_ran: i64, recovered: i64, in_flight: i64, duplicates: i64) {
+    assert_eq!(never_ran, 0, "every task ran");
+    assert_eq!(
+        recovered, in_flight,
+        "each task in flight at the kill was recovered once, as a counted attempt"
+    );
+    assert!(
+        (0..=in_flight).contains(&duplicates),
+        "duplicates ({duplicates}) at most the tasks in flight ({in_flight})"
+    );
 }
 
 /// A worker killed -9 right after claims of hundreds of tasks (one claim
@@ -201,31 +208,14 @@ async fn a_killed_worker_holding_hundreds_of_tasks_from_one_claim_loses_none() {
         "the second worker keeps running:\n{}",
         second.log()
     );
-    let (executions, never_ran, recovered): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM executions), \
-                (SELECT count(*) FROM outbox_all_tasks t \
-                 WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)), \
-                (SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 \
-                 AND last_error LIKE 'worker lost (heartbeat expired)%')",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let (executions, never_ran, recovered) = after_the_kill(&db.pool).await;
     let duplicates = executions - MANY;
     eprintln!(
         "kill -9 holding one wide claim: {in_flight} tasks in flight at the kill; afterwards \
          {MANY} of {MANY} COMPLETED, {recovered} recovered, {executions} executions, \
          {duplicates} duplicate executions"
     );
-    assert_eq!(never_ran, 0, "every task ran");
-    assert_eq!(
-        recovered, in_flight,
-        "each task in flight at the kill was recovered once, as a counted attempt"
-    );
-    assert!(
-        (0..=in_flight).contains(&duplicates),
-        "duplicates ({duplicates}) at most the tasks in flight ({in_flight})"
-    );
+    assert_recovered_once(never_ran, recovered, in_flight, duplicates);
 }
 
 #[tokio::test]

@@ -46,6 +46,21 @@ pub(crate) async fn private_cluster() -> (Arc<LocalPostgres>, String) {
     (Arc::new(cluster), url)
 }
 
+/// A private cluster, migrated, with `n` tasks of `Count` submitted; a pool
+/// of `sessions` on it.
+async fn cluster_with_counts(
+    n: usize,
+    sessions: u32,
+) -> (Arc<LocalPostgres>, String, sqlx::PgPool) {
+    let (cluster, url) = private_cluster().await;
+    let pool = outbox_tests::TestDb::pool_on(&url, sessions).await;
+    outbox::migrate(&pool).await.unwrap();
+    outbox::submit_batch(&mut pool.acquire().await.unwrap(), (0..n).map(|_| Count {}))
+        .await
+        .unwrap();
+    (cluster, url, pool)
+}
+
 /// A worker that polls, heartbeats and recovers quickly, for drains
 /// through a restart and an outage.
 pub(crate) fn outage_config() -> WorkerConfig {
@@ -130,15 +145,7 @@ async fn complete_through_a_restart_and_an_outage(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_and_an_outage_mid_drain_lose_nothing_and_rerun_nothing() {
-    let (cluster, url) = private_cluster().await;
-    let pool = outbox_tests::TestDb::pool_on(&url, 10).await;
-    outbox::migrate(&pool).await.unwrap();
-    outbox::submit_batch(
-        &mut pool.acquire().await.unwrap(),
-        (0..TASKS).map(|_| Count {}),
-    )
-    .await
-    .unwrap();
+    let (cluster, _, pool) = cluster_with_counts(TASKS, 10).await;
 
     let counter = Counter::default();
     let config = outage_config();
@@ -355,12 +362,7 @@ async fn sigterm_with_the_database_down_exits_within_the_bound_and_names_what_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcome_counts_kept_through_an_outage_reach_the_throughput_table() {
     const N: i64 = 300;
-    let (cluster, url) = private_cluster().await;
-    let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
-    outbox::migrate(&pool).await.unwrap();
-    outbox::submit_batch(&mut pool.acquire().await.unwrap(), (0..N).map(|_| Count {}))
-        .await
-        .unwrap();
+    let (cluster, url, pool) = cluster_with_counts(N as usize, 4).await;
     let config = WorkerConfig {
         poll_interval: Duration::from_millis(50),
         statement_timeout: Duration::from_secs(1),
@@ -478,12 +480,7 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
 #[tokio::test]
 async fn a_worker_started_while_the_database_is_down_runs_every_task_once_when_it_is_back() {
     const N: usize = 40;
-    let (cluster, url) = private_cluster().await;
-    let pool = outbox_tests::TestDb::pool_on(&url, 4).await;
-    outbox::migrate(&pool).await.unwrap();
-    outbox::submit_batch(&mut pool.acquire().await.unwrap(), (0..N).map(|_| Count {}))
-        .await
-        .unwrap();
+    let (cluster, url, pool) = cluster_with_counts(N, 4).await;
     // A slow walk that found the 21st task first, ended just now: half the
     // tasks lie before it.
     sqlx::query(

@@ -423,3 +423,16 @@ pub async fn stale_task_statistics(pool: &PgPool, queue: &str) {
         sqlx::query(sql).execute(pool).await.unwrap();
     }
 }
+
+/// Rows of the task table this session has fetched through any index so
+/// far; the difference around a statement, in one transaction, is what it
+/// read (the counts of earlier transactions may not be flushed yet).
+pub async fn task_index_fetches(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables \
+         WHERE relid = 'outbox_tasks'::regclass",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
