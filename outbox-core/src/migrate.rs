@@ -235,6 +235,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0035_claim_fronts.up.sql"),
         down: include_str!("../../migrations/0035_claim_fronts.down.sql"),
     },
+    Migration {
+        version: 36,
+        name: "outcome_sets",
+        up: include_str!("../../migrations/0036_outcome_sets.up.sql"),
+        down: include_str!("../../migrations/0036_outcome_sets.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
