@@ -3,14 +3,15 @@
 --
 -- Migration 34's outcome functions compared every attempt with whole
 -- arrays: whether the run's next task is still under a claim of the batch
--- (`claimed_by = ANY (attempt_tokens)`, one token per attempt, so text
--- comparisons growing with the square of the batch), whether the attempt's
--- run goes on (`id = ANY (continuing)`, `id <> ALL (running_on)`, twice).
--- PostgreSQL 15 hashes such an array only when it is a constant; these are
--- parameters, so each test walks the array. An ordered drain's batches
--- carry 130-240 attempts, most of them in runs: the token test alone took
--- 0.5-1.4 ms a statement (`auto_explain`), and a batch of 1,000 would take
--- sixteen times a batch of 250.
+-- (`claimed_by = ANY (attempt_tokens)`, a token per attempt), and whether
+-- the attempt's run goes on (`id = ANY (continuing)`, `id <> ALL
+-- (running_on)`, twice). PostgreSQL 15 hashes an `ANY` array only when it
+-- is a constant; these are parameters, so each test walks the array and
+-- the work grows with the square of the batch. An ordered drain's batches
+-- carry 130-790 attempts, most of them in runs. Timed in a PL/pgSQL loop,
+-- 132 rows against 132 elements: text `= ANY` 213 us a statement against
+-- 69 us hashed, bigint 96 against 52; bigint `<> ALL` at 1,000 elements
+-- 2.0 ms against 0.28 ms.
 --
 -- Now the tokens are the batch's distinct ones (a batch holds a few
 -- claims), and membership in `continuing` and `running_on` is an `IN`
