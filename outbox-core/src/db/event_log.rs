@@ -27,18 +27,61 @@ pub(crate) struct LogEvent {
 
 impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for LogEvent {
     fn from_row(row: &'r sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        EventColumns::of(row)?.event(row)
+    }
+}
+
+/// Where an event's fields are among a result's columns. A column looked
+/// up by name is a hash of the name at every row; a relay reads tens of
+/// thousands of rows a second, so its reads find the places once per
+/// result and take each row's fields by place.
+#[derive(Debug, Clone, Copy)]
+struct EventColumns {
+    position: usize,
+    id: usize,
+    aggregatetype: usize,
+    aggregateid: usize,
+    event_type: usize,
+    payload: usize,
+    headers: usize,
+    publish_at: usize,
+    created_at: usize,
+    aggregate_hash: usize,
+}
+
+impl EventColumns {
+    /// The places of the event's columns in `row`'s result.
+    fn of(row: &sqlx::postgres::PgRow) -> sqlx::Result<Self> {
         use sqlx::Row;
+        let at = |name: &str| row.try_column(name).map(sqlx::Column::ordinal);
         Ok(Self {
-            position: row.try_get("position")?,
-            id: row.try_get("id")?,
-            aggregatetype: row.try_get("aggregatetype")?,
-            aggregateid: row.try_get("aggregateid")?,
-            event_type: row.try_get("type")?,
-            payload: row.try_get("payload")?,
-            headers: row.try_get("headers")?,
-            publish_at: row.try_get("publish_at")?,
-            created_at: row.try_get("created_at")?,
-            aggregate_hash: row.try_get("aggregate_hash")?,
+            position: at("position")?,
+            id: at("id")?,
+            aggregatetype: at("aggregatetype")?,
+            aggregateid: at("aggregateid")?,
+            event_type: at("type")?,
+            payload: at("payload")?,
+            headers: at("headers")?,
+            publish_at: at("publish_at")?,
+            created_at: at("created_at")?,
+            aggregate_hash: at("aggregate_hash")?,
+        })
+    }
+
+    /// The event of `row`, a row of the result these places were found in.
+    fn event(&self, row: &sqlx::postgres::PgRow) -> sqlx::Result<LogEvent> {
+        use sqlx::Row;
+        Ok(LogEvent {
+            position: row.try_get(self.position)?,
+            id: row.try_get(self.id)?,
+            aggregatetype: row.try_get(self.aggregatetype)?,
+            aggregateid: row.try_get(self.aggregateid)?,
+            event_type: row.try_get(self.event_type)?,
+            payload: row.try_get(self.payload)?,
+            headers: row.try_get(self.headers)?,
+            publish_at: row.try_get(self.publish_at)?,
+            created_at: row.try_get(self.created_at)?,
+            aggregate_hash: row.try_get(self.aggregate_hash)?,
         })
     }
 }
@@ -311,7 +354,7 @@ pub(crate) async fn read(
     partitions: i32,
     part: i32,
 ) -> sqlx::Result<Batch> {
-    use sqlx::{FromRow, Row};
+    use sqlx::{Column, Row};
     let (last, cache, increment): (i64, i64, i64) =
         sqlx::query_as(include_str!("sql/event_last_position.sql"))
             .fetch_one(&mut *conn)
@@ -344,16 +387,25 @@ pub(crate) async fn read(
     let (mut xmin, mut next_xid) = (0, 0);
     let mut visible = Vec::with_capacity(rows.len());
     let mut events = Vec::new();
-    for row in rows {
-        xmin = row.try_get("xmin")?;
-        next_xid = row.try_get("next_xid")?;
-        // The one row of an empty batch has no event.
-        let Some(position) = row.try_get::<Option<i64>, _>("position")? else {
-            continue;
-        };
-        visible.push(position);
-        if row.try_get::<bool, _>("mine")? {
-            events.push(LogEvent::from_row(&row)?);
+    if let Some(first) = rows.first() {
+        let (xmin_at, next_xid_at, mine_at) = (
+            first.try_column("xmin")?.ordinal(),
+            first.try_column("next_xid")?.ordinal(),
+            first.try_column("mine")?.ordinal(),
+        );
+        // Every row carries the cut's xmin and next xid: the first is read.
+        xmin = first.try_get(xmin_at)?;
+        next_xid = first.try_get(next_xid_at)?;
+        let columns = EventColumns::of(first)?;
+        for row in &rows {
+            // The one row of an empty batch has no event.
+            let Some(position) = row.try_get::<Option<i64>, _>(columns.position)? else {
+                continue;
+            };
+            visible.push(position);
+            if row.try_get::<bool, _>(mine_at)? {
+                events.push(columns.event(row)?);
+            }
         }
     }
     // A read over settled positions stops at its `limit`th event: the

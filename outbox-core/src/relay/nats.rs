@@ -107,7 +107,12 @@ impl NatsSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
-        self.ensure_stream().await?;
+        if self.stream.is_some() && !self.stream_ready.load(Ordering::Acquire) {
+            // Boxed: finding or making the stream is a large future, which
+            // would otherwise be part of every publish's and be copied
+            // with it into its box, tens of thousands of times a second.
+            Box::pin(self.ensure_stream()).await?;
+        }
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             async_nats::header::NATS_MESSAGE_ID,

@@ -234,12 +234,7 @@ pub(crate) fn message(route: &Route, event: &LogEvent) -> Message {
         ("aggregate-id".to_owned(), event.aggregateid.clone()),
         ("event-type".to_owned(), event.event_type.clone()),
         ("sequence".to_owned(), event.position.to_string()),
-        (
-            "created-at".to_owned(),
-            event
-                .created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        ),
+        ("created-at".to_owned(), rfc3339_micros(event.created_at)),
     ];
     if let Some(serde_json::Value::Object(own)) = &event.headers {
         for (name, value) in own {
@@ -265,6 +260,46 @@ pub(crate) fn message(route: &Route, event: &LogEvent) -> Message {
         sequence: event.position,
         created_at: event.created_at,
     }
+}
+
+/// `at` as RFC 3339 in UTC to the microsecond (`2026-11-29T00:36:28.123456Z`),
+/// as chrono's `to_rfc3339_opts(Micros, true)` writes it, without the
+/// formatting machinery it goes through: the relay writes one per event.
+/// Years outside 0-9999 (which PostgreSQL allows) are left to chrono.
+fn rfc3339_micros(at: chrono::DateTime<Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    let year = at.year();
+    let micros = at.nanosecond() / 1_000;
+    if !(0..=9999).contains(&year) || micros >= 1_000_000 {
+        // A year chrono writes with a sign, or a leap second.
+        return at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    }
+    let mut out = [0u8; 27];
+    let mut put = |from: usize, width: usize, mut value: u32| {
+        for i in (from..from + width).rev() {
+            out[i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, 4, year as u32);
+    put(5, 2, at.month());
+    put(8, 2, at.day());
+    put(11, 2, at.hour());
+    put(14, 2, at.minute());
+    put(17, 2, at.second());
+    put(20, 6, micros);
+    for (i, b) in [
+        (4, b'-'),
+        (7, b'-'),
+        (10, b'T'),
+        (13, b':'),
+        (16, b':'),
+        (19, b'.'),
+        (26, b'Z'),
+    ] {
+        out[i] = b;
+    }
+    out.iter().map(|&b| b as char).collect()
 }
 
 /// `json` without the whitespace between its tokens: PostgreSQL writes a
@@ -316,6 +351,40 @@ mod tests {
                 .min(Duration::from_secs(30));
             let b = backoff(streak);
             assert!(b >= full / 2 && b <= full, "{streak}: {b:?} vs {full:?}");
+        }
+    }
+
+    #[test]
+    fn created_at_is_written_as_chrono_writes_it() {
+        use chrono::TimeZone;
+        let mut seconds: i64 = 0;
+        let mut at = vec![
+            Utc.timestamp_opt(0, 0).unwrap(),
+            Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 59).unwrap(),
+            Utc.timestamp_opt(1_795_912_588, 999_999_999).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(10_000, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(-44, 3, 15, 12, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap(),
+            // A leap second, as chrono holds one.
+            Utc.timestamp_opt(1_483_228_799, 1_500_000_000).unwrap(),
+        ];
+        for i in 0..2_000u32 {
+            seconds = seconds
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let s = (seconds >> 1).rem_euclid(400 * 365 * 86_400);
+            at.push(
+                Utc.timestamp_opt(s, i.wrapping_mul(2_654_435_761) % 1_000_000_000)
+                    .unwrap(),
+            );
+        }
+        for at in at {
+            assert_eq!(
+                rfc3339_micros(at),
+                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "{at:?}"
+            );
         }
     }
 
