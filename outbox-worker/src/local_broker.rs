@@ -302,6 +302,11 @@ impl BrokerProcess {
         self.spawn().await;
     }
 
+    /// Its process id while it runs (for the bench's CPU figures).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// What the server logged.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -887,6 +887,21 @@ async fn bench_relay_smoke_run_prints_every_figure() {
         ],
     );
     assert_positive(&report, &relay["commit_to_ack_ms"], &["p50"]);
+    // CPU per event of each drain, from /proc: the relay's is a figure (200
+    // events may take less than a clock tick: zero is one); the in-process
+    // receiver has no process of its own.
+    for drain in [
+        "each_event_its_own_aggregate",
+        "ordered_1000_keys",
+        "two_subscriptions",
+    ] {
+        let cpu = &relay["drain_cpu_per_event"][drain];
+        assert!(
+            cpu["relay_us"].as_f64().is_some_and(|v| v >= 0.0),
+            "{drain}: {report}"
+        );
+        assert!(cpu["broker_us"].is_null(), "{drain}: {report}");
+    }
     for field in [
         "emit_vs_event_row_marginal",
         "emit_vs_event_row_rate",

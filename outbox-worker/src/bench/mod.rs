@@ -411,7 +411,8 @@ impl Bench {
 
     async fn run_phases(&mut self) -> Result<(), Failure> {
         if let Some(kind) = self.args.relay.relay {
-            self.report.relay = Some(relay::measure(self, kind).await?);
+            // Boxed: the relay phases' future is large, and `run`'s holds it.
+            self.report.relay = Some(Box::pin(relay::measure(self, kind)).await?);
             return Ok(());
         }
         if self.args.single_submits > 0 {
@@ -960,6 +961,26 @@ async fn without_and_with_a_held_snapshot<T>(
 
 fn db(e: sqlx::Error) -> Failure {
     Failure::from(outbox::Error::from(e))
+}
+
+/// The CPU time a process has used (user and system, all its threads), in
+/// seconds: this process's with `None`. From /proc, where it exists; its
+/// clock ticks are USER_HZ, 100 a second on Linux.
+pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/stat"),
+        None => "/proc/self/stat".to_owned(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields 14 and 15; the name before them is in parentheses and may
+    // hold spaces, so count from its closing one (field 3 comes next).
+    let mut after = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .skip(11);
+    let user: f64 = after.next()?.parse().ok()?;
+    let system: f64 = after.next()?.parse().ok()?;
+    Some((user + system) / 100.0)
 }
 
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.

@@ -34,7 +34,7 @@ use outbox::{Worker, WorkerConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Bench, Latency, db, without_and_with_a_held_snapshot};
+use super::{Bench, Latency, cpu_seconds, db, without_and_with_a_held_snapshot};
 use crate::connect::connect;
 use crate::failure::Failure;
 use crate::flags;
@@ -101,6 +101,9 @@ pub(crate) struct RelayReport {
     /// Two subscriptions draining the same events at once, in seconds,
     /// over one: the target is 1.3 or less.
     two_subscriptions_time_ratio: f64,
+    /// CPU per event published in each drain (two subscriptions publish
+    /// every event twice: per publish).
+    drain_cpu_per_event: DrainCpu,
     /// Phase 1's emits per second (transactions of 1,000).
     emit_events_per_s: f64,
     /// Rounds of emit and drain without, then with, another session
@@ -238,27 +241,37 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
 
     reset(bench).await?;
     let emit_rate = fill(bench, n, |i| i.to_string()).await?;
-    let events_per_s = drain(bench, &[first], n).await?;
+    let broker_pid = match &broker {
+        Running::Process(server) => server.pid(),
+        _ => None,
+    };
+    let own = drain(bench, &[first], n, broker_pid).await?;
+    let events_per_s = own.events_per_s;
     bench.say(format!(
-        "  each event its own aggregate: {events_per_s:.0} events/s (emitted at {emit_rate:.0}/s)"
+        "  each event its own aggregate: {events_per_s:.0} events/s (emitted at {emit_rate:.0}/s; {})",
+        own.cpu
     ));
 
     reset(bench).await?;
     fill(bench, n, |i| (i % 1000).to_string()).await?;
-    let ordered = drain(bench, &[make().await?], n).await?;
+    let in_order = drain(bench, &[make().await?], n, broker_pid).await?;
+    let ordered = in_order.events_per_s;
     bench.say(format!(
-        "  1,000 aggregates in strict order: {ordered:.0} events/s ({:.2}x)",
-        ordered / events_per_s.max(1e-9)
+        "  1,000 aggregates in strict order: {ordered:.0} events/s ({:.2}x; {})",
+        ordered / events_per_s.max(1e-9),
+        in_order.cpu
     ));
 
     // Two subscriptions on the same events, at once: each drains all of
     // them (2n publishes), timed against one subscription's n.
-    let two = drain(bench, &[make().await?, make().await?], 2 * n).await?;
+    let both = drain(bench, &[make().await?, make().await?], 2 * n, broker_pid).await?;
+    let two = both.events_per_s;
     let two_ratio = (2.0 * n as f64 / two) / (n as f64 / ordered.max(1e-9));
     bench.say(format!(
-        "  two subscriptions at once: {:.2} s against one's {:.2} s ({two_ratio:.2}x)",
+        "  two subscriptions at once: {:.2} s against one's {:.2} s ({two_ratio:.2}x; {})",
         2.0 * n as f64 / two,
-        n as f64 / ordered.max(1e-9)
+        n as f64 / ordered.max(1e-9),
+        both.cpu
     ));
 
     // A snapshot held open by another session (a long report, a stuck
@@ -312,6 +325,11 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         ordered_1000_keys_events_per_s: ordered,
         ordered_vs_unordered: ordered / events_per_s.max(1e-9),
         two_subscriptions_time_ratio: two_ratio,
+        drain_cpu_per_event: DrainCpu {
+            each_event_its_own_aggregate: own.cpu,
+            ordered_1000_keys: in_order.cpu,
+            two_subscriptions: both.cpu,
+        },
         emit_events_per_s: emit_rate,
         snapshot_held,
         latency_rate_per_s: args.relay_rate,
@@ -358,7 +376,9 @@ async fn rounds(
     let mut last = 0.0;
     while rounds == 0 || started.elapsed() < at_least {
         emit_s += n as f64 / fill(bench, n, |i| i.to_string()).await?;
-        last = drain(bench, std::slice::from_ref(relay), n).await?;
+        last = drain(bench, std::slice::from_ref(relay), n, None)
+            .await?
+            .events_per_s;
         drain_s += n as f64 / last;
         rounds += 1;
     }
@@ -540,9 +560,51 @@ async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// What one drain measured.
+struct Drained {
+    events_per_s: f64,
+    cpu: Cpu,
+}
+
+/// CPU time per event published, in microseconds: this process's (the
+/// relay's: nothing else runs in it during a drain but the webhook
+/// receiver, for `--relay webhook`) and the broker's when it was started
+/// here. Steadier than a drain's rate on a shared machine,
+/// and what two subscriptions at once spend twice.
+#[derive(Debug, Serialize, Clone, Copy)]
+struct Cpu {
+    relay_us: Option<f64>,
+    broker_us: Option<f64>,
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.1}"));
+        write!(f, "CPU an event: relay {} µs", us(self.relay_us))?;
+        if self.broker_us.is_some() {
+            write!(f, ", broker {} µs", us(self.broker_us))?;
+        }
+        Ok(())
+    }
+}
+
+/// The CPU figures of the three drains.
+#[derive(Debug, Serialize)]
+struct DrainCpu {
+    each_event_its_own_aggregate: Cpu,
+    ordered_1000_keys: Cpu,
+    two_subscriptions: Cpu,
+}
+
 /// Runs a relay worker with `relays` until they published `n` events in
-/// all; events/s.
-async fn drain(bench: &Bench, relays: &[Relay], n: usize) -> Result<f64, Failure> {
+/// all; its rate and CPU per event. `broker` is the broker's process id
+/// when it runs here.
+async fn drain(
+    bench: &Bench,
+    relays: &[Relay],
+    n: usize,
+    broker: Option<u32>,
+) -> Result<Drained, Failure> {
     let count = Arc::new(AtomicUsize::new(0));
     let relays: Vec<Relay> = relays
         .iter()
@@ -554,6 +616,10 @@ async fn drain(bench: &Bench, relays: &[Relay], n: usize) -> Result<f64, Failure
         .collect();
     let (shutdown, running) = start(bench, relays).await?;
     let started = Instant::now();
+    let cpu_before = (
+        cpu_seconds(None),
+        broker.and_then(|pid| cpu_seconds(Some(pid))),
+    );
     let mut last = (0, Instant::now());
     loop {
         let done = count.load(Ordering::Relaxed);
@@ -570,9 +636,18 @@ async fn drain(bench: &Bench, relays: &[Relay], n: usize) -> Result<f64, Failure
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
+    let per_event =
+        |before: Option<f64>, after: Option<f64>| Some((after? - before?) * 1e6 / n as f64);
+    let cpu = Cpu {
+        relay_us: per_event(cpu_before.0, cpu_seconds(None)),
+        broker_us: per_event(cpu_before.1, broker.and_then(|pid| cpu_seconds(Some(pid)))),
+    };
     shutdown.cancel();
     running.await.map_err(Failure::runtime)??;
-    Ok(rate)
+    Ok(Drained {
+        events_per_s: rate,
+        cpu,
+    })
 }
 
 /// Counts the publishes of one drain.
