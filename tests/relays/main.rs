@@ -12,6 +12,7 @@ mod nats;
 mod rabbitmq;
 mod redis;
 mod scenario;
+mod two_sinks;
 mod webhook;
 
 /// The worker binary with the harness's task types linked in.

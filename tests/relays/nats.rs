@@ -83,8 +83,8 @@ impl Broker for Nats {
             };
             assert_eq!(
                 get("Nats-Msg-Id"),
-                get("event-id"),
-                "the dedup id is the event id"
+                format!("{}:{}", get("event-id"), m.subject),
+                "the dedup id is the event id and the subject"
             );
             assert!(!get("traceparent").is_empty(), "the traceparent travels");
             out.push(Published::from_headers(get));

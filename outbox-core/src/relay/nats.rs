@@ -1,7 +1,8 @@
 //! NATS JetStream sink (`nats` feature), with `async-nats`.
 //!
 //! Each event is published to its routed subject with `Nats-Msg-Id` set to
-//! the event id, and the PubAck is awaited: the stream has the message
+//! the event id and the subject (`<event id>:<subject>`, see
+//! `message_id`), and the PubAck is awaited: the stream has the message
 //! once the ack arrives. JetStream drops a second message with the same
 //! `Nats-Msg-Id` within the stream's duplicate window and acks it as a
 //! duplicate, which counts as success here. A relay republishes an event
@@ -114,10 +115,7 @@ impl NatsSink {
             Box::pin(self.ensure_stream()).await?;
         }
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            message.event_id.as_str(),
-        );
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
         for (name, value) in &message.headers {
             match relay_header(name) {
                 Some(name) => headers.append(name, value.as_str()),
@@ -145,6 +143,21 @@ impl NatsSink {
             }
         }
     }
+}
+
+/// The message's `Nats-Msg-Id`: the event id and the subject,
+/// `<event id>:<subject>`. JetStream drops a second message with the same
+/// id anywhere in the stream, so the event id alone would make a second
+/// subscription publishing the event to another subject of the same
+/// stream look like a repeat of the first's: acknowledged, never stored.
+/// A relay's own republish goes to the same subject, so it is still
+/// dropped.
+fn message_id(message: &Message) -> String {
+    let mut id = String::with_capacity(message.event_id.len() + 1 + message.destination.len());
+    id.push_str(&message.event_id);
+    id.push(':');
+    id.push_str(&message.destination);
+    id
 }
 
 /// One of the relay's own header names (`RESERVED_HEADERS`) as a static

@@ -1,9 +1,12 @@
 //! Redis Streams sink (`redis` feature), with the `redis` crate.
 //!
 //! Each event is added to its routed stream by one script that first
-//! checks a dedup key for the event id, then runs XADD, then sets the dedup
-//! key with a time to live: a republished event is not added twice within
-//! that time. (The dedup key is set after the XADD, not before: Redis does
+//! checks a dedup key for the stream and the event id
+//! (`outbox:dedup:<stream>:<event id>`), then runs XADD, then sets the
+//! dedup key with a time to live: a republished event is not added twice
+//! to a stream within that time. (A key of the event id alone made a second
+//! subscription adding the event to another stream of the same Redis skip
+//! it as a repeat.) (The dedup key is set after the XADD, not before: Redis does
 //! not undo a script's writes when a later command fails, so setting it
 //! first would mark an event that never reached the stream as done.)
 //!
@@ -77,7 +80,10 @@ impl RedisSink {
         let mut conn = self.connection().await?;
         let mut call = self.script.prepare_invoke();
         call.key(&message.destination)
-            .key(format!("{}{}", self.dedup_prefix, message.event_id))
+            .key(format!(
+                "{}{}:{}",
+                self.dedup_prefix, message.destination, message.event_id
+            ))
             .arg(self.dedup_ttl.as_secs().max(1))
             .arg(self.maxlen);
         for (name, value) in &message.headers {

@@ -4,7 +4,7 @@
 //! The relay: the stock `outbox-worker` CLI, which publishes the event log
 //! (as the subscription `nats`) to NATS JetStream (making the stream EVENTS over `outbox.event.>`
 //! when it is missing), in per-customer order, at least once, with the
-//! event id as `Nats-Msg-Id`.
+//! event id and the subject as `Nats-Msg-Id` (`<event id>:<subject>`).
 
 fn main() -> std::process::ExitCode {
     outbox_worker::main()
