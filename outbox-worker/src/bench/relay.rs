@@ -210,7 +210,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
             // guest's password would have to come from the environment.
             #[cfg(feature = "rabbitmq")]
             Running::Process(server) if kind == RelayKind::Rabbitmq => Relay::new(
-                name,
+                name.clone(),
                 outbox::relay::rabbitmq::RabbitSink::new(
                     &format!("amqp://guest:guest@127.0.0.1:{}/%2f", server.port),
                     "outbox",
@@ -226,6 +226,16 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         let relay = match args.relay_concurrency {
             Some(c) => relay.concurrency(c),
             None => relay,
+        };
+        // NATS and Redis drop an event already stored at its destination
+        // (by the event id and the subject or stream): each subscription
+        // gets destinations of its own, or the second of two draining the
+        // same events would only be acknowledged as repeats.
+        let relay = match kind {
+            RelayKind::Nats | RelayKind::Redis => {
+                relay.route(&format!("outbox.{name}.{{aggregate_type}}"))
+            }
+            _ => relay,
         };
         Ok(relay.wrap_sink(move |inner| Arc::new(Timed { inner, acked })))
     };
@@ -457,7 +467,11 @@ async fn start_broker(kind: RelayKind) -> Result<(String, Running), Failure> {
     })?;
     let server = local.start(&binary).await;
     let url = match local {
-        Kind::Nats => format!("{}?stream=BENCH", local.url(&server)),
+        // Every subscription's subjects (see `make`).
+        Kind::Nats => format!(
+            "{}?stream=BENCH&stream_subjects=outbox.>",
+            local.url(&server)
+        ),
         // The exchange and a queue taking every event, declared by the
         // sink (a returned message would be refused for good).
         Kind::Rabbitmq => format!(
