@@ -70,20 +70,35 @@ impl EventColumns {
 
     /// The event of `row`, a row of the result these places were found in.
     fn event(&self, row: &sqlx::postgres::PgRow) -> sqlx::Result<LogEvent> {
-        use sqlx::Row;
         Ok(LogEvent {
-            position: row.try_get(self.position)?,
-            id: row.try_get(self.id)?,
-            aggregatetype: row.try_get(self.aggregatetype)?,
-            aggregateid: row.try_get(self.aggregateid)?,
-            event_type: row.try_get(self.event_type)?,
-            payload: row.try_get(self.payload)?,
-            headers: row.try_get(self.headers)?,
-            publish_at: row.try_get(self.publish_at)?,
-            created_at: row.try_get(self.created_at)?,
-            aggregate_hash: row.try_get(self.aggregate_hash)?,
+            position: field(row, self.position, "position")?,
+            id: field(row, self.id, "id")?,
+            aggregatetype: field(row, self.aggregatetype, "aggregatetype")?,
+            aggregateid: field(row, self.aggregateid, "aggregateid")?,
+            event_type: field(row, self.event_type, "type")?,
+            payload: field(row, self.payload, "payload")?,
+            headers: field(row, self.headers, "headers")?,
+            publish_at: field(row, self.publish_at, "publish_at")?,
+            created_at: field(row, self.created_at, "created_at")?,
+            aggregate_hash: field(row, self.aggregate_hash, "aggregate_hash")?,
         })
     }
+}
+
+/// Column `at` of `row`; an error names it `name`, as a lookup by name
+/// would have.
+fn field<'r, T>(row: &'r sqlx::postgres::PgRow, at: usize, name: &str) -> sqlx::Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use sqlx::Row;
+    row.try_get(at).map_err(|e| match e {
+        sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
+            index: format!("{name:?}"),
+            source,
+        },
+        other => other,
+    })
 }
 
 /// A cursor: published is exactly what is at or below `position` but for

@@ -366,6 +366,9 @@ mod tests {
             Utc.with_ymd_and_hms(10_000, 1, 1, 0, 0, 0).unwrap(),
             Utc.with_ymd_and_hms(-44, 3, 15, 12, 0, 0).unwrap(),
             Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(999, 6, 30, 8, 5, 3).unwrap(),
+            Utc.timestamp_opt(-1, 999_999_999).unwrap(),
             // A leap second, as chrono holds one.
             Utc.timestamp_opt(1_483_228_799, 1_500_000_000).unwrap(),
         ];
@@ -373,7 +376,8 @@ mod tests {
             seconds = seconds
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
-            let s = (seconds >> 1).rem_euclid(400 * 365 * 86_400);
+            // Anywhere from 0000-01-01 to 9999-12-31.
+            let s = (seconds >> 1).rem_euclid(253_402_300_800 + 62_167_219_200) - 62_167_219_200;
             at.push(
                 Utc.timestamp_opt(s, i.wrapping_mul(2_654_435_761) % 1_000_000_000)
                     .unwrap(),

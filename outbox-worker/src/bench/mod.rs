@@ -963,24 +963,27 @@ fn db(e: sqlx::Error) -> Failure {
     Failure::from(outbox::Error::from(e))
 }
 
-/// The CPU time a process has used (user and system, all its threads), in
-/// seconds: this process's with `None`. From /proc, where it exists; its
-/// clock ticks are USER_HZ, 100 a second on Linux.
+/// The CPU time a process has used (user and system, all its threads, and
+/// its children once it has reaped them: Redis's rewrite of its log runs
+/// in a child), in seconds: this process's with `None`. From /proc, where
+/// it exists; its clock ticks are USER_HZ, 100 a second on Linux.
 pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/stat"),
         None => "/proc/self/stat".to_owned(),
     };
     let stat = std::fs::read_to_string(path).ok()?;
-    // Fields 14 and 15; the name before them is in parentheses and may
-    // hold spaces, so count from its closing one (field 3 comes next).
-    let mut after = stat
+    // Fields 14 to 17 (utime, stime, cutime, cstime); the name before them
+    // is in parentheses and may hold spaces, so count from its closing one
+    // (field 3 comes next).
+    let ticks = stat
         .get(stat.rfind(')')? + 1..)?
         .split_whitespace()
-        .skip(11);
-    let user: f64 = after.next()?.parse().ok()?;
-    let system: f64 = after.next()?.parse().ok()?;
-    Some((user + system) / 100.0)
+        .skip(11)
+        .take(4)
+        .map(|t| t.parse::<f64>().ok())
+        .sum::<Option<f64>>()?;
+    Some(ticks / 100.0)
 }
 
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.

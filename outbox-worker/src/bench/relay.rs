@@ -582,9 +582,9 @@ struct Drained {
 
 /// CPU time per event published, in microseconds: this process's (the
 /// relay's: nothing else runs in it during a drain but the webhook
-/// receiver, for `--relay webhook`) and the broker's when it was started
-/// here. Steadier than a drain's rate on a shared machine,
-/// and what two subscriptions at once spend twice.
+/// receiver for `--relay webhook` and the mock cluster for `--relay
+/// kafka`) and the broker's when it was started here. PostgreSQL's share
+/// is in neither. Steadier than a drain's rate on a shared machine.
 #[derive(Debug, Serialize, Clone, Copy)]
 struct Cpu {
     relay_us: Option<f64>,
@@ -594,7 +594,7 @@ struct Cpu {
 impl std::fmt::Display for Cpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let us = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.1}"));
-        write!(f, "CPU an event: relay {} µs", us(self.relay_us))?;
+        write!(f, "CPU per event: relay {} µs", us(self.relay_us))?;
         if self.broker_us.is_some() {
             write!(f, ", broker {} µs", us(self.broker_us))?;
         }
