@@ -764,6 +764,66 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     wait_published(&db.pool, 9).await;
 }
 
+/// An operator's retry of an aggregate the broker still refuses, tried
+/// for longer than the relay's lease (four refusals a second apart against
+/// a lease of two seconds): the lease is renewed meanwhile, the
+/// aggregate parks again and the rest of the log goes on. Before, the
+/// retry lost the lease part-way and started over at the next one, again
+/// and again: the aggregate never parked again, and the partition's log
+/// waited behind every round (this test failed at "not parked again").
+#[tokio::test]
+async fn a_retry_that_outlasts_the_lease_parks_again_and_the_log_goes_on() {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    sink.refuse.lock().unwrap().push("bad".to_owned());
+    let bad = emit(
+        &mut *db.conn().await,
+        Event::new("order", "bad", "order.step", json!({"n": 0})),
+    )
+    .await
+    .unwrap();
+    let relay = Relay::new("capture", sink.clone())
+        .give_up_after(4)
+        .lease(Duration::from_secs(2));
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
+    let refused = async || {
+        let parked = outbox::relay::parked(&db.pool, Some("capture"), 10)
+            .await
+            .unwrap();
+        parked.len() == 1 && parked[0].id == bad.id && parked[0].retry_at.is_none()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !refused().await {
+        assert!(Instant::now() < deadline, "never parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        outbox::relay::retry_parked(&db.pool, "capture", "order", "bad")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(bad.id.as_str())
+    );
+    emit(
+        &mut *db.conn().await,
+        Event::new("order", "good", "order.step", json!({"n": 1})),
+    )
+    .await
+    .unwrap();
+    sink.wait_until("the other aggregate's event", |got| {
+        got.iter().any(|m| m.aggregate_id == "good")
+    })
+    .await;
+    // Refused four more times, it waits for an operator again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !refused().await {
+        assert!(Instant::now() < deadline, "not parked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await;
+    assert!(sink.messages().iter().all(|m| m.aggregate_id != "bad"));
+}
+
 #[tokio::test]
 async fn a_delayed_aggregate_is_held_back_but_not_counted_as_refused() {
     let db = TestDb::migrated().await;

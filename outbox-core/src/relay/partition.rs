@@ -466,8 +466,25 @@ impl Partition<'_> {
         }
         for group in groups {
             let positions: Vec<i64> = group.iter().map(|e| e.position).collect();
-            let (published, rest) =
-                publish::aggregate(&env.relay, group, self.clock, abandon).await?;
+            // The lease is renewed meanwhile, as while a batch is
+            // published: an aggregate's events, refused again and again a
+            // second apart or many of them, can take longer than the lease,
+            // and a retry cut short by its run-out starts over at the next
+            // lease, again and again, with the partition's log behind it.
+            // Dropped at the end of this block, before the unpark (see
+            // `publish`).
+            let (published, rest) = {
+                let publishing = publish::aggregate(&env.relay, group, self.clock, abandon);
+                let keeping = self.keep_lease();
+                tokio::pin!(publishing, keeping);
+                tokio::select! {
+                    r = &mut publishing => r?,
+                    lost = &mut keeping => {
+                        tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing held-back events");
+                        return Ok(None);
+                    }
+                }
+            };
             let sent = &positions[..published as usize];
             let (next, retry_at, error) = match rest.first() {
                 Some(p) => (Some(p.event.position), p.retry_at, p.error.clone()),
