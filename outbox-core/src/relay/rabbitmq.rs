@@ -24,7 +24,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -145,6 +145,7 @@ impl RabbitSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        let routing_key = routing_key(message)?;
         let slot = &self.channels[self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS];
         // Held until the confirm: one publish per channel at a time.
         let mut held = slot.lock().await;
@@ -175,7 +176,7 @@ impl RabbitSink {
         let confirm = channel
             .basic_publish(
                 self.exchange.as_str().into(),
-                message.destination.as_str().into(),
+                routing_key,
                 BasicPublishOptions {
                     mandatory: true,
                     ..BasicPublishOptions::default()
@@ -250,6 +251,18 @@ async fn confirming(conn: &Connection) -> Result<Channel, PublishError> {
     Ok(channel)
 }
 
+/// The message's routing key. AMQP caps it at 255 bytes, and a route
+/// over long aggregate or event types can make a longer one: refused for
+/// good (its aggregate parks), where lapin's own conversion panics.
+fn routing_key(message: &Message) -> Result<ShortString, PublishError> {
+    ShortString::try_new(message.destination.as_str()).map_err(|e| {
+        PublishError::permanent(
+            "bad_routing_key",
+            format!("routing key of {} bytes: {e}", message.destination.len()),
+        )
+    })
+}
+
 impl Sink for RabbitSink {
     fn kind(&self) -> &'static str {
         "rabbitmq"
@@ -286,4 +299,39 @@ pub(crate) fn from_url(
         sink = sink.bind_queue(&queue);
     }
     Ok(Arc::new(sink))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(destination: String) -> Message {
+        Message {
+            event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
+            aggregate_type: "order".to_owned(),
+            aggregate_id: "1".to_owned(),
+            event_type: "order.placed".to_owned(),
+            payload: b"{}".to_vec(),
+            headers: Vec::new(),
+            sequence: 1,
+            created_at: chrono::Utc::now(),
+            destination,
+        }
+    }
+
+    #[test]
+    fn a_routing_key_over_255_bytes_is_refused_for_good_not_a_panic() {
+        let long = format!("outbox.event.{}", "a".repeat(243));
+        assert_eq!(long.len(), 256);
+        let refused = routing_key(&message(long)).expect_err("too long");
+        assert!(!refused.is_transient(), "{refused}");
+        assert_eq!(refused.kind(), "bad_routing_key");
+        let fits = "b".repeat(255);
+        assert_eq!(
+            routing_key(&message(fits.clone()))
+                .expect("255 bytes fit")
+                .as_str(),
+            fits
+        );
+    }
 }
