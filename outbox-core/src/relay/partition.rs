@@ -59,16 +59,19 @@ pub(crate) enum End {
     Lost,
 }
 
-/// Runs partition `lease` until `stop` (no new batch; the current one
-/// finishes unless `abandon` fires) or the lease is lost. Releases the
-/// lease when stopped.
+/// Runs partition `lease`, whose request was sent at `sent`, until `stop`
+/// (no new batch; the current one finishes unless `abandon` fires) or the
+/// lease is lost. Releases the lease when stopped.
 pub(crate) async fn run(
     env: Arc<Env>,
     lease: Lease,
+    sent: Instant,
     stop: CancellationToken,
     abandon: CancellationToken,
 ) -> End {
-    let clock = LeaseClock::new(env.lease_ttl, Instant::now());
+    // From the request's sending, not from this task's start: a task that
+    // starts late must not think its lease younger than it is.
+    let clock = LeaseClock::new(env.lease_ttl, sent);
     let part = Partition {
         env: &env,
         part: lease.part,

@@ -175,6 +175,9 @@ async fn rebalance(
     if have == share {
         return round;
     }
+    // The new leases' clocks count from before the request: the database's
+    // lease runs from its own now(), which is no earlier (lease_clock.rs).
+    let sent = tokio::time::Instant::now();
     let acquired = call(&env.engine, env.deadline, "relay lease", async |conn| {
         event_log::acquire(
             conn,
@@ -193,6 +196,7 @@ async fn rebalance(
                 let task = tokio::spawn(partition::run(
                     Arc::clone(env),
                     lease.clone(),
+                    sent,
                     give_back.clone(),
                     abandon.clone(),
                 ));
