@@ -114,6 +114,7 @@ impl NatsSink {
             // with it into its box, tens of thousands of times a second.
             Box::pin(self.ensure_stream()).await?;
         }
+        refuse_control_headers(message)?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
         for (name, value) in &message.headers {
@@ -158,6 +159,24 @@ fn message_id(message: &Message) -> String {
     id.push(':');
     id.push_str(&message.destination);
     id
+}
+
+/// Refuses for good (its aggregate parks) an event carrying a header
+/// JetStream would act on: `Nats-Rollup` deletes messages already stored,
+/// `Nats-TTL` expires this one, `Nats-Expected-*` make the server refuse
+/// it. Every `Nats-` name is JetStream's, so none is passed on.
+fn refuse_control_headers(message: &Message) -> Result<(), PublishError> {
+    match message.headers.iter().find(|(name, _)| {
+        name.as_bytes()
+            .get(..5)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"nats-"))
+    }) {
+        Some((name, _)) => Err(PublishError::permanent(
+            "control_header",
+            format!("header {name:?}: JetStream reads Nats-* headers as instructions; rename it"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// One of the relay's own header names (`RESERVED_HEADERS`) as a static
@@ -255,4 +274,47 @@ pub(crate) async fn from_url(
     Ok(Arc::new(
         NatsSink::connect_with(options, server.as_str(), stream).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(headers: &[(&str, &str)]) -> Message {
+        Message {
+            event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
+            aggregate_type: "order".to_owned(),
+            aggregate_id: "1".to_owned(),
+            event_type: "order.placed".to_owned(),
+            payload: b"{}".to_vec(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            sequence: 1,
+            created_at: chrono::Utc::now(),
+            destination: "outbox.event.order".to_owned(),
+        }
+    }
+
+    #[test]
+    fn jetstreams_control_headers_are_refused_for_good() {
+        for name in ["Nats-Rollup", "nats-ttl", "NATS-Expected-Stream"] {
+            let refused =
+                refuse_control_headers(&message(&[("tenant", "a"), (name, "x")])).expect_err(name);
+            assert!(!refused.is_transient(), "{name}: {refused}");
+            assert_eq!(refused.kind(), "control_header");
+        }
+        assert!(refuse_control_headers(&message(&[("tenant", "a"), ("natsy", "b")])).is_ok());
+        // Not cut inside a character.
+        assert!(refuse_control_headers(&message(&[("natéé", "b")])).is_ok());
+    }
+
+    #[test]
+    fn the_message_id_is_the_event_id_and_the_subject() {
+        assert_eq!(
+            message_id(&message(&[])),
+            "0190a0b0-0000-7000-8000-000000000001:outbox.event.order"
+        );
+    }
 }
