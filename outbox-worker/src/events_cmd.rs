@@ -26,9 +26,9 @@ pub(crate) enum EventsCommand {
     Parked(ParkedArgs),
     /// Try a parked aggregate again now, from its first held-back event.
     Retry(AggregateArgs),
-    /// Drop a parked aggregate's first held-back event (the refused one)
-    /// and publish the rest.
-    Skip(AggregateArgs),
+    /// Drop a parked aggregate's first held-back event if the broker
+    /// refused it, and publish the rest.
+    Skip(SkipArgs),
     /// Delete a relay's subscription (its cursors and held-back events), so
     /// that retention stops waiting for it: for a relay taken out of
     /// service. Refused while a relay worker runs it.
@@ -103,6 +103,17 @@ pub(crate) struct AggregateArgs {
     aggregate_id: String,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct SkipArgs {
+    #[command(flatten)]
+    aggregate: AggregateArgs,
+    /// Skip only if the first held-back event is this one (its id, as
+    /// `events parked` shows it): a skip repeated, or made after the first
+    /// event changed, then drops nothing.
+    #[arg(long, value_name = "EVENT_ID")]
+    event: Option<String>,
+}
+
 fn parse_header(s: &str) -> Result<(String, String), String> {
     let (name, value) = s
         .split_once('=')
@@ -115,8 +126,8 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
         EventsCommand::Emit(args) => emit(args).await,
         EventsCommand::Subscriptions(args) => subscriptions(args).await,
         EventsCommand::Parked(args) => parked(args).await,
-        EventsCommand::Retry(args) => act(args, false).await,
-        EventsCommand::Skip(args) => act(args, true).await,
+        EventsCommand::Retry(args) => act(args, None).await,
+        EventsCommand::Skip(args) => act(args.aggregate, Some(args.event)).await,
         EventsCommand::DeleteSubscription(args) => delete_subscription(args).await,
     }
 }
@@ -304,22 +315,33 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn act(args: AggregateArgs, skip: bool) -> Result<(), Failure> {
+/// Retries a parked aggregate, or skips its first event (`skip`, with
+/// the event id the operator named, if any).
+async fn act(args: AggregateArgs, skip: Option<Option<String>>) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 2).await?;
     let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
-    let id = if skip {
-        outbox::relay::skip_parked(&pool, sub, t, i).await?
-    } else {
-        outbox::relay::retry_parked(&pool, sub, t, i).await?
+    let id = match &skip {
+        Some(Some(event)) => outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?,
+        Some(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
+        None => outbox::relay::retry_parked(&pool, sub, t, i).await?,
     };
     match (id, skip) {
-        (Some(id), true) => println!(
+        (Some(id), Some(_)) => println!(
             "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
         ),
-        (Some(id), false) => {
+        (Some(id), None) => {
             println!("{sub} tries {t}/{i} again now, from event {id}");
         }
-        (None, _) => {
+        (None, Some(event)) => {
+            let which = event.map_or_else(
+                || "a refused event".to_owned(),
+                |e| format!("refused event {e}"),
+            );
+            return Err(Failure::runtime(format!(
+                "skipped nothing: the first event {sub:?} holds back for {t}/{i} is not {which}, or nothing is held back (see `events parked`)"
+            )));
+        }
+        (None, None) => {
             return Err(Failure::runtime(format!(
                 "subscription {sub:?} holds nothing back for aggregate {t}/{i} (see `events parked`)"
             )));

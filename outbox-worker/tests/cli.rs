@@ -1588,6 +1588,27 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         .await
         .unwrap();
     ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
+    // A skip that names another event than the first held back drops
+    // nothing; a malformed id is refused.
+    for (event, says) in [
+        ("0190a0b0-0000-7000-8000-000000000001", "skipped nothing"),
+        ("nope", "is not a UUID"),
+    ] {
+        let refused = cli(&[
+            "events",
+            "skip",
+            "hooks",
+            "order",
+            "bad",
+            "--event",
+            event,
+            "--database-url",
+            &db.url,
+        ])
+        .await;
+        assert!(!refused.status.success(), "{event}");
+        assert!(stderr(&refused).contains(says), "{}", stderr(&refused));
+    }
     let skipped = ok(&cli(&[
         "events",
         "skip",

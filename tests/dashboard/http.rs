@@ -494,6 +494,17 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     assert!(!page.body.contains("<script>alert(1)"), "never raw");
+    let first: String =
+        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 7")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        page.body
+            .contains(&format!("name=\"event_id\" value=\"{first}\"")),
+        "the skip form names the event shown: {}",
+        page.body
+    );
     let positions = |pool: sqlx::PgPool| async move {
         sqlx::query_scalar::<_, i64>("SELECT position FROM outbox_event_parked ORDER BY position")
             .fetch_all(&pool)
@@ -530,6 +541,62 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         positions(db.pool.clone()).await,
         [9],
         "the refused event is gone"
+    );
+    // The same skip again (a double click): the first event now is one
+    // being tried, not refused, and stays.
+    let again = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        form,
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
+    assert!(again.body.contains("skipped nothing"), "{}", again.body);
+    // The page names the event it showed: a stale one drops nothing even
+    // once the first is refused, and a malformed one is a bad request.
+    sqlx::query("UPDATE outbox_event_parked SET error = 'refused', retry_at = NULL")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let stale = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        &format!("{form}&event_id=0190a0b0-0000-7000-8000-000000000001"),
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::NOT_FOUND, "{}", stale.body);
+    let malformed = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        &format!("{form}&event_id=not-an-id"),
+    )
+    .await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        malformed.body
+    );
+    assert_eq!(positions(db.pool.clone()).await, [9], "nothing skipped");
+    let shown: String =
+        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 9")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let named = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        &format!("{form}&event_id={shown}"),
+    )
+    .await;
+    assert_eq!(named.status, StatusCode::SEE_OTHER, "{}", named.body);
+    assert!(
+        positions(db.pool.clone()).await.is_empty(),
+        "the named event is gone"
     );
     let nothing = send(
         Method::POST,

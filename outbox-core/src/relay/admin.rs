@@ -144,19 +144,50 @@ pub async fn retry_parked(
     aggregate_type: &str,
     aggregate_id: &str,
 ) -> Result<Option<String>> {
-    parked_action(pool, subscription, aggregate_type, aggregate_id, false).await
+    parked_action(
+        pool,
+        subscription,
+        aggregate_type,
+        aggregate_id,
+        false,
+        None,
+    )
+    .await
 }
 
-/// Drops a parked aggregate's first held-back event (the one the broker
-/// refused) and tries the rest now; returns the dropped event's id, or
-/// none when nothing is held back for it.
+/// Drops a parked aggregate's first held-back event if the broker refused
+/// it, and tries the rest now; returns the dropped event's id, or none
+/// when nothing is held back for it or its first event was not refused (a
+/// delayed one, or the next one after a skip, which is being tried). Use
+/// [`skip_parked_event`] to name the event, as an operator who looked at
+/// it should: the first event can change between the look and the skip.
 pub async fn skip_parked(
     pool: &PgPool,
     subscription: &str,
     aggregate_type: &str,
     aggregate_id: &str,
 ) -> Result<Option<String>> {
-    parked_action(pool, subscription, aggregate_type, aggregate_id, true).await
+    parked_action(pool, subscription, aggregate_type, aggregate_id, true, None).await
+}
+
+/// [`skip_parked`], only when the first held-back event is `event_id`: a
+/// stale or repeated skip (a double click, two operators, a retry that
+/// got the refused event out while the next one was refused) drops
+/// nothing and returns none. A malformed id is an error.
+pub async fn skip_parked_event(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_id: &str,
+) -> Result<Option<String>> {
+    if crate::events::parse_uuid(event_id).is_none() {
+        return Err(crate::Error::InvalidOption(format!(
+            "event id {event_id:?} is not a UUID"
+        )));
+    }
+    let id = Some(event_id);
+    parked_action(pool, subscription, aggregate_type, aggregate_id, true, id).await
 }
 
 async fn parked_action(
@@ -165,6 +196,7 @@ async fn parked_action(
     aggregate_type: &str,
     aggregate_id: &str,
     skip: bool,
+    event_id: Option<&str>,
 ) -> Result<Option<String>> {
     Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_scalar(include_str!("../db/sql/event_parked_retry.sql"))
@@ -172,6 +204,7 @@ async fn parked_action(
             .bind(aggregate_type)
             .bind(aggregate_id)
             .bind(skip)
+            .bind(event_id)
             .fetch_optional(conn)
             .await
     })

@@ -65,7 +65,7 @@ use std::time::Duration;
 
 pub use admin::{
     Deleted, ParkedEvent, Subscription, delete_subscription, parked, retry_parked,
-    sequence_problem, skip_parked, subscription_exists, subscriptions,
+    sequence_problem, skip_parked, skip_parked_event, subscription_exists, subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;

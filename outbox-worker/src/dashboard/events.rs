@@ -91,6 +91,10 @@ pub(crate) struct AggregateForm {
     aggregate_type: String,
     #[serde(default)]
     aggregate_id: String,
+    /// For a skip: the first held-back event the page showed. Only that
+    /// one is dropped, so a second click or a stale page drops nothing.
+    #[serde(default)]
+    event_id: Option<String>,
 }
 
 /// Retries or skips a parked aggregate of a subscription.
@@ -114,18 +118,37 @@ pub(crate) async fn parked_action(
                 .await?
             }
             "skip" => {
-                query(
-                    "skip",
-                    outbox::relay::skip_parked(&d.pool, &subscription, t, i),
-                )
-                .await?
+                // The page names the event it showed; a script may not,
+                // and then only a refused first event is dropped.
+                match form.event_id.as_deref().filter(|e| !e.is_empty()) {
+                    Some(event) => {
+                        query(
+                            "skip",
+                            outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, event),
+                        )
+                        .await?
+                    }
+                    None => {
+                        query(
+                            "skip",
+                            outbox::relay::skip_parked(&d.pool, &subscription, t, i),
+                        )
+                        .await?
+                    }
+                }
             }
             _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
         };
         if done.is_none() {
             return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
-                format!("{subscription} holds nothing back for aggregate {t}/{i}"),
+                if action == "skip" {
+                    format!(
+                        "skipped nothing: the first event {subscription} holds back for {t}/{i} is not a refused one, or not the one the page showed (reload it)"
+                    )
+                } else {
+                    format!("{subscription} holds nothing back for aggregate {t}/{i}")
+                },
             ));
         }
         Ok(Redirect::to(&format!("{}/events", d.config.base_path)).into_response())

@@ -1,19 +1,26 @@
 -- An operator asks subscription $1 to try aggregate $2/$3's held-back
 -- events again now, from the first; $4 skips the first instead (it is
--- dropped, and the rest are tried). Returns the first event's id (the
--- skipped one's when skipping), or no row when nothing is held back.
+-- dropped, and the rest are tried). A skip drops only an event the broker
+-- refused (not one merely delayed, nor the next one that a first skip made
+-- due), and only event $5 when it is given (the one the operator saw), so
+-- a repeated or stale skip drops nothing. Returns the first event's id
+-- (the skipped one's when skipping), or no row when nothing is held back
+-- or the skip does not apply.
 WITH first AS (
-    SELECT position, id FROM outbox_event_parked
+    SELECT position, id, error FROM outbox_event_parked
     WHERE subscription = $1 AND aggregatetype = $2 AND aggregateid = $3
     ORDER BY position LIMIT 1
+), acted AS (
+    SELECT position, id FROM first
+    WHERE NOT $4 OR (error IS NOT NULL AND ($5::uuid IS NULL OR id = $5::uuid))
 ), skipped AS (
-    DELETE FROM outbox_event_parked AS p USING first
-    WHERE $4 AND p.subscription = $1 AND p.position = first.position
+    DELETE FROM outbox_event_parked AS p USING acted
+    WHERE $4 AND p.subscription = $1 AND p.position = acted.position
 ), retried AS (
     UPDATE outbox_event_parked AS p SET retry_at = now()
     WHERE p.subscription = $1 AND p.aggregatetype = $2 AND p.aggregateid = $3
-      AND p.position = (SELECT min(q.position) FROM outbox_event_parked AS q, first
+      AND p.position = (SELECT min(q.position) FROM outbox_event_parked AS q, acted
                         WHERE q.subscription = $1 AND q.aggregatetype = $2 AND q.aggregateid = $3
-                          AND (q.position > first.position OR NOT $4))
+                          AND (q.position > acted.position OR NOT $4))
 )
-SELECT id::text FROM first
+SELECT id::text FROM acted
