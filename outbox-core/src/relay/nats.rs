@@ -7,9 +7,10 @@
 //! `Nats-Msg-Id` within the stream's duplicate window and acks it as a
 //! duplicate, which counts as success here. A relay republishes an event
 //! after a lost ack within its backoff (at most 30 s), and after a worker's
-//! crash once the heartbeat timeout recovers it: keep the duplicate window
-//! (2 minutes by default) longer than the heartbeat timeout plus 30 s, or
-//! consumers see those rare duplicates (the inbox catches them anyway).
+//! crash once its partition's lease runs out: keep the duplicate window
+//! (JetStream's default is 2 minutes; a stream made here gets 10) longer
+//! than the lease plus 30 s, or consumers see those rare duplicates (the
+//! inbox catches them anyway).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

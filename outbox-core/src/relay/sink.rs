@@ -25,10 +25,10 @@ pub struct Message {
     /// `aggregate-id`, `event-type`, `sequence`, `created-at`) then the
     /// emitter's (`traceparent` among them).
     pub headers: Vec<(String, String)>,
-    /// The event's place in its aggregate's commit order (increasing, with
-    /// gaps); 0 for an unordered event.
+    /// The event's position in the log: increasing, with gaps, in its
+    /// aggregate's commit order (an unordered event's gives no order).
     pub sequence: i64,
-    /// When it was emitted (the emitting transaction's start).
+    /// When it was emitted (the emitting statement's start).
     pub created_at: DateTime<Utc>,
     /// Where the route sends it: a topic, subject, routing key or stream.
     pub destination: String,
