@@ -765,8 +765,8 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
 }
 
 /// An operator's retry of an aggregate the broker still refuses, tried
-/// for longer than the relay's lease (four refusals a second apart against
-/// a lease of two seconds): the lease is renewed meanwhile, the
+/// for longer than the relay's lease (eight refusals a second apart against
+/// a lease of five seconds): the lease is renewed meanwhile, the
 /// aggregate parks again and the rest of the log goes on. Before, the
 /// retry lost the lease part-way and started over at the next one, again
 /// and again: the aggregate never parked again, and the partition's log
@@ -783,8 +783,8 @@ async fn a_retry_that_outlasts_the_lease_parks_again_and_the_log_goes_on() {
     .await
     .unwrap();
     let relay = Relay::new("capture", sink.clone())
-        .give_up_after(4)
-        .lease(Duration::from_secs(2));
+        .give_up_after(8)
+        .lease(Duration::from_secs(5));
     let worker = RelayWorker::start(&db.pool, vec![relay]);
     let refused = async || {
         let parked = outbox::relay::parked(&db.pool, Some("capture"), 10)
@@ -814,7 +814,7 @@ async fn a_retry_that_outlasts_the_lease_parks_again_and_the_log_goes_on() {
         got.iter().any(|m| m.aggregate_id == "good")
     })
     .await;
-    // Refused four more times, it waits for an operator again.
+    // Refused eight more times, it waits for an operator again.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !refused().await {
         assert!(Instant::now() < deadline, "not parked again");

@@ -181,13 +181,22 @@ pub async fn skip_parked_event(
     aggregate_id: &str,
     event_id: &str,
 ) -> Result<Option<String>> {
-    if crate::events::parse_uuid(event_id).is_none() {
+    let Some(bytes) = crate::events::parse_uuid(event_id) else {
         return Err(crate::Error::InvalidOption(format!(
             "event id {event_id:?} is not a UUID"
         )));
-    }
-    let id = Some(event_id);
-    parked_action(pool, subscription, aggregate_type, aggregate_id, true, id).await
+    };
+    // Its canonical text: the parse takes some forms PostgreSQL's does not.
+    let id = crate::events::format_uuid(&bytes);
+    parked_action(
+        pool,
+        subscription,
+        aggregate_type,
+        aggregate_id,
+        true,
+        Some(&id),
+    )
+    .await
 }
 
 async fn parked_action(

@@ -109,13 +109,13 @@ impl NatsSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        refuse_control_headers(message)?;
         if self.stream.is_some() && !self.stream_ready.load(Ordering::Acquire) {
             // Boxed: finding or making the stream is a large future, which
             // would otherwise be part of every publish's and be copied
             // with it into its box, tens of thousands of times a second.
             Box::pin(self.ensure_stream()).await?;
         }
-        refuse_control_headers(message)?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
         for (name, value) in &message.headers {
@@ -228,8 +228,8 @@ impl Sink for NatsSink {
 /// Builds the sink for a `nats://` URL: `stream=NAME` makes the stream when
 /// missing, over `stream_subjects` (comma-separated; default: the route's
 /// fixed prefix and `>`, so `outbox.event.>`) with `duplicate_window_s`
-/// (default 600: longer than the default heartbeat timeout of 5 minutes
-/// plus the longest backoff). A password or token comes from
+/// (default 600: longer than a partition's lease plus the longest
+/// backoff, with room to spare). A password or token comes from
 /// `OUTBOX_RELAY_<NAME>_SECRET`.
 pub(crate) async fn from_url(
     url: &::url::Url,

@@ -468,6 +468,17 @@ impl Partition<'_> {
             groups[i].push(event);
         }
         for group in groups {
+            // Renewed between aggregates too: many short ones never last
+            // long enough for the renewal beside each (it first waits a
+            // tenth of the lease).
+            if self.clock.due() {
+                match self.renew().await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(None),
+                    Err(_) if self.clock.held() => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
             let positions: Vec<i64> = group.iter().map(|e| e.position).collect();
             // The lease is renewed meanwhile, as while a batch is
             // published: an aggregate's events, refused again and again a

@@ -145,7 +145,21 @@ impl RabbitSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        // What the message itself makes impossible is refused before a
+        // channel is taken (a refusal after it would close the channel).
         let routing_key = routing_key(message)?;
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            // Emit caps names at 255 bytes; a row written another way may
+            // not be, and lapin's own conversion would panic.
+            let name = ShortString::try_new(name.as_str()).map_err(|e| {
+                PublishError::permanent(
+                    "bad_header",
+                    format!("header name of {} bytes: {e}", name.len()),
+                )
+            })?;
+            headers.insert(name, AMQPValue::LongString(value.as_str().into()));
+        }
         let slot = &self.channels[self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS];
         // Held until the confirm: one publish per channel at a time.
         let mut held = slot.lock().await;
@@ -158,13 +172,6 @@ impl RabbitSink {
             channel: Some(channel.clone()),
         };
         let broken = |e: lapin::Error| PublishError::transient("connection", e);
-        let mut headers = FieldTable::default();
-        for (name, value) in &message.headers {
-            headers.insert(
-                name.as_str().into(),
-                AMQPValue::LongString(value.as_str().into()),
-            );
-        }
         let properties = BasicProperties::default()
             .with_message_id(message.event_id.as_str().into())
             .with_delivery_mode(2)

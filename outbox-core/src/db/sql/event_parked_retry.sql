@@ -5,7 +5,8 @@
 -- due), and only event $5 when it is given (the one the operator saw), so
 -- a repeated or stale skip drops nothing. Returns the first event's id
 -- (the skipped one's when skipping), or no row when nothing is held back
--- or the skip does not apply.
+-- or nothing was skipped (also when a concurrent skip, or the relay
+-- publishing the event, took it first).
 WITH first AS (
     SELECT position, id, error FROM outbox_event_parked
     WHERE subscription = $1 AND aggregatetype = $2 AND aggregateid = $3
@@ -16,11 +17,16 @@ WITH first AS (
 ), skipped AS (
     DELETE FROM outbox_event_parked AS p USING acted
     WHERE $4 AND p.subscription = $1 AND p.position = acted.position
+    RETURNING p.position, p.id
+), done AS (
+    SELECT position, id FROM acted WHERE NOT $4
+    UNION ALL
+    SELECT position, id FROM skipped
 ), retried AS (
     UPDATE outbox_event_parked AS p SET retry_at = now()
     WHERE p.subscription = $1 AND p.aggregatetype = $2 AND p.aggregateid = $3
-      AND p.position = (SELECT min(q.position) FROM outbox_event_parked AS q, acted
+      AND p.position = (SELECT min(q.position) FROM outbox_event_parked AS q, done
                         WHERE q.subscription = $1 AND q.aggregatetype = $2 AND q.aggregateid = $3
-                          AND (q.position > acted.position OR NOT $4))
+                          AND (q.position > done.position OR NOT $4))
 )
-SELECT id::text FROM acted
+SELECT id::text FROM done
