@@ -282,20 +282,7 @@ mod tests {
     use super::*;
 
     fn message(headers: &[(&str, &str)]) -> Message {
-        Message {
-            event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
-            aggregate_type: "order".to_owned(),
-            aggregate_id: "1".to_owned(),
-            event_type: "order.placed".to_owned(),
-            payload: b"{}".to_vec(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-                .collect(),
-            sequence: 1,
-            created_at: chrono::Utc::now(),
-            destination: "outbox.event.order".to_owned(),
-        }
+        Message::for_test("outbox.event.order", headers)
     }
 
     #[test]

@@ -312,30 +312,16 @@ pub(crate) fn from_url(
 mod tests {
     use super::*;
 
-    fn message(destination: String) -> Message {
-        Message {
-            event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
-            aggregate_type: "order".to_owned(),
-            aggregate_id: "1".to_owned(),
-            event_type: "order.placed".to_owned(),
-            payload: b"{}".to_vec(),
-            headers: Vec::new(),
-            sequence: 1,
-            created_at: chrono::Utc::now(),
-            destination,
-        }
-    }
-
     #[test]
     fn a_routing_key_over_255_bytes_is_refused_for_good_not_a_panic() {
         let long = format!("outbox.event.{}", "a".repeat(243));
         assert_eq!(long.len(), 256);
-        let refused = routing_key(&message(long)).expect_err("too long");
+        let refused = routing_key(&Message::for_test(&long, &[])).expect_err("too long");
         assert!(!refused.is_transient(), "{refused}");
         assert_eq!(refused.kind(), "bad_routing_key");
         let fits = "b".repeat(255);
         assert_eq!(
-            routing_key(&message(fits.clone()))
+            routing_key(&Message::for_test(&fits, &[]))
                 .expect("255 bytes fit")
                 .as_str(),
             fits

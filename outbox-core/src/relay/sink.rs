@@ -34,6 +34,27 @@ pub struct Message {
     pub destination: String,
 }
 
+#[cfg(test)]
+impl Message {
+    /// A message to `destination` with `headers`, for the sinks' unit tests.
+    pub(crate) fn for_test(destination: &str, headers: &[(&str, &str)]) -> Self {
+        Self {
+            event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),
+            aggregate_type: "order".to_owned(),
+            aggregate_id: "1".to_owned(),
+            event_type: "order.placed".to_owned(),
+            payload: b"{}".to_vec(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            sequence: 1,
+            created_at: chrono::Utc::now(),
+            destination: destination.to_owned(),
+        }
+    }
+}
+
 /// Why a publish did not land.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishError {
