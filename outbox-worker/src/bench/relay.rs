@@ -48,7 +48,10 @@ pub(crate) struct RelayArgs {
     #[arg(long = "relay", value_enum)]
     pub(crate) relay: Option<RelayKind>,
     /// A running broker to use instead (the relay URL, as for `run
-    /// --relay`); its kind must match --relay.
+    /// --relay`); its kind must match --relay. Its route is kept: on NATS
+    /// or Redis, give it one the two-subscription drain cannot share (it
+    /// routes both to the same destination, where the second's copies are
+    /// dropped as repeats).
     #[arg(long)]
     relay_url: Option<String>,
     /// Events in each throughput phase.
@@ -229,10 +232,11 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         };
         // NATS and Redis drop an event already stored at its destination
         // (by the event id and the subject or stream): each subscription
-        // gets destinations of its own, or the second of two draining the
-        // same events would only be acknowledged as repeats.
-        let relay = match kind {
-            RelayKind::Nats | RelayKind::Redis => {
+        // gets destinations of its own on a broker started here, or the
+        // second of two draining the same events would only be
+        // acknowledged as repeats. A broker given by URL keeps its route.
+        let relay = match (kind, &broker) {
+            (RelayKind::Nats | RelayKind::Redis, Running::Process(_)) => {
                 relay.route(&format!("outbox.{name}.{{aggregate_type}}"))
             }
             _ => relay,
