@@ -126,8 +126,8 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
         EventsCommand::Emit(args) => emit(args).await,
         EventsCommand::Subscriptions(args) => subscriptions(args).await,
         EventsCommand::Parked(args) => parked(args).await,
-        EventsCommand::Retry(args) => act(args, None).await,
-        EventsCommand::Skip(args) => act(args.aggregate, Some(args.event)).await,
+        EventsCommand::Retry(args) => act(args, Action::Retry).await,
+        EventsCommand::Skip(args) => act(args.aggregate, Action::Skip(args.event)).await,
         EventsCommand::DeleteSubscription(args) => delete_subscription(args).await,
     }
 }
@@ -315,24 +315,32 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Retries a parked aggregate, or skips its first event (`skip`, with
-/// the event id the operator named, if any).
-async fn act(args: AggregateArgs, skip: Option<Option<String>>) -> Result<(), Failure> {
+/// What an operator does to a parked aggregate.
+enum Action {
+    Retry,
+    /// Skip its first event, only if it is the one named, when one is.
+    Skip(Option<String>),
+}
+
+/// Retries a parked aggregate, or skips its first event.
+async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 2).await?;
     let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
-    let id = match &skip {
-        Some(Some(event)) => outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?,
-        Some(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
-        None => outbox::relay::retry_parked(&pool, sub, t, i).await?,
+    let id = match &action {
+        Action::Skip(Some(event)) => {
+            outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?
+        }
+        Action::Skip(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
+        Action::Retry => outbox::relay::retry_parked(&pool, sub, t, i).await?,
     };
-    match (id, skip) {
-        (Some(id), Some(_)) => println!(
+    match (id, action) {
+        (Some(id), Action::Skip(_)) => println!(
             "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
         ),
-        (Some(id), None) => {
+        (Some(id), Action::Retry) => {
             println!("{sub} tries {t}/{i} again now, from event {id}");
         }
-        (None, Some(event)) => {
+        (None, Action::Skip(event)) => {
             let which = event.map_or_else(
                 || "a refused event".to_owned(),
                 |e| format!("refused event {e}"),
@@ -341,7 +349,7 @@ async fn act(args: AggregateArgs, skip: Option<Option<String>>) -> Result<(), Fa
                 "skipped nothing: the first event {sub:?} holds back for {t}/{i} is not {which}, or nothing is held back (see `events parked`)"
             )));
         }
-        (None, None) => {
+        (None, Action::Retry) => {
             return Err(Failure::runtime(format!(
                 "subscription {sub:?} holds nothing back for aggregate {t}/{i} (see `events parked`)"
             )));

@@ -80,12 +80,20 @@ impl NatsSink {
 
     /// Finds or creates the configured stream (once).
     async fn ensure_stream(&self) -> Result<(), PublishError> {
-        let Some(spec) = &self.stream else {
-            return Ok(());
-        };
-        if self.stream_ready.load(Ordering::Acquire) {
-            return Ok(());
+        match &self.stream {
+            Some(spec) if !self.stream_ready.load(Ordering::Acquire) => {
+                // Boxed: finding or making the stream is a large future,
+                // which would otherwise be part of every publish's and be
+                // copied with it into its box, tens of thousands of times
+                // a second.
+                Box::pin(self.make_stream(spec)).await
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// Finds or creates the stream `spec`, once among concurrent publishes.
+    async fn make_stream(&self, spec: &StreamSpec) -> Result<(), PublishError> {
         let _making = self.making_stream.lock().await;
         if self.stream_ready.load(Ordering::Acquire) {
             return Ok(());
@@ -110,12 +118,7 @@ impl NatsSink {
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         refuse_control_headers(message)?;
-        if self.stream.is_some() && !self.stream_ready.load(Ordering::Acquire) {
-            // Boxed: finding or making the stream is a large future, which
-            // would otherwise be part of every publish's and be copied
-            // with it into its box, tens of thousands of times a second.
-            Box::pin(self.ensure_stream()).await?;
-        }
+        self.ensure_stream().await?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
         for (name, value) in &message.headers {

@@ -397,17 +397,24 @@ impl Partition<'_> {
     async fn keep_lease(&self) -> &'static str {
         loop {
             tokio::time::sleep(self.env.lease_ttl / 10).await;
-            if !self.clock.due() {
-                continue;
+            if let Some(lost) = self.renew_when_due().await {
+                return lost;
             }
-            match self.renew().await {
-                Ok(true) => {}
-                Ok(false) => return "taken",
-                // The publish checks the clock before each event; here a
-                // failed renewal only means trying again.
-                Err(_) if self.clock.held() => {}
-                Err(_) => return "ran out",
-            }
+        }
+    }
+
+    /// Renews the lease if it is time to; says how it was lost, if it was.
+    async fn renew_when_due(&self) -> Option<&'static str> {
+        if !self.clock.due() {
+            return None;
+        }
+        match self.renew().await {
+            Ok(true) => None,
+            Ok(false) => Some("taken"),
+            // A publish checks the clock before each event; here a failed
+            // renewal only means trying again.
+            Err(_) if self.clock.held() => None,
+            Err(_) => Some("ran out"),
         }
     }
 
@@ -471,13 +478,9 @@ impl Partition<'_> {
             // Renewed between aggregates too: many short ones never last
             // long enough for the renewal beside each (it first waits a
             // tenth of the lease).
-            if self.clock.due() {
-                match self.renew().await {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(None),
-                    Err(_) if self.clock.held() => {}
-                    Err(error) => return Err(error.into()),
-                }
+            if let Some(lost) = self.renew_when_due().await {
+                tracing::warn!(relay = %env.relay.name, part = self.part, ?lost, "lease lost while publishing held-back events");
+                return Ok(None);
             }
             let positions: Vec<i64> = group.iter().map(|e| e.position).collect();
             // The lease is renewed meanwhile, as while a batch is

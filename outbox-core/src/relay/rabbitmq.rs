@@ -147,17 +147,12 @@ impl RabbitSink {
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         // What the message itself makes impossible is refused before a
         // channel is taken (a refusal after it would close the channel).
-        let routing_key = routing_key(message)?;
+        let routing_key = short(&message.destination, "bad_routing_key", "routing key")?;
         let mut headers = FieldTable::default();
         for (name, value) in &message.headers {
             // Emit caps names at 255 bytes; a row written another way may
-            // not be, and lapin's own conversion would panic.
-            let name = ShortString::try_new(name.as_str()).map_err(|e| {
-                PublishError::permanent(
-                    "bad_header",
-                    format!("header name of {} bytes: {e}", name.len()),
-                )
-            })?;
+            // not be.
+            let name = short(name, "bad_header", "header name")?;
             headers.insert(name, AMQPValue::LongString(value.as_str().into()));
         }
         let slot = &self.channels[self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS];
@@ -258,16 +253,13 @@ async fn confirming(conn: &Connection) -> Result<Channel, PublishError> {
     Ok(channel)
 }
 
-/// The message's routing key. AMQP caps it at 255 bytes, and a route
-/// over long aggregate or event types can make a longer one: refused for
-/// good (its aggregate parks), where lapin's own conversion panics.
-fn routing_key(message: &Message) -> Result<ShortString, PublishError> {
-    ShortString::try_new(message.destination.as_str()).map_err(|e| {
-        PublishError::permanent(
-            "bad_routing_key",
-            format!("routing key of {} bytes: {e}", message.destination.len()),
-        )
-    })
+/// `text` as an AMQP short string (a routing key, a header name). AMQP
+/// caps those at 255 bytes, and a route over long aggregate or event types
+/// can make a longer key: refused for good as `kind` (its aggregate
+/// parks), where lapin's own conversion panics.
+fn short(text: &str, kind: &'static str, what: &str) -> Result<ShortString, PublishError> {
+    ShortString::try_new(text)
+        .map_err(|e| PublishError::permanent(kind, format!("{what} of {} bytes: {e}", text.len())))
 }
 
 impl Sink for RabbitSink {
@@ -316,12 +308,12 @@ mod tests {
     fn a_routing_key_over_255_bytes_is_refused_for_good_not_a_panic() {
         let long = format!("outbox.event.{}", "a".repeat(243));
         assert_eq!(long.len(), 256);
-        let refused = routing_key(&Message::for_test(&long, &[])).expect_err("too long");
+        let refused = short(&long, "bad_routing_key", "routing key").expect_err("too long");
         assert!(!refused.is_transient(), "{refused}");
         assert_eq!(refused.kind(), "bad_routing_key");
         let fits = "b".repeat(255);
         assert_eq!(
-            routing_key(&Message::for_test(&fits, &[]))
+            short(&fits, "bad_routing_key", "routing key")
                 .expect("255 bytes fit")
                 .as_str(),
             fits

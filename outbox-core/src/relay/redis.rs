@@ -4,11 +4,11 @@
 //! checks a dedup key for the stream and the event id
 //! (`outbox:dedup:<stream>:<event id>`), then runs XADD, then sets the
 //! dedup key with a time to live: a republished event is not added twice
-//! to a stream within that time. (A key of the event id alone made a second
+//! to a stream within that time; a key of the event id alone made a second
 //! subscription adding the event to another stream of the same Redis skip
-//! it as a repeat.) (The dedup key is set after the XADD, not before: Redis does
-//! not undo a script's writes when a later command fails, so setting it
-//! first would mark an event that never reached the stream as done.)
+//! it as a repeat. (The dedup key is set after the XADD, not before: Redis
+//! does not undo a script's writes when a later command fails, so setting
+//! it first would mark an event that never reached the stream as done.)
 //!
 //! Redis acknowledges a write before it is on disk unless it runs with
 //! `appendonly yes` and `appendfsync always`; with less, a crash of Redis

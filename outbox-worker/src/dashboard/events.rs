@@ -120,22 +120,14 @@ pub(crate) async fn parked_action(
             "skip" => {
                 // The page names the event it showed; a script may not,
                 // and then only a refused first event is dropped.
-                match form.event_id.as_deref().filter(|e| !e.is_empty()) {
-                    Some(event) => {
-                        query(
-                            "skip",
-                            outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, event),
-                        )
-                        .await?
+                let event = form.event_id.as_deref().filter(|e| !e.is_empty());
+                let skip = async {
+                    match event {
+                        Some(e) => outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, e).await,
+                        None => outbox::relay::skip_parked(&d.pool, &subscription, t, i).await,
                     }
-                    None => {
-                        query(
-                            "skip",
-                            outbox::relay::skip_parked(&d.pool, &subscription, t, i),
-                        )
-                        .await?
-                    }
-                }
+                };
+                query("skip", skip).await?
             }
             _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
         };
