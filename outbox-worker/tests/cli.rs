@@ -859,6 +859,8 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "1000",
             "--relay-held-seconds",
             "1",
+            "--relay-delayed-events",
+            "200",
             // Recording as `run --metrics-addr` does, which the relay's
             // instruments are looked up from when it starts.
             "--metrics",
@@ -873,6 +875,7 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "events_per_s",
             "ordered_1000_keys_events_per_s",
             "two_subscriptions_time_ratio",
+            "delayed_events_per_s",
             "drop_ms",
         ],
     );

@@ -12,13 +12,17 @@
 //! 2. the same over 1,000 aggregates, each in strict order: events/s;
 //! 3. the same events drained by two subscriptions at once (each to the
 //!    broker): how much longer than one;
-//! 4. emit `--relay-events` and drain them with one subscription, again
+//! 4. `--relay-delayed-events` events over as many aggregates, each
+//!    delayed to one moment a little ahead (`Event::delay`): the relay
+//!    holds them back, then publishes them when they are due: events/s
+//!    from that moment, against phase 1's rate;
+//! 5. emit `--relay-events` and drain them with one subscription, again
 //!    and again for `--relay-held-seconds`, then as long again while
 //!    another session holds a snapshot open: emit and drain rates with the
 //!    snapshot against without it;
-//! 5. events emitted one per transaction at `--relay-rate` per second for
+//! 6. events emitted one per transaction at `--relay-rate` per second for
 //!    `--relay-seconds` while the relay runs: commit-to-ack p50/p99;
-//! 6. retention: a day of `--relay-drop-events` events, every subscription
+//! 7. retention: a day of `--relay-drop-events` events, every subscription
 //!    past it, dropped whole: how long the drop took, and the log's dead
 //!    row versions (none: nothing in it is updated or deleted).
 
@@ -64,6 +68,10 @@ pub(crate) struct RelayArgs {
     /// Events in the retention phase's day (0 skips it).
     #[arg(long, default_value_t = 1_000_000, value_parser = flags::count(0, 100_000_000))]
     relay_drop_events: usize,
+    /// Events in the delayed-events phase, each its own aggregate, all due
+    /// at one moment (0 skips it).
+    #[arg(long, default_value_t = 20_000, value_parser = flags::count(0, 10_000_000))]
+    relay_delayed_events: usize,
     /// Events per second in the latency phase.
     #[arg(long, default_value_t = 1000, value_parser = flags::count(1, 100_000))]
     relay_rate: usize,
@@ -107,6 +115,12 @@ pub(crate) struct RelayReport {
     /// CPU per event published in each drain (two subscriptions publish
     /// every event twice: per publish).
     drain_cpu_per_event: DrainCpu,
+    /// Delayed events, all due at once, each its own aggregate: published
+    /// per second from the moment they came due (null when skipped), and
+    /// over `events_per_s`.
+    delayed_events: usize,
+    delayed_events_per_s: Option<f64>,
+    delayed_vs_unordered: Option<f64>,
     /// Phase 1's emits per second (transactions of 1,000).
     emit_events_per_s: f64,
     /// Rounds of emit and drain without, then with, another session
@@ -125,7 +139,7 @@ pub(crate) struct RelayReport {
     log_dead_tuples: i64,
 }
 
-/// Phase 4's figures.
+/// Phase 5's figures.
 #[derive(Debug, Serialize)]
 struct SnapshotHeld {
     held_seconds: f64,
@@ -288,6 +302,21 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         both.cpu
     ));
 
+    let delayed_events = args.relay_delayed_events;
+    let delayed = if delayed_events > 0 {
+        reset(bench).await?;
+        let drained = delayed(bench, make().await?, delayed_events, emit_rate, broker_pid).await?;
+        bench.say(format!(
+            "  {delayed_events} delayed events due at once: {:.0} events/s from then ({:.2}x; {})",
+            drained.events_per_s,
+            drained.events_per_s / events_per_s.max(1e-9),
+            drained.cpu
+        ));
+        Some(drained.events_per_s)
+    } else {
+        None
+    };
+
     // A snapshot held open by another session (a long report, a stuck
     // transaction): nothing in the log is updated, so nothing waits on it.
     // One subscription throughout, so that what its cursor's row and the
@@ -339,6 +368,9 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         ordered_1000_keys_events_per_s: ordered,
         ordered_vs_unordered: ordered / events_per_s.max(1e-9),
         two_subscriptions_time_ratio: two_ratio,
+        delayed_events,
+        delayed_events_per_s: delayed,
+        delayed_vs_unordered: delayed.map(|d| d / events_per_s.max(1e-9)),
         drain_cpu_per_event: DrainCpu {
             each_event_its_own_aggregate: own.cpu,
             ordered_1000_keys: in_order.cpu,
@@ -355,7 +387,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     })
 }
 
-/// Phase 4: rounds of `n` events emitted and drained by `relay` for
+/// Phase 5: rounds of `n` events emitted and drained by `relay` for
 /// `--relay-held-seconds`, then as long again while another session holds
 /// a snapshot open.
 async fn snapshot_held(bench: &Bench, relay: Relay, n: usize) -> Result<SnapshotHeld, Failure> {
@@ -578,6 +610,48 @@ async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Phase 4: `n` events over as many aggregates, emitted in transactions
+/// of 1,000 with delays that make them all due at one moment (far enough
+/// ahead for the emits at `emit_rate` and the relay holding them back),
+/// then drained by `relay`: its rate from that moment.
+async fn delayed(
+    bench: &Bench,
+    relay: Relay,
+    n: usize,
+    emit_rate: f64,
+    broker: Option<u32>,
+) -> Result<Drained, Failure> {
+    let ahead = Duration::from_secs_f64(1.5 + 2.0 * n as f64 / emit_rate.max(1.0));
+    let due = Instant::now() + ahead;
+    let mut i = 0;
+    while i < n {
+        let end = (i + 1000).min(n);
+        let mut tx = bench.pool.begin().await.map_err(db)?;
+        let left = due.saturating_duration_since(Instant::now());
+        emit_all(
+            &mut tx,
+            (i..end).map(|j| {
+                Event::new(
+                    "order",
+                    format!("d{j}"),
+                    "order.reminded",
+                    serde_json::json!({"n": j}),
+                )
+                .delay(left)
+            }),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        i = end;
+    }
+    if Instant::now() >= due {
+        bench.say(format!(
+            "  (the delayed events took longer to emit than the {ahead:?} allowed: some were due before the relay started)"
+        ));
+    }
+    drain_from(bench, &[relay], n, broker, Some(due)).await
+}
+
 /// What one drain measured.
 struct Drained {
     events_per_s: f64,
@@ -623,6 +697,18 @@ async fn drain(
     n: usize,
     broker: Option<u32>,
 ) -> Result<Drained, Failure> {
+    drain_from(bench, relays, n, broker, None).await
+}
+
+/// `drain`, its rate timed from `from` when that is later than the relay's
+/// start.
+async fn drain_from(
+    bench: &Bench,
+    relays: &[Relay],
+    n: usize,
+    broker: Option<u32>,
+    from: Option<Instant>,
+) -> Result<Drained, Failure> {
     let count = Arc::new(AtomicUsize::new(0));
     let relays: Vec<Relay> = relays
         .iter()
@@ -653,6 +739,7 @@ async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    let started = from.map_or(started, |from| from.max(started));
     let rate = n as f64 / started.elapsed().as_secs_f64();
     let per_event =
         |before: Option<f64>, after: Option<f64>| Some((after? - before?) * 1e6 / n as f64);
