@@ -910,6 +910,110 @@ async fn a_delayed_event_waits_with_its_aggregate_behind_it() {
     wait_published(&db.pool, 3).await;
 }
 
+/// Many aggregates held back by delayed events that come due together are
+/// published at once (as a batch's aggregates are), each in order, and
+/// what became of each is written to the right event: one aggregate's
+/// first event is refused (it waits for an operator, with the broker's
+/// error), another's second is delayed an hour more (it waits with no
+/// error), and the rest go, the events behind them too.
+async fn delayed_aggregates_come_due_together(batch: i64) {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    sink.refuse.lock().unwrap().push("bad".to_owned());
+    let soon = Duration::from_millis(1500);
+    let mut events = Vec::new();
+    for agg in 0..200 {
+        let agg = agg.to_string();
+        events.push(Event::new("order", &agg, "first", json!({})).delay(soon));
+        events.push(Event::new("order", &agg, "second", json!({})));
+        events.push(Event::new("order", &agg, "third", json!({})));
+    }
+    events.push(Event::new("order", "bad", "first", json!({})).delay(soon));
+    events.push(Event::new("order", "bad", "second", json!({})));
+    events.push(Event::new("order", "mixed", "first", json!({})).delay(soon));
+    events.push(Event::new("order", "mixed", "later", json!({})).delay(Duration::from_secs(3600)));
+    events.push(Event::new("order", "mixed", "last", json!({})));
+    let mut tx = db.pool.begin().await.unwrap();
+    let emitted = emit_all(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let relay = Relay::new("capture", sink.clone())
+        .give_up_after(1)
+        .batch(batch);
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
+    let got = sink
+        .wait_until("the due aggregates", |g| g.len() == 601)
+        .await;
+    // Held back: bad's two (its first refused), mixed's last two (its
+    // second not due for an hour).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let parked = loop {
+        let parked = outbox::relay::parked(&db.pool, Some("capture"), 100)
+            .await
+            .unwrap();
+        if parked.len() == 4 && parked.iter().any(|p| p.error.is_some()) {
+            break parked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not held back as expected: {parked:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    worker.stop().await;
+    for agg in 0..200 {
+        let agg = agg.to_string();
+        let types: Vec<&str> = got
+            .iter()
+            .filter(|m| m.aggregate_id == agg)
+            .map(|m| m.event_type.as_str())
+            .collect();
+        assert_eq!(types, ["first", "second", "third"], "aggregate {agg}");
+    }
+    let mixed: Vec<&str> = got
+        .iter()
+        .filter(|m| m.aggregate_id == "mixed")
+        .map(|m| m.event_type.as_str())
+        .collect();
+    assert_eq!(mixed, ["first"]);
+    assert!(got.iter().all(|m| m.aggregate_id != "bad"));
+    let by_id: HashMap<&str, &outbox::relay::ParkedEvent> =
+        parked.iter().map(|p| (p.id.as_str(), p)).collect();
+    let (bad, later) = (&emitted[600], &emitted[603]);
+    let refused = by_id[bad.id.as_str()];
+    assert!(
+        refused.retry_at.is_none()
+            && refused
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("capture refused the event")),
+        "{parked:?}"
+    );
+    let waiting = by_id[later.id.as_str()];
+    assert!(
+        waiting.error.is_none()
+            && waiting
+                .retry_at
+                .is_some_and(|at| at > chrono::Utc::now() + chrono::Duration::minutes(50)),
+        "{parked:?}"
+    );
+    for behind in [&emitted[601], &emitted[604]] {
+        assert!(by_id[behind.id.as_str()].error.is_none(), "{parked:?}");
+    }
+    wait_published(&db.pool, 601).await;
+}
+
+#[tokio::test]
+async fn delayed_aggregates_coming_due_together_go_out_at_once_each_in_order() {
+    delayed_aggregates_come_due_together(outbox::relay::DEFAULT_BATCH).await;
+}
+
+/// The same through batches of 50: the due events are tried 50 at a time,
+/// an aggregate's sometimes split between two tries.
+#[tokio::test]
+async fn delayed_aggregates_coming_due_together_go_out_through_small_batches() {
+    delayed_aggregates_come_due_together(50).await;
+}
+
 #[tokio::test]
 async fn partitions_are_shared_between_relay_workers_and_a_silent_one_is_fenced() {
     let db = TestDb::migrated().await;

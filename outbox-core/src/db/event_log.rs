@@ -606,13 +606,14 @@ pub(crate) async fn park(
     Ok(())
 }
 
-/// The aggregates of a partition held back.
+/// The aggregates of a partition held back, each with when its first
+/// event is due to be tried again (null: when an operator says so).
 pub(crate) async fn parked_aggregates(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
-) -> sqlx::Result<Vec<(String, String)>> {
+) -> sqlx::Result<Vec<(String, String, Option<DateTime<Utc>>)>> {
     sqlx::query_as(include_str!("sql/event_parked_aggregates.sql"))
         .bind(subscription)
         .bind(partitions)
@@ -638,26 +639,34 @@ pub(crate) async fn parked_due(
         .await
 }
 
-/// Held-back events `published` went out; `next` (the first left of its
-/// aggregate) is tried again at `retry_at` with `error`. False when the
-/// lease was lost.
+/// What became of held-back events tried again: those `published` went
+/// out; for each aggregate refused or not due again, its first event left
+/// (`again`) is tried again at `retry_at` with `error` (three columns of
+/// one list).
+#[derive(Debug, Default)]
+pub(crate) struct Unparked {
+    pub(crate) published: Vec<i64>,
+    pub(crate) again: Vec<i64>,
+    pub(crate) retry_at: Vec<Option<DateTime<Utc>>>,
+    pub(crate) error: Vec<Option<String>>,
+}
+
+/// Writes what became of held-back events tried again, fenced. False when
+/// the lease was lost.
 pub(crate) async fn unpark(
     conn: &mut PgConnection,
     at: Holder<'_>,
-    published: &[i64],
-    next: Option<i64>,
-    retry_at: Option<DateTime<Utc>>,
-    error: Option<&str>,
+    outcome: &Unparked,
 ) -> sqlx::Result<bool> {
     let row: Option<i32> = sqlx::query_scalar(include_str!("sql/event_unpark.sql"))
         .bind(at.subscription)
         .bind(at.part)
         .bind(at.holder)
         .bind(at.fence)
-        .bind(published)
-        .bind(next)
-        .bind(retry_at)
-        .bind(error)
+        .bind(&outcome.published)
+        .bind(&outcome.again)
+        .bind(&outcome.retry_at)
+        .bind(&outcome.error)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

@@ -72,31 +72,17 @@ pub(crate) async fn batch(
     abandon: &CancellationToken,
 ) -> Result<Done, Interrupted> {
     let mut done = Done::default();
-    let mut groups: Vec<Vec<LogEvent>> = Vec::new();
-    let mut index: HashMap<Aggregate, usize> = HashMap::new();
-    for event in events {
-        let key = (event.aggregatetype.clone(), event.aggregateid.clone());
-        if parked.contains(&key) {
-            done.parked.push(behind(event));
-            continue;
+    let mut held = Vec::new();
+    let groups = by_aggregate(events.into_iter().filter_map(|event| {
+        if parked.contains(&(event.aggregatetype.clone(), event.aggregateid.clone())) {
+            held.push(behind(event));
+            None
+        } else {
+            Some(event)
         }
-        let i = *index.entry(key).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[i].push(event);
-    }
-    let mut running = FuturesUnordered::new();
-    let mut groups = groups.into_iter();
-    loop {
-        while running.len() < relay.concurrency.max(1) {
-            let Some(group) = groups.next() else { break };
-            running.push(aggregate(relay, group, lease, abandon));
-        }
-        let Some(result) = running.next().await else {
-            break;
-        };
-        let (published, parking) = result?;
+    }));
+    done.parked = held;
+    for (published, parking) in aggregates(relay, groups, lease, abandon).await? {
         done.published += published;
         if let Some(first) = parking.first() {
             done.newly_parked.push((
@@ -107,6 +93,50 @@ pub(crate) async fn batch(
         done.parked.extend(parking);
     }
     Ok(done)
+}
+
+/// `events` (in position order) split by aggregate, each group in order,
+/// the groups in the order of their first events.
+pub(crate) fn by_aggregate(events: impl IntoIterator<Item = LogEvent>) -> Vec<Vec<LogEvent>> {
+    let mut groups: Vec<Vec<LogEvent>> = Vec::new();
+    let mut index: HashMap<Aggregate, usize> = HashMap::new();
+    for event in events {
+        let key = (event.aggregatetype.clone(), event.aggregateid.clone());
+        let i = *index.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(event);
+    }
+    groups
+}
+
+/// Publishes each group of one aggregate's events in order, up to the
+/// relay's concurrency of groups at once; returns what became of each
+/// group (as [`aggregate`] does), in the groups' order.
+pub(crate) async fn aggregates(
+    relay: &Running,
+    groups: Vec<Vec<LogEvent>>,
+    lease: &LeaseClock,
+    abandon: &CancellationToken,
+) -> Result<Vec<(i64, Vec<Parking>)>, Interrupted> {
+    let mut results: Vec<Option<(i64, Vec<Parking>)>> = Vec::new();
+    results.resize_with(groups.len(), || None);
+    let mut running = FuturesUnordered::new();
+    let mut groups = groups.into_iter().enumerate();
+    loop {
+        while running.len() < relay.concurrency.max(1) {
+            let Some((i, group)) = groups.next() else {
+                break;
+            };
+            running.push(async move { (i, aggregate(relay, group, lease, abandon).await) });
+        }
+        let Some((i, result)) = running.next().await else {
+            break;
+        };
+        results[i] = Some(result?);
+    }
+    Ok(results.into_iter().flatten().collect())
 }
 
 /// Publishes one aggregate's events in order; returns how many went out
