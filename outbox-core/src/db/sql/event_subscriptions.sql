@@ -1,6 +1,7 @@
 -- Every subscription with how far behind it is: its slowest partition's
--- position, the events of its stream past it (counted up to a million),
--- how long the oldest of them has waited, its live relay workers, what it
+-- position, the events of its stream past it (counted up to a million)
+-- and those at a partition's gaps at or below it, how long the oldest of
+-- them has waited, its live relay workers, what it
 -- has published, and the events it holds back (with the aggregates held
 -- back by a refused event, which wait for an operator, apart from those
 -- waiting for a delay to run out); with the log's head, the
@@ -22,20 +23,37 @@ WITH head AS (
     FROM outbox_event_subscriptions AS s
     JOIN outbox_event_cursors AS c ON c.subscription = s.name
     GROUP BY s.name
+), gapped AS (
+    -- Events a cursor passed while their transactions were open, committed
+    -- since and not published yet (a broker down, say): each counted
+    -- against the partition of its aggregate (another partition's cursor
+    -- forgets it at its next read).
+    SELECT c.subscription, min(e.created_at) AS oldest, count(*) AS events
+    FROM outbox_event_cursors AS c
+    JOIN outbox_event_subscriptions AS s ON s.name = c.subscription
+    JOIN outbox_event_log AS e ON e.position = ANY (c.gaps)
+    WHERE e.stream = s.stream
+      AND (hashtext(e.aggregatetype::text || '/' || e.aggregateid::text) & 2147483647)
+          % s.partitions = c.part
+      AND e.position <= (SELECT p.position FROM subs AS p WHERE p.name = c.subscription)
+    GROUP BY c.subscription
 )
 SELECT s.name, s.stream, s.partitions, s.position,
        (SELECT count(*) FROM (SELECT 1 FROM outbox_event_log AS e
                               WHERE e.position > s.position AND e.stream = s.stream
-                              LIMIT 1000000) AS behind) AS behind,
-       coalesce(extract(epoch FROM now() - (SELECT e.created_at FROM outbox_event_log AS e
-                                            WHERE e.position > s.position AND e.stream = s.stream
-                                            ORDER BY e.position LIMIT 1)), 0)::float8 AS lag_s,
+                              LIMIT 1000000) AS behind) + coalesce(g.events, 0) AS behind,
+       coalesce(extract(epoch FROM now() - least(
+           (SELECT e.created_at FROM outbox_event_log AS e
+            WHERE e.position > s.position AND e.stream = s.stream
+            ORDER BY e.position LIMIT 1),
+           g.oldest)), 0)::float8 AS lag_s,
        s.holders, s.published, h.parked, h.parked_aggregates, h.refused_aggregates,
        (SELECT position FROM head) AS head,
        (SELECT cache FROM head) AS sequence_cache,
        (SELECT increment FROM head) AS sequence_increment,
        s.furthest
 FROM subs AS s
+LEFT JOIN gapped AS g ON g.subscription = s.name
 -- The held-back events, read once for the three counts.
 CROSS JOIN LATERAL (
     SELECT count(*) AS parked,
