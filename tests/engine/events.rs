@@ -1014,6 +1014,106 @@ async fn delayed_aggregates_coming_due_together_go_out_through_small_batches() {
     delayed_aggregates_come_due_together(50).await;
 }
 
+/// An event its relay's cursor passed while its transaction was open (a
+/// gap), committed while the broker is down: it counts in the backlog and
+/// its wait in the lag, as an event past the cursor does. Before, the
+/// subscription said it was behind by nothing (so did the backlog metric
+/// and its alert) for as long as the broker stayed down.
+#[tokio::test]
+async fn an_event_committed_in_a_gap_behind_a_down_broker_counts_in_the_backlog() {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    *sink.transient.lock().unwrap() = u32::MAX;
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    let mut open = db.pool.begin().await.unwrap();
+    let late = emit(
+        &mut open,
+        Event::new("order", "1", "order.placed", json!({})),
+    )
+    .await
+    .unwrap();
+    // The cursor passes it as a gap, written when the partition is idle.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let passed: bool = sqlx::query_scalar(
+            "SELECT coalesce(bool_or(position >= $1 AND $1 = ANY (gaps)), false) \
+             FROM outbox_event_cursors WHERE subscription = 'capture'",
+        )
+        .bind(late.position)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if passed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cursor never passed the open emit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    open.commit().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sub = loop {
+        let sub = outbox::relay::subscriptions(&db.pool).await.unwrap()[0].clone();
+        if sub.behind == 1 && sub.lag_s > 0.0 {
+            break sub;
+        }
+        assert!(Instant::now() < deadline, "not counted behind: {sub:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(sub.position >= late.position, "{sub:?}");
+    worker.stop().await;
+    assert!(sink.messages().is_empty());
+}
+
+/// A relay worker told to stop while its broker is down stops without
+/// waiting out the shutdown grace (two minutes here) for the broker, and
+/// loses nothing: its cursor stays, and the next worker publishes the
+/// event. Before, the stop waited for the whole grace.
+#[tokio::test]
+async fn a_relay_stops_at_once_while_its_broker_is_down_and_loses_nothing() {
+    let db = TestDb::migrated().await;
+    let down = Capture::default();
+    *down.transient.lock().unwrap() = u32::MAX;
+    let worker = Worker::builder(db.pool.clone())
+        .config(outbox::WorkerConfig {
+            shutdown_grace: Duration::from_secs(120),
+            ..outbox::WorkerConfig::default()
+        })
+        .relay(Relay::new("capture", down.clone()).poll_interval(Duration::from_millis(5)))
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let event = emit(
+        &mut *db.conn().await,
+        Event::new("order", "1", "order.placed", json!({})),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while *down.transient.lock().unwrap() > u32::MAX - 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay never tried the broker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("stopped before the shutdown grace ran out")
+        .unwrap()
+        .unwrap();
+    assert!(down.messages().is_empty());
+    let up = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", up.clone())]);
+    let got = up.wait_until("the event", |g| !g.is_empty()).await;
+    worker.stop().await;
+    assert_eq!(got[0].event_id, event.id);
+}
+
 #[tokio::test]
 async fn partitions_are_shared_between_relay_workers_and_a_silent_one_is_fenced() {
     let db = TestDb::migrated().await;

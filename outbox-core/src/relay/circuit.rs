@@ -118,9 +118,10 @@ impl Circuit {
         }
     }
 
-    /// A transient failure. Returns how many there have been in a row (for
-    /// the caller's backoff).
-    pub(crate) fn failure(&self) -> u32 {
+    /// A transient failure, `why` (said when it opens the circuit: the
+    /// failures' reasons are otherwise logged at debug level only). Returns
+    /// how many there have been in a row (for the caller's backoff).
+    pub(crate) fn failure(&self, why: &str) -> u32 {
         let mut phase = self.lock();
         let now = Instant::now();
         let (next, streak) = match *phase {
@@ -154,7 +155,7 @@ impl Circuit {
         match (&*phase, &next) {
             (Phase::Closed { .. }, Phase::Open { cool_down, .. }) => tracing::warn!(
                 relay = %self.relay,
-                "relay circuit open: the broker keeps failing; publishing pauses, one probe every {cool_down:?} at first"
+                "relay circuit open: the broker keeps failing (the last time: {why}); publishing pauses, one probe every {cool_down:?} at first"
             ),
             (Phase::HalfOpen { .. }, Phase::Open { cool_down, .. }) => tracing::debug!(
                 relay = %self.relay,
@@ -179,10 +180,10 @@ mod tests {
     async fn opens_after_a_streak_lets_one_probe_through_and_closes_on_success() {
         let c = Circuit::new("test".into(), Duration::from_secs(10));
         for _ in 0..OPEN_AFTER - 1 {
-            c.failure();
+            c.failure("down");
             assert_eq!(c.admit(Duration::ZERO).await, Admit::Go);
         }
-        c.failure();
+        c.failure("down");
         assert!(c.is_open());
         assert!(matches!(c.admit(Duration::ZERO).await, Admit::Later(_)));
         // After the cool-down: one probe, and the others wait for it.
@@ -192,7 +193,7 @@ mod tests {
             Admit::Later(_)
         ));
         // The probe fails: open again, twice as long.
-        c.failure();
+        c.failure("down");
         let start = Instant::now();
         assert_eq!(c.admit(Duration::from_secs(5)).await, Admit::Go);
         assert_eq!(start.elapsed(), COOL_DOWN_MIN * 2);
@@ -205,7 +206,7 @@ mod tests {
     async fn a_probe_that_never_reports_is_replaced() {
         let c = Circuit::new("test".into(), Duration::from_secs(2));
         for _ in 0..OPEN_AFTER {
-            c.failure();
+            c.failure("down");
         }
         assert_eq!(c.admit(Duration::from_secs(1)).await, Admit::Go);
         let start = Instant::now();
@@ -217,7 +218,7 @@ mod tests {
     async fn waiters_go_as_soon_as_the_probe_succeeds() {
         let c = std::sync::Arc::new(Circuit::new("test".into(), Duration::from_secs(60)));
         for _ in 0..OPEN_AFTER {
-            c.failure();
+            c.failure("down");
         }
         assert_eq!(c.admit(Duration::from_secs(1)).await, Admit::Go);
         let waiter = {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lease_clock::LeaseClock;
 use super::metrics as m;
-use super::publish::{self, Aggregate, Interrupted, Running};
+use super::publish::{self, Aggregate, Halt, Interrupted, Running};
 use crate::db::event_log::{self, Cursor, Holder, Lease, Settled};
 use crate::db::session::{EnginePool, call};
 use crate::worker::outage::Outage;
@@ -67,8 +67,9 @@ pub(crate) enum End {
 }
 
 /// Runs partition `lease`, whose request was sent at `sent`, until `stop`
-/// (no new batch; the current one finishes unless `abandon` fires) or the
-/// lease is lost. Releases the lease when stopped.
+/// (no new batch; the current one finishes unless `abandon` fires or the
+/// broker is failing) or the lease is lost. Releases the lease when
+/// stopped.
 pub(crate) async fn run(
     env: Arc<Env>,
     lease: Lease,
@@ -161,7 +162,7 @@ impl Partition<'_> {
                 }
             }
             if parked.is_none() || parked_next.is_none_or(|t| std::time::Instant::now() >= t) {
-                match self.replay_parked(abandon).await {
+                match self.replay_parked(Halt { stop, abandon }).await {
                     Ok(Some(found)) => {
                         parked_next = Some(found.next_look());
                         parked = Some(found.aggregates);
@@ -254,7 +255,7 @@ impl Partition<'_> {
                     set,
                     full.then_some(&settled),
                     &mut outage,
-                    abandon,
+                    Halt { stop, abandon },
                 )
                 .await;
             let (done, read) = match published {
@@ -293,8 +294,9 @@ impl Partition<'_> {
         parked: &HashSet<Aggregate>,
         read_ahead: Option<&Settled>,
         outage: &mut Outage,
-        abandon: &CancellationToken,
+        halt: Halt<'_>,
     ) -> Result<(publish::Done, Option<sqlx::Result<event_log::Batch>>), End> {
+        let abandon = halt.abandon;
         let env = self.env;
         let reading = async {
             match read_ahead {
@@ -308,7 +310,7 @@ impl Partition<'_> {
             // Dropped at the end of this block: a renewal cut short here
             // must not hold its session (behind a pooler, its transaction
             // and the cursor row's lock) while the cursor is written.
-            let publishing = publish::batch(&env.relay, events, parked, self.clock, abandon);
+            let publishing = publish::batch(&env.relay, events, parked, self.clock, halt);
             let keeping = self.keep_lease();
             tokio::pin!(publishing, keeping);
             loop {
@@ -455,7 +457,7 @@ impl Partition<'_> {
 
     /// Publishes the parked events that are due again, in order, and
     /// returns what is still parked; none when the lease was lost.
-    async fn replay_parked(&self, abandon: &CancellationToken) -> Result<Option<Parked>, Failure> {
+    async fn replay_parked(&self, halt: Halt<'_>) -> Result<Option<Parked>, Failure> {
         let env = self.env;
         let due = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
@@ -491,7 +493,7 @@ impl Partition<'_> {
         // and again, with the partition's log behind it. Dropped at the
         // end of this block, before the unpark (see `publish`).
         let results = {
-            let publishing = publish::aggregates(&env.relay, groups, self.clock, abandon);
+            let publishing = publish::aggregates(&env.relay, groups, self.clock, halt);
             let keeping = self.keep_lease();
             tokio::pin!(publishing, keeping);
             tokio::select! {

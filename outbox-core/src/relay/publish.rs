@@ -16,6 +16,19 @@ use super::metrics as m;
 use super::{Message, PublishError, Route, Sink};
 use crate::db::event_log::{LogEvent, Parking};
 
+/// What stops publishing before the broker has taken everything: `abandon`
+/// (the shutdown's grace is over) at once; `stop` (no new batch: a
+/// shutdown, or the partition handed to another worker) only while the
+/// broker is failing, whose return the shutdown would otherwise wait for
+/// the whole grace. The cursor stays where it was: the next holder
+/// publishes the batch again (duplicates of what the broker took, with
+/// their event ids).
+#[derive(Clone, Copy)]
+pub(crate) struct Halt<'a> {
+    pub(crate) stop: &'a CancellationToken,
+    pub(crate) abandon: &'a CancellationToken,
+}
+
 /// One relay, running: what every partition of it shares.
 pub(crate) struct Running {
     pub(crate) name: Arc<str>,
@@ -69,7 +82,7 @@ pub(crate) async fn batch(
     events: Vec<LogEvent>,
     parked: &HashSet<Aggregate>,
     lease: &LeaseClock,
-    abandon: &CancellationToken,
+    halt: Halt<'_>,
 ) -> Result<Done, Interrupted> {
     let mut done = Done::default();
     let mut held = Vec::new();
@@ -82,7 +95,7 @@ pub(crate) async fn batch(
         }
     }));
     done.parked = held;
-    for (published, parking) in aggregates(relay, groups, lease, abandon).await? {
+    for (published, parking) in aggregates(relay, groups, lease, halt).await? {
         done.published += published;
         if let Some(first) = parking.first() {
             done.newly_parked.push((
@@ -118,7 +131,7 @@ pub(crate) async fn aggregates(
     relay: &Running,
     groups: Vec<Vec<LogEvent>>,
     lease: &LeaseClock,
-    abandon: &CancellationToken,
+    halt: Halt<'_>,
 ) -> Result<Vec<(i64, Vec<Parking>)>, Interrupted> {
     let mut results: Vec<Option<(i64, Vec<Parking>)>> = Vec::new();
     results.resize_with(groups.len(), || None);
@@ -129,7 +142,7 @@ pub(crate) async fn aggregates(
             let Some((i, group)) = groups.next() else {
                 break;
             };
-            running.push(async move { (i, aggregate(relay, group, lease, abandon).await) });
+            running.push(async move { (i, aggregate(relay, group, lease, halt).await) });
         }
         let Some((i, result)) = running.next().await else {
             break;
@@ -145,12 +158,12 @@ pub(crate) async fn aggregate(
     relay: &Running,
     events: Vec<LogEvent>,
     lease: &LeaseClock,
-    abandon: &CancellationToken,
+    halt: Halt<'_>,
 ) -> Result<(i64, Vec<Parking>), Interrupted> {
     let mut published = 0;
     let mut events = events.into_iter();
     while let Some(event) = events.next() {
-        let (retry_at, error) = match one(relay, &event, lease, abandon).await? {
+        let (retry_at, error) = match one(relay, &event, lease, halt).await? {
             Sent::Published => {
                 published += 1;
                 continue;
@@ -184,7 +197,7 @@ async fn one(
     relay: &Running,
     event: &LogEvent,
     lease: &LeaseClock,
-    abandon: &CancellationToken,
+    halt: Halt<'_>,
 ) -> Result<Sent, Interrupted> {
     if let Some(at) = event.publish_at
         && at > Utc::now()
@@ -194,11 +207,12 @@ async fn one(
     let message = message(&relay.route, event);
     let mut refusals = 0;
     loop {
-        if abandon.is_cancelled() {
+        if halt.abandon.is_cancelled() {
             return Err(Interrupted::Abandoned);
         }
         match relay.circuit.admit(Duration::from_millis(500)).await {
             Admit::Go => {}
+            Admit::Later(_) if halt.stop.is_cancelled() => return Err(Interrupted::Abandoned),
             Admit::Later(_) => continue,
         }
         if !lease.held() {
@@ -213,9 +227,11 @@ async fn one(
                     format!("no acknowledgement within {:?}", relay.publish_timeout),
                 )),
             },
-            () = abandon.cancelled() => return Err(Interrupted::Abandoned),
+            () = halt.abandon.cancelled() => return Err(Interrupted::Abandoned),
         };
         let took = started.elapsed();
+        // Waiting for a failing broker ends with a stop too.
+        let mut failing = false;
         let wait = match result {
             Ok(()) => {
                 relay.circuit.success();
@@ -228,10 +244,14 @@ async fn one(
                 reason,
                 retry_after,
             }) => {
-                let streak = relay.circuit.failure();
+                let streak = relay.circuit.failure(&format!("{kind}: {reason}"));
                 relay.instruments.circuit(relay.circuit.is_open());
                 m::failed(&relay.name, "transient", kind);
                 tracing::debug!(relay = %relay.name, event_id = %event.id, kind, %reason, "publish failed for now");
+                if halt.stop.is_cancelled() {
+                    return Err(Interrupted::Abandoned);
+                }
+                failing = true;
                 backoff(streak).max(retry_after.unwrap_or_default())
             }
             Err(PublishError::Permanent { kind, reason }) => {
@@ -251,7 +271,8 @@ async fn one(
         };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = abandon.cancelled() => return Err(Interrupted::Abandoned),
+            () = halt.abandon.cancelled() => return Err(Interrupted::Abandoned),
+            () = halt.stop.cancelled(), if failing => return Err(Interrupted::Abandoned),
         }
     }
 }
