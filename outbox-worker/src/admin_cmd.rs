@@ -218,8 +218,8 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
 pub(crate) const MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The payload argument itself, or what `-` (standard input) or `@FILE`
-/// names, refusing anything larger than [`MAX_PAYLOAD_BYTES`].
-fn read_payload(arg: &str) -> Result<String, Failure> {
+/// names (`tasks submit`, `events emit`), refusing anything larger than [`MAX_PAYLOAD_BYTES`].
+pub(crate) fn read_payload(arg: &str) -> Result<String, Failure> {
     use std::io::Read;
     let (source, reader): (String, Box<dyn Read>) = if arg == "-" {
         ("standard input".to_owned(), Box::new(std::io::stdin()))

@@ -53,7 +53,8 @@ pub(crate) struct EmitArgs {
     aggregate_id: String,
     /// The event's type.
     event_type: String,
-    /// The payload, as JSON.
+    /// The payload as JSON; `-` reads it from standard input and `@FILE`
+    /// from a file (at most 16 MiB either way).
     json: String,
     /// A header, as NAME=VALUE (repeatable).
     #[arg(long = "header", value_parser = parse_header)]
@@ -65,6 +66,10 @@ pub(crate) struct EmitArgs {
     /// `events`.
     #[arg(long)]
     queue: Option<String>,
+    /// Published no earlier than this from now (e.g. 30s, 5m; at most
+    /// 365d); its aggregate's later events wait behind it.
+    #[arg(long, value_parser = flags::duration(std::time::Duration::ZERO, outbox::events::MAX_EVENT_DELAY))]
+    delay: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -83,7 +88,7 @@ pub(crate) struct ParkedArgs {
     /// Only this subscription's.
     #[arg(long)]
     subscription: Option<String>,
-    /// At most this many events.
+    /// At most this many events (1 to 100,000).
     #[arg(long, default_value_t = 100, value_parser = flags::count(1, 100_000))]
     limit: usize,
     /// One JSON array instead of a table.
@@ -110,8 +115,27 @@ pub(crate) struct SkipArgs {
     /// Skip only if the first held-back event is this one (its id, as
     /// `events parked` shows it): a skip repeated, or made after the first
     /// event changed, then drops nothing.
-    #[arg(long, value_name = "EVENT_ID")]
+    #[arg(long, value_name = "EVENT_ID", value_parser = event_id)]
     event: Option<String>,
+}
+
+/// An event id as `events parked` prints it: a UUID, with or without its
+/// hyphens.
+fn event_id(s: &str) -> Result<String, String> {
+    let digits: String = s.chars().filter(|c| *c != '-').collect();
+    let grouped = s.len() == 36
+        && s.char_indices()
+            .all(|(i, c)| (c == '-') == matches!(i, 8 | 13 | 18 | 23));
+    if digits.len() == 32
+        && digits.chars().all(|c| c.is_ascii_hexdigit())
+        && (grouped || s.len() == 32)
+    {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not an event id (a UUID, as `events parked` shows it)"
+        ))
+    }
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -152,7 +176,8 @@ async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
 }
 
 async fn emit(args: EmitArgs) -> Result<(), Failure> {
-    let payload: serde_json::Value = serde_json::from_str(&args.json)
+    let text = crate::admin_cmd::read_payload(&args.json)?;
+    let payload: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::config(format!("the payload is not JSON: {e}")))?;
     let mut event = Event::new(
         args.aggregate_type,
@@ -165,6 +190,9 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     }
     if let Some(q) = args.queue {
         event = event.queue(q);
+    }
+    if let Some(d) = args.delay {
+        event = event.delay(d);
     }
     let pool = connect_operator_migrated(&args.db, 2).await?;
     // Asked before the write, not after: once the event is committed,
@@ -333,12 +361,25 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
         Action::Skip(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
         Action::Retry => outbox::relay::retry_parked(&pool, sub, t, i).await?,
     };
+    if id.is_none() && !outbox::relay::subscription_exists(&pool, sub).await? {
+        return Err(Failure::runtime(format!(
+            "there is no subscription {sub:?} (see `events subscriptions`)"
+        )));
+    }
     match (id, action) {
         (Some(id), Action::Skip(_)) => println!(
             "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
         ),
         (Some(id), Action::Retry) => {
-            println!("{sub} tries {t}/{i} again now, from event {id}");
+            // A delay is the emitter's: a retry does not cut it short.
+            let delayed = outbox::relay::delayed_until(&pool, sub, &id).await?;
+            match delayed {
+                Some(at) => println!(
+                    "{sub} holds {t}/{i} back until {}: its first event {id} is delayed until then (a retry does not cut a delay short)",
+                    at.to_rfc3339()
+                ),
+                None => println!("{sub} tries {t}/{i} again now, from event {id}"),
+            }
         }
         (None, Action::Skip(event)) => {
             let which = event.map_or_else(
@@ -346,7 +387,7 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
                 |e| format!("refused event {e}"),
             );
             return Err(Failure::runtime(format!(
-                "skipped nothing: the first event {sub:?} holds back for {t}/{i} is not {which}, or nothing is held back (see `events parked`)"
+                "skipped nothing: subscription {sub:?} holds nothing back for {t}/{i}, or the first event it holds back is not {which} (see `events parked`)"
             )));
         }
         (None, Action::Retry) => {

@@ -1415,9 +1415,54 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     refused(
         &with_db(&["events", "retry", "nobody", "order", "42"]),
         1,
-        "holds nothing back",
+        "there is no subscription \"nobody\"",
     )
     .await;
+    refused(
+        &with_db(&["events", "skip", "nobody", "order", "42"]),
+        1,
+        "there is no subscription \"nobody\"",
+    )
+    .await;
+    refused(
+        &with_db(&["events", "skip", "nobody", "order", "42", "--event", "0190"]),
+        2,
+        "is not an event id",
+    )
+    .await;
+    refused(
+        &with_db(&["events", "emit", "order", "1", "t", "{}", "--delay", "366d"]),
+        2,
+        "out of range",
+    )
+    .await;
+    // The payload from a file, as `tasks submit` reads one; a delay.
+    let file = std::env::temp_dir().join(format!("outbox-cli-event-{}.json", std::process::id()));
+    std::fs::write(&file, r#"{"from": "file"}"#).unwrap();
+    let from_file = format!("@{}", file.display());
+    let args = [
+        "events",
+        "emit",
+        "order",
+        "43",
+        "order.placed",
+        &from_file,
+        "--delay",
+        "1h",
+    ];
+    let mut args = args.to_vec();
+    args.extend(at);
+    ok(&cli(&args).await);
+    std::fs::remove_file(&file).unwrap();
+    let (payload, delayed): (serde_json::Value, bool) = sqlx::query_as(
+        "SELECT payload, publish_at > now() + interval '50 minutes' FROM outbox_event_log \
+         WHERE aggregateid = '43'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(payload, serde_json::json!({"from": "file"}));
+    assert!(delayed);
 
     refused(
         &with_db(&["events", "emit", "order", "1", "t", "{nope"]),
@@ -1485,7 +1530,7 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(logged, 1, "no refusal wrote anything");
+    assert_eq!(logged, 2, "no refusal wrote anything");
 }
 
 #[tokio::test]
@@ -1595,7 +1640,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     // nothing; a malformed id is refused.
     for (event, says) in [
         ("0190a0b0-0000-7000-8000-000000000001", "skipped nothing"),
-        ("nope", "is not a UUID"),
+        ("nope", "is not an event id"),
     ] {
         let refused = cli(&[
             "events",
@@ -1623,6 +1668,41 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     ])
     .await);
     assert!(skipped.starts_with("skipped event "), "{skipped}");
+    // A retry of an aggregate held back by its event's own delay says the
+    // delay stands.
+    ok(&cli(&[
+        "events",
+        "emit",
+        "order",
+        "later",
+        "order.placed",
+        "{}",
+        "--delay",
+        "1h",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delayed event was never held back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let retried = ok(&cli(&[
+        "events",
+        "retry",
+        "hooks",
+        "order",
+        "later",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(retried.contains("is delayed until then"), "{retried}");
     let delete = [
         "events",
         "delete-subscription",

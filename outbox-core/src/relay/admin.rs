@@ -155,6 +155,32 @@ pub async fn retry_parked(
     .await
 }
 
+/// When held-back event `event_id` of `subscription` is due by its own
+/// delay ([`crate::events::Event::delay`]), if that is still ahead: a
+/// retry does not cut a delay short. None when it is not delayed, its
+/// delay has run out, or it is not held back.
+pub async fn delayed_until(
+    pool: &PgPool,
+    subscription: &str,
+    event_id: &str,
+) -> Result<Option<DateTime<Utc>>> {
+    let Some(bytes) = crate::events::parse_uuid(event_id) else {
+        return Ok(None);
+    };
+    let id = crate::events::format_uuid(&bytes);
+    Ok(crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(
+            "SELECT publish_at FROM outbox_event_parked \
+             WHERE subscription = $1 AND id = $2::uuid AND publish_at > now()",
+        )
+        .bind(subscription)
+        .bind(&id)
+        .fetch_optional(conn)
+        .await
+    })
+    .await?)
+}
+
 /// Drops a parked aggregate's first held-back event if the broker refused
 /// it, and tries the rest now; returns the dropped event's id, or none
 /// when nothing is held back for it or its first event was not refused (a

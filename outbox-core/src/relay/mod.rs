@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use admin::{
-    Deleted, ParkedEvent, Subscription, delete_subscription, parked, retry_parked,
+    Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked, retry_parked,
     sequence_problem, skip_parked, skip_parked_event, subscription_exists, subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
