@@ -460,6 +460,68 @@ async fn two_subscriptions_each_get_every_event_and_a_new_one_can_start_at_the_h
     assert_eq!(subs[0].behind, 1, "the first has not seen the last event");
 }
 
+/// A replay: new subscriptions that start at a retained position, or at a
+/// time, publish that event and every later one, and nothing before it;
+/// one asked to start past the head starts at the head.
+#[tokio::test]
+async fn a_new_subscription_can_start_at_a_retained_position_or_time() {
+    let db = TestDb::migrated().await;
+    let mut emitted = Vec::new();
+    for i in 0..10 {
+        emitted.push(
+            emit(
+                &mut *db.conn().await,
+                Event::new("order", (i % 3).to_string(), "e", json!({"i": i})),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let sixth_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT created_at FROM outbox_event_log WHERE position = $1")
+            .bind(emitted[6].position)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let (at_position, at_time, past) = (Capture::default(), Capture::default(), Capture::default());
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![
+            Relay::new("from-4", at_position.clone())
+                .start_at(outbox::relay::Start::Position(emitted[4].position)),
+            Relay::new("from-6", at_time.clone()).start_at(outbox::relay::Start::Time(sixth_at)),
+            Relay::new("past", past.clone())
+                .start_at(outbox::relay::Start::Position(emitted[9].position + 1000)),
+        ],
+    );
+    // Aggregates publish at once: compared as sets.
+    let ids = |got: Vec<Message>| {
+        let mut ids: Vec<String> = got.into_iter().map(|m| m.event_id).collect();
+        ids.sort();
+        ids
+    };
+    let want = |from: usize| {
+        let mut ids: Vec<String> = emitted[from..].iter().map(|e| e.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let got = at_position.wait_until("six events", |g| g.len() == 6).await;
+    assert_eq!(ids(got), want(4));
+    let got = at_time.wait_until("four events", |g| g.len() == 4).await;
+    assert_eq!(ids(got), want(6));
+    let later = emit(
+        &mut *db.conn().await,
+        Event::new("order", "1", "after", json!({})),
+    )
+    .await
+    .unwrap();
+    let got = past.wait_until("the new event", |g| !g.is_empty()).await;
+    assert_eq!(ids(got), [later.id]);
+    at_time.wait_until("five events", |g| g.len() == 5).await;
+    worker.stop().await;
+    assert_eq!(at_position.messages().len(), 7);
+}
+
 /// A subscription from the start of a log whose positions run far past
 /// its events (retention dropped the early ones, or rolled-back emits drew
 /// them) reads the stretch by its events: a batch of positions at a time,
@@ -1326,6 +1388,11 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
             "partitions=\"2000\" is out of range",
         ),
         ("nats://127.0.0.1:1?start=middle", "start=\"middle\""),
+        ("nats://127.0.0.1:1?start=0", "start=\"0\""),
+        (
+            "nats://127.0.0.1:1?start=2026-13-01T00:00:00Z",
+            "an RFC 3339 time",
+        ),
         (
             "nats://127.0.0.1:1?poll_ms=0",
             "poll_ms=\"0\" is out of range",
@@ -1333,6 +1400,15 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
     ] {
         let err = Relay::from_url("r", url).await.unwrap_err();
         assert!(err.contains(needle), "{url}: {err}");
+    }
+    for (start, shown) in [
+        ("head", "Head"),
+        ("42", "Position(42)"),
+        ("2026-11-28T09:00:00%2B01:00", "Time(2026-11-28T08:00:00Z)"),
+    ] {
+        let url = format!("http://127.0.0.1:1/hook?start={start}");
+        let relay = Relay::from_url("r", &url).await.unwrap();
+        assert!(format!("{relay:?}").contains(shown), "{url}: {relay:?}");
     }
 }
 

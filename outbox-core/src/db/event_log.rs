@@ -225,21 +225,34 @@ pub(crate) struct Holder<'a> {
     pub(crate) fence: i64,
 }
 
-/// Creates the subscription unless it exists; returns its stream and
-/// partitions as recorded, or none when a concurrent creator got there
-/// first (ask again).
+/// A new subscription as created: its stream and partitions as recorded,
+/// and where its cursors start when this call created it.
+pub(crate) type Subscribed = (String, i32, Option<i64>);
+
+/// Creates the subscription unless it exists, its cursors where `start`
+/// says; returns it as recorded, or none when a concurrent creator got
+/// there first (ask again).
 pub(crate) async fn subscribe(
     conn: &mut PgConnection,
     name: &str,
     stream: &str,
     partitions: i32,
-    from_head: bool,
-) -> sqlx::Result<Option<(String, i32)>> {
+    start: crate::relay::Start,
+) -> sqlx::Result<Option<Subscribed>> {
+    use crate::relay::Start;
+    let (mode, position, time) = match start {
+        Start::Beginning => ("start", None, None),
+        Start::Head => ("head", None, None),
+        Start::Position(p) => ("position", Some(p), None),
+        Start::Time(t) => ("time", None, Some(t)),
+    };
     sqlx::query_as(include_str!("sql/event_subscribe.sql"))
         .bind(name)
         .bind(stream)
         .bind(partitions)
-        .bind(from_head)
+        .bind(mode)
+        .bind(position)
+        .bind(time)
         .fetch_optional(conn)
         .await
 }

@@ -99,6 +99,25 @@ pub const DEFAULT_ROUTE: &str = "outbox.event.{aggregate_type}";
 /// How long a publish may take before it counts as a transient failure.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where a new subscription starts reading the log. An existing
+/// subscription goes on from its cursor whatever its relay says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Start {
+    /// The start of what the log keeps (the default).
+    #[default]
+    Beginning,
+    /// The log's head: only events emitted from then on.
+    Head,
+    /// The event at this position (1 or more) and every later one: a
+    /// replay from a retained position (`events parked`, the log's
+    /// `position` column, an inbox's `sequence` header). At the head at
+    /// most.
+    Position(i64),
+    /// The first event emitted at or after this time, and every later
+    /// one; the head when there is none.
+    Time(chrono::DateTime<chrono::Utc>),
+}
+
 /// One relay: a name (its subscription's, and for logs and metrics), a
 /// sink, the stream it reads and how it routes.
 #[derive(Clone)]
@@ -111,7 +130,7 @@ pub struct Relay {
     pub(crate) give_up_after: Option<i32>,
     pub(crate) publish_timeout: Duration,
     pub(crate) partitions: i32,
-    pub(crate) from_head: bool,
+    pub(crate) start: Start,
     pub(crate) batch: i64,
     pub(crate) poll: Duration,
     pub(crate) lease: Duration,
@@ -126,6 +145,7 @@ impl std::fmt::Debug for Relay {
             .field("concurrency", &self.concurrency)
             .field("route", &self.route)
             .field("partitions", &self.partitions)
+            .field("start", &self.start)
             .finish()
     }
 }
@@ -148,7 +168,7 @@ impl Relay {
             give_up_after: None,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             partitions: 1,
-            from_head: false,
+            start: Start::Beginning,
             batch: DEFAULT_BATCH,
             poll: DEFAULT_POLL,
             lease: DEFAULT_LEASE,
@@ -202,8 +222,15 @@ impl Relay {
     /// A new subscription starts at the log's head (only events emitted
     /// from then on) instead of the start of what the log keeps. An
     /// existing subscription goes on from its cursor either way.
-    pub fn start_at_head(mut self) -> Self {
-        self.from_head = true;
+    pub fn start_at_head(self) -> Self {
+        self.start_at(Start::Head)
+    }
+
+    /// Where a new subscription starts (see [`Start`]): a replay is a new
+    /// subscription from a retained position or time. An existing
+    /// subscription goes on from its cursor either way.
+    pub fn start_at(mut self, start: Start) -> Self {
+        self.start = start;
         self
     }
 
@@ -302,6 +329,14 @@ impl Relay {
             out.push(format!(
                 "relay {:?}: {} partitions is out of range: use 1 to {MAX_PARTITIONS}",
                 self.name, self.partitions
+            ));
+        }
+        if let Start::Position(p) = self.start
+            && p < 1
+        {
+            out.push(format!(
+                "relay {:?}: start position {p} is out of range: positions start at 1",
+                self.name
             ));
         }
         if !(1..=1_000_000).contains(&self.batch) {

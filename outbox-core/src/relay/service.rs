@@ -57,14 +57,14 @@ pub(crate) async fn run(
     ]);
     let deadline = limits.deadline();
     let mut outage = Outage::new("relay");
-    let (stream, partitions) = loop {
+    let (stream, partitions, created_at) = loop {
         let subscribed = call(&engine, deadline, "relay subscribe", async |conn| {
             event_log::subscribe(
                 conn,
                 &relay.name,
                 &relay.queue,
                 relay.partitions,
-                relay.from_head,
+                relay.start,
             )
             .await
         })
@@ -82,6 +82,16 @@ pub(crate) async fn run(
         }
     };
     outage.ok();
+    if let Some(at) = created_at {
+        tracing::info!(relay = %relay.name, start = ?relay.start, position = at,
+            "subscription created: it publishes the events after this position");
+        if let super::Start::Position(p) = relay.start
+            && p - 1 > at
+        {
+            tracing::warn!(relay = %relay.name, asked = p, head = at,
+                "the start position is past the log's head: the subscription starts at the head");
+        }
+    }
     if stream != relay.queue || partitions != relay.partitions {
         tracing::warn!(relay = %relay.name, stream = %stream, partitions,
             "the subscription exists with this stream and partition count, which it keeps \

@@ -113,14 +113,22 @@ pub(crate) async fn relay_from_url(
         1000,
         600_000,
     )?;
-    let from_head = match params.take("start").as_deref() {
-        None | Some("start") => false,
-        Some("head") => true,
-        Some(other) => {
-            return Err(format!(
-                "relay option start={other:?}: use start (the start of what the log keeps) or head"
-            ));
-        }
+    let start = match params.take("start").as_deref() {
+        None | Some("start") => super::Start::Beginning,
+        Some("head") => super::Start::Head,
+        Some(other) => match (
+            other.parse::<i64>(),
+            chrono::DateTime::parse_from_rfc3339(other),
+        ) {
+            (Ok(p), _) if p >= 1 => super::Start::Position(p),
+            (_, Ok(t)) => super::Start::Time(t.with_timezone(&chrono::Utc)),
+            _ => {
+                return Err(format!(
+                    "relay option start={other:?}: use start (the start of what the log keeps), head, \
+                     a position (1 or more) or an RFC 3339 time (2026-11-28T09:00:00Z)"
+                ));
+            }
+        },
     };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
@@ -155,9 +163,7 @@ pub(crate) async fn relay_from_url(
         .batch(batch as i64)
         .poll_interval(Duration::from_millis(poll_ms))
         .lease(Duration::from_millis(lease_ms));
-    if from_head {
-        relay = relay.start_at_head();
-    }
+    relay = relay.start_at(start);
     if let Some(q) = queue {
         relay = relay.queue(q);
     }

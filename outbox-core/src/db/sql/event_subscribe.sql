@@ -1,24 +1,42 @@
 -- Creates subscription $1 of stream $2 with $3 partitions unless it exists,
--- its cursors at the start of what the log keeps ($4 false) or at its head
--- ($4 true: only events emitted from now on); returns the subscription's
--- stream and partitions as recorded (it keeps what it was created with).
--- At the head, events of transactions still open are not published (they
--- were emitted before); the head is read under the sequence's lock (see
--- event_last_position.sql). Two creators at once: the second gets no row (its
--- snapshot predates the first's commit) and asks again.
+-- its cursors where $4 says: 'start' (the start of what the log keeps),
+-- 'head' (only events emitted from now on), 'position' (the event at
+-- position $5 and every later one; at the head at most) or 'time' (the
+-- first event emitted at or after $6 and every later one; the head when
+-- there is none). Returns the subscription's stream and partitions as
+-- recorded (it keeps what it was created with), and where its cursors
+-- start when this statement created it.
+-- A cursor at the head, or at any position, leaves behind it the events
+-- of transactions still open below it (they were emitted before); the
+-- head is read under the sequence's lock (see event_last_position.sql).
+-- Two creators at once: the second gets no row (its snapshot predates
+-- the first's commit) and asks again.
 WITH created AS (
     INSERT INTO outbox_event_subscriptions (name, stream, partitions)
     VALUES ($1, $2, $3)
     ON CONFLICT (name) DO NOTHING
     RETURNING name, stream, partitions
+), head AS (
+    SELECT coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0) AS position
+), start AS (
+    SELECT CASE $4::text
+               WHEN 'head' THEN h.position
+               WHEN 'position' THEN least(greatest($5::bigint - 1, 0), h.position)
+               -- Read only when creating: a scan of the days from $6 on.
+               WHEN 'time' THEN coalesce((SELECT min(e.position) - 1 FROM outbox_event_log AS e
+                                         WHERE e.created_at >= $6::timestamptz
+                                           AND e.stream = $2
+                                           AND EXISTS (SELECT 1 FROM created)),
+                                        h.position)
+               ELSE 0
+           END AS position
+    FROM head AS h
 ), cursors AS (
     INSERT INTO outbox_event_cursors (subscription, part, position)
-    SELECT c.name, p,
-           CASE WHEN $4 THEN coalesce(pg_sequence_last_value('outbox_event_position_seq'), 0)
-                ELSE 0 END
-    FROM created AS c, generate_series(0, c.partitions - 1) AS p
+    SELECT c.name, p, s.position
+    FROM created AS c, start AS s, generate_series(0, c.partitions - 1) AS p
 )
-SELECT stream, partitions FROM created
+SELECT c.stream, c.partitions, s.position AS start FROM created AS c, start AS s
 UNION ALL
-SELECT stream, partitions FROM outbox_event_subscriptions
+SELECT stream, partitions, NULL FROM outbox_event_subscriptions
 WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM created)
