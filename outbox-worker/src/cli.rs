@@ -172,6 +172,13 @@ struct RunArgs {
     /// leader creates them two ahead (1m to 366d).
     #[arg(long, env = "OUTBOX_HISTORY_PARTITION", default_value = "1d", value_parser = flags::duration(MINUTE, 366 * DAY))]
     history_partition: Duration,
+    /// The longest the event log keeps a day of events some subscription
+    /// has not published yet (a relay stopped for good): the day is dropped
+    /// anyway after this, and `outbox_event_log_forced_drops_total` counts
+    /// it. Days every subscription has passed go within the hour after
+    /// their end (1d to 3650d).
+    #[arg(long, env = "OUTBOX_EVENT_LOG_MAX_AGE", default_value = "14d", value_parser = flags::duration(DAY, 3650 * DAY))]
+    event_log_max_age: Duration,
     /// How long after a worker stopped reporting itself (killed, machine
     /// lost) its row leaves `workers list` (1s to 30d).
     #[arg(long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
@@ -450,6 +457,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
         history_partition: args.history_partition,
+        event_log_max_age: args.event_log_max_age,
         vacuum_threshold: args.vacuum_threshold,
         delete_completed: args.retention.is_zero(),
         forget_workers_after: args.forget_workers_after,

@@ -307,6 +307,11 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         ),
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
+        (&["run", "--event-log-max-age", "23h"], "out of range"),
+        (
+            &["bench", "--relay-delayed-events", "10000001"],
+            "10000001 is not in 0..=10000000",
+        ),
         (&["bench", "--claim-ahead", "1e9"], "invalid digit"),
         (
             &["bench", "--fan-in", "100000"],
