@@ -162,3 +162,34 @@ async fn the_kafka_consumer_counts_every_order_once_through_the_relay() {
     drop(consumer);
     worker.stop().await;
 }
+
+/// What the consumers apply: an event once (a redelivery changes nothing),
+/// a payload that is not an `order.placed` event never (no row of an empty
+/// customer), and the set-up run by the service and a consumer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apply_counts_an_event_once_and_refuses_one_that_is_not_an_order() {
+    let db = TestDb::empty().await;
+    let (a, b) = tokio::join!(
+        events_example::setup(&db.pool),
+        events_example::setup(&db.pool)
+    );
+    a.unwrap();
+    b.unwrap();
+    let id = "0190a0b0-0000-7000-8000-000000000001";
+    let good = br#"{"order_id": 1, "customer": "ada", "amount_cents": 990}"#;
+    assert!(events_example::apply(&db.pool, id, good).await.unwrap());
+    assert!(!events_example::apply(&db.pool, id, good).await.unwrap());
+    for bad in [
+        &br#"{"order_id": 2}"#[..],
+        br#"{"customer": "", "amount_cents": 1}"#,
+        b"not json",
+    ] {
+        let refused =
+            events_example::apply(&db.pool, "0190a0b0-0000-7000-8000-000000000002", bad).await;
+        assert!(
+            matches!(refused, Err(outbox::Error::InvalidEvent(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(totals(&db).await, (1, 990));
+}

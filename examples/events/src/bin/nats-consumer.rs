@@ -60,11 +60,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             }
             continue;
         };
-        // Not applied (the database went away): no ack, so the message
-        // comes back after the ack wait and the inbox decides then.
-        if let Err(error) = events_example::apply(&pool, &event_id, &message.payload).await {
-            eprintln!("consumer: event {event_id} not applied: {error}; it will be redelivered");
-            continue;
+        match events_example::apply(&pool, &event_id, &message.payload).await {
+            Ok(_) => {}
+            // Never applicable: JetStream is told not to redeliver it.
+            Err(error @ outbox::Error::InvalidEvent(_)) => {
+                eprintln!("consumer: {error}; dropped");
+                if let Err(error) = message.ack_with(async_nats::jetstream::AckKind::Term).await {
+                    eprintln!("consumer: ack failed: {error}");
+                }
+                continue;
+            }
+            // Not applied (the database went away): no ack, so the message
+            // comes back after the ack wait and the inbox decides then.
+            Err(error) => {
+                eprintln!(
+                    "consumer: event {event_id} not applied: {error}; it will be redelivered"
+                );
+                continue;
+            }
         }
         if let Err(error) = message.ack().await {
             eprintln!("consumer: ack of {event_id} failed: {error}; it will be redelivered");
