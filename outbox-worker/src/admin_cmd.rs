@@ -149,9 +149,7 @@ pub(crate) async fn tasks(command: TasksCommand) -> Result<(), Failure> {
 
 async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let registered = crate::task_types::registered(&args.task_type)?;
-    let text = read_payload(&args.payload)?;
-    let payload: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Failure::config(format!("the payload is not valid JSON: {e}")))?;
+    let (text, payload) = crate::payload::json(&args.payload)?;
     (registered.check_payload)(&text).map_err(|e| {
         Failure::config(format!(
             "the payload does not fit task type {:?}: {e}",
@@ -210,42 +208,6 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         println!("{} duplicate", done.id);
     } else {
         println!("{}", done.id);
-    }
-    Ok(())
-}
-
-/// The most payload `tasks submit` reads.
-pub(crate) const MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
-
-/// The payload argument itself, or what `-` (standard input) or `@FILE`
-/// names (`tasks submit`, `events emit`), refusing anything larger than [`MAX_PAYLOAD_BYTES`].
-pub(crate) fn read_payload(arg: &str) -> Result<String, Failure> {
-    use std::io::Read;
-    let (source, reader): (String, Box<dyn Read>) = if arg == "-" {
-        ("standard input".to_owned(), Box::new(std::io::stdin()))
-    } else if let Some(path) = arg.strip_prefix('@') {
-        let file = std::fs::File::open(path)
-            .map_err(|e| Failure::config(format!("cannot read the payload file {path:?}: {e}")))?;
-        (format!("file {path:?}"), Box::new(file))
-    } else {
-        return check_size(arg.len() as u64, "the payload argument").map(|()| arg.to_owned());
-    };
-    let mut bytes = Vec::new();
-    reader
-        .take(MAX_PAYLOAD_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Failure::config(format!("cannot read the payload from {source}: {e}")))?;
-    check_size(bytes.len() as u64, &source)?;
-    String::from_utf8(bytes)
-        .map_err(|e| Failure::config(format!("the payload from {source} is not UTF-8: {e}")))
-}
-
-fn check_size(len: u64, source: &str) -> Result<(), Failure> {
-    if len > MAX_PAYLOAD_BYTES {
-        return Err(Failure::config(format!(
-            "the payload from {source} is larger than the {} MiB `tasks submit` accepts",
-            MAX_PAYLOAD_BYTES / (1024 * 1024)
-        )));
     }
     Ok(())
 }

@@ -176,9 +176,7 @@ async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
 }
 
 async fn emit(args: EmitArgs) -> Result<(), Failure> {
-    let text = crate::admin_cmd::read_payload(&args.json)?;
-    let payload: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Failure::config(format!("the payload is not JSON: {e}")))?;
+    let (_, payload) = crate::payload::json(&args.json)?;
     let mut event = Event::new(
         args.aggregate_type,
         args.aggregate_id,

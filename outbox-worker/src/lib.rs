@@ -22,6 +22,7 @@ pub mod local_postgres;
 pub mod metrics;
 #[cfg(feature = "otel")]
 mod otel;
+mod payload;
 mod periodic_cmd;
 mod queues_cmd;
 mod signals;

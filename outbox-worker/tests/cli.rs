@@ -1472,7 +1472,21 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     refused(
         &with_db(&["events", "emit", "order", "1", "t", "{nope"]),
         2,
-        "the payload is not JSON",
+        "the payload is not valid JSON",
+    )
+    .await;
+    // A number the command line would round is refused, not rounded.
+    refused(
+        &with_db(&[
+            "events",
+            "emit",
+            "order",
+            "1",
+            "t",
+            r#"{"big": 12345678901234567890123}"#,
+        ]),
+        2,
+        "would be stored rounded",
     )
     .await;
     refused(
