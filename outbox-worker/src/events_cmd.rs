@@ -183,7 +183,12 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
         args.event_type,
         payload,
     );
+    let mut seen = std::collections::HashSet::new();
     for (name, value) in args.headers {
+        // The last would win silently.
+        if !seen.insert(name.to_ascii_lowercase()) {
+            return Err(Failure::config(format!("header {name:?} is given twice")));
+        }
         event = event.header(name, value);
     }
     if let Some(q) = args.queue {

@@ -1475,6 +1475,14 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "the payload is not valid JSON",
     )
     .await;
+    refused(
+        &with_db(&[
+            "events", "emit", "order", "1", "t", "{}", "--header", "a=1", "--header", "a=2",
+        ]),
+        2,
+        "header \"a\" is given twice",
+    )
+    .await;
     // A number the command line would round is refused, not rounded.
     refused(
         &with_db(&[
