@@ -459,6 +459,7 @@ impl Partition<'_> {
     /// returns what is still parked; none when the lease was lost.
     async fn replay_parked(&self, halt: Halt<'_>) -> Result<Option<Parked>, Failure> {
         let env = self.env;
+        let looking = std::time::Instant::now();
         let due = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
                 conn,
@@ -470,6 +471,7 @@ impl Partition<'_> {
             .await
         })
         .await?;
+        let read_due = looking.elapsed();
         // A whole batch due: more may be, to try at once.
         let full = due.len() as i64 >= env.batch;
         // Due rows come in position order, aggregates interleaved. The
@@ -480,7 +482,7 @@ impl Partition<'_> {
         // 1,600 events/s where a batch went at 57,000.)
         let groups = publish::by_aggregate(due);
         if groups.is_empty() {
-            return self.still_parked(false).await;
+            return self.still_parked(false, read_due).await;
         }
         let positions: Vec<Vec<i64>> = groups
             .iter()
@@ -544,13 +546,18 @@ impl Partition<'_> {
         }
         // Only when some went out: a whole batch tried and held back again
         // (due by the database's clock, not yet by this one's) waits.
-        self.still_parked(full && published).await
+        self.still_parked(full && published, read_due).await
     }
 
     /// What the partition still holds back; `more` when more may be due
-    /// already.
-    async fn still_parked(&self, more: bool) -> Result<Option<Parked>, Failure> {
+    /// already. `read_due` is what reading the due ones took.
+    async fn still_parked(
+        &self,
+        more: bool,
+        read_due: Duration,
+    ) -> Result<Option<Parked>, Failure> {
         let env = self.env;
+        let reading = std::time::Instant::now();
         let rows = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_aggregates(conn, &env.subscription, env.partitions, self.part).await
         })
@@ -560,6 +567,7 @@ impl Partition<'_> {
             aggregates: rows.into_iter().map(|(t, id, _)| (t, id)).collect(),
             soonest,
             more,
+            cost: read_due + reading.elapsed(),
         }))
     }
 }
@@ -572,12 +580,19 @@ struct Parked {
     soonest: Option<chrono::DateTime<chrono::Utc>>,
     /// More may be due already.
     more: bool,
+    /// What the two reads of a look took: both read every parked event of
+    /// the subscription, so a long list makes a look dear.
+    cost: Duration,
 }
 
 impl Parked {
     /// When to look at them again: at once when more may be due, when the
     /// first is due (so that a delayed event goes out at its time, not up
-    /// to a second later), and `PARKED_CHECK` from now at the latest.
+    /// to a second later), and `PARKED_CHECK` from now at the latest. But
+    /// no sooner than ten times what this look cost: with delayed events
+    /// coming due one after another, looks at a long list would otherwise
+    /// follow each other (each reads it whole); it caps them at a tenth of
+    /// the time.
     fn next_look(&self) -> std::time::Instant {
         let now = std::time::Instant::now();
         if self.more {
@@ -586,7 +601,7 @@ impl Parked {
         let until = self.soonest.map_or(PARKED_CHECK, |at| {
             (at - chrono::Utc::now()).to_std().unwrap_or(PAST_DUE_LOOK)
         });
-        now + until.min(PARKED_CHECK)
+        now + until.max(self.cost * 10).min(PARKED_CHECK)
     }
 }
 
@@ -605,5 +620,43 @@ impl From<sqlx::Error> for Failure {
 impl From<Interrupted> for Failure {
     fn from(e: Interrupted) -> Self {
         Self::Interrupted(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look(soonest_ms: Option<i64>, more: bool, cost_ms: u64) -> Duration {
+        let parked = Parked {
+            aggregates: HashSet::new(),
+            soonest: soonest_ms.map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms)),
+            more,
+            cost: Duration::from_millis(cost_ms),
+        };
+        parked
+            .next_look()
+            .saturating_duration_since(std::time::Instant::now())
+    }
+
+    #[test]
+    fn parked_events_are_looked_at_when_due_but_never_at_more_than_a_tenth_of_the_time() {
+        // Nothing due: a second.
+        assert!(look(None, false, 1) > Duration::from_millis(900));
+        // Due in 300 ms: then (the clocks read between may move a little).
+        let due = look(Some(300), false, 1);
+        assert!(
+            due > Duration::from_millis(200) && due <= Duration::from_millis(300),
+            "{due:?}"
+        );
+        // Due already by this clock, not by the database's: soon.
+        assert!(look(Some(-500), false, 1) <= PAST_DUE_LOOK);
+        // A look that cost 50 ms: not again within 500 ms, due or not.
+        let dear = look(Some(10), false, 50);
+        assert!(dear > Duration::from_millis(400), "{dear:?}");
+        // Dearer still: a second, as before.
+        assert!(look(Some(10), false, 500) <= PARKED_CHECK);
+        // A whole batch was due and went out: at once.
+        assert_eq!(look(Some(300), true, 50), Duration::ZERO);
     }
 }
