@@ -59,6 +59,27 @@ async fn log_rows(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
+/// Waits (at most a minute) until the events `subscription` holds back
+/// satisfy `done` (all subscriptions' for none); returns them.
+async fn wait_parked(
+    pool: &PgPool,
+    subscription: Option<&str>,
+    what: &str,
+    done: impl Fn(&[outbox::relay::ParkedEvent]) -> bool,
+) -> Vec<outbox::relay::ParkedEvent> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let parked = outbox::relay::parked(pool, subscription, 100)
+            .await
+            .unwrap();
+        if done(&parked) {
+            return parked;
+        }
+        assert!(Instant::now() < deadline, "{what}: {parked:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn an_event_commits_with_its_transaction_and_reaches_the_sink_with_its_headers() {
     let db = TestDb::migrated().await;
@@ -522,6 +543,52 @@ async fn a_new_subscription_can_start_at_a_retained_position_or_time() {
     assert_eq!(at_position.messages().len(), 7);
 }
 
+/// A subscription started at a time while a transaction that emitted
+/// after that time is still open: its event is published once it commits,
+/// not skipped because a later event committed first (the cursor starts
+/// after the last event emitted before the time).
+#[tokio::test]
+async fn a_subscription_started_at_a_time_publishes_an_event_of_a_transaction_open_then() {
+    let db = TestDb::migrated().await;
+    for i in 0..3 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", "1", "before", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+    }
+    let t: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let mut open = db.pool.begin().await.unwrap();
+    let late = emit(&mut open, Event::new("order", "2", "open", json!({})))
+        .await
+        .unwrap();
+    let after = emit(
+        &mut *db.conn().await,
+        Event::new("order", "3", "after", json!({})),
+    )
+    .await
+    .unwrap();
+    let sink = Capture::default();
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![Relay::new("from-t", sink.clone()).start_at(outbox::relay::Start::Time(t))],
+    );
+    sink.wait_until("the committed event after the time", |g| !g.is_empty())
+        .await;
+    open.commit().await.unwrap();
+    let got = sink.wait_until("both", |g| g.len() == 2).await;
+    worker.stop().await;
+    let mut ids: Vec<&str> = got.iter().map(|m| m.event_id.as_str()).collect();
+    ids.sort();
+    let mut want = [late.id.as_str(), after.id.as_str()];
+    want.sort();
+    assert_eq!(ids, want);
+}
+
 /// A subscription from the start of a log whose positions run far past
 /// its events (retention dropped the early ones, or rolled-back emits drew
 /// them) reads the stretch by its events: a batch of positions at a time,
@@ -727,17 +794,7 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     sink.wait_until("the healthy aggregates", |g| g.len() == 6)
         .await;
     // The bad aggregate waits in the parked list, its refused event first.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let parked = loop {
-        let parked = outbox::relay::parked(&db.pool, Some("capture"), 100)
-            .await
-            .unwrap();
-        if parked.len() == 3 {
-            break parked;
-        }
-        assert!(Instant::now() < deadline, "never parked: {parked:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let parked = wait_parked(&db.pool, Some("capture"), "never parked", |p| p.len() == 3).await;
     assert_eq!(parked[0].id, emitted[3].id);
     assert!(
         parked[0]
@@ -775,19 +832,10 @@ async fn poison_parks_its_aggregate_and_an_operator_retries_or_skips_it() {
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while outbox::relay::parked(&db.pool, None, 100)
-        .await
-        .unwrap()
-        .len()
-        < 4
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the later event was not held back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_parked(&db.pool, None, "the later event was not held back", |p| {
+        p.len() >= 4
+    })
+    .await;
     assert!(sink.messages().iter().all(|m| m.aggregate_id != "bad"));
 
     // Skip drops the refused event; the rest go, in order, once the broker
@@ -1007,20 +1055,13 @@ async fn delayed_aggregates_come_due_together(batch: i64) {
         .await;
     // Held back: bad's two (its first refused), mixed's last two (its
     // second not due for an hour).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let parked = loop {
-        let parked = outbox::relay::parked(&db.pool, Some("capture"), 100)
-            .await
-            .unwrap();
-        if parked.len() == 4 && parked.iter().any(|p| p.error.is_some()) {
-            break parked;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not held back as expected: {parked:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let parked = wait_parked(
+        &db.pool,
+        Some("capture"),
+        "not held back as expected",
+        |p| p.len() == 4 && p.iter().any(|p| p.error.is_some()),
+    )
+    .await;
     worker.stop().await;
     for agg in 0..200 {
         let agg = agg.to_string();
@@ -1174,6 +1215,63 @@ async fn a_relay_stops_at_once_while_its_broker_is_down_and_loses_nothing() {
     let got = up.wait_until("the event", |g| !g.is_empty()).await;
     worker.stop().await;
     assert_eq!(got[0].event_id, event.id);
+}
+
+/// A sink whose first publish waits for the test, then fails once for now;
+/// the rest go to `inner`.
+#[derive(Clone)]
+struct FailsOnceWhenLetGo {
+    entered: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+    first: Arc<std::sync::atomic::AtomicBool>,
+    inner: Capture,
+}
+
+impl outbox::relay::Sink for FailsOnceWhenLetGo {
+    fn kind(&self) -> &'static str {
+        "fails-once"
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> outbox::relay::PublishFuture<'a> {
+        Box::pin(async move {
+            if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.entered.notify_one();
+                self.go.notified().await;
+                return Err(outbox::relay::PublishError::transient("blip", "one 503"));
+            }
+            self.inner.publish(message).await
+        })
+    }
+}
+
+/// One transient failure while a relay worker stops (its circuit closed)
+/// is retried as it would be otherwise: the batch goes out and its cursor
+/// is written before the worker stops, nothing left to publish twice.
+#[tokio::test]
+async fn a_single_failure_while_stopping_is_retried_not_abandoned() {
+    let db = TestDb::migrated().await;
+    let sink = FailsOnceWhenLetGo {
+        entered: Arc::default(),
+        go: Arc::default(),
+        first: Arc::new(true.into()),
+        inner: Capture::default(),
+    };
+    let event = emit(
+        &mut *db.conn().await,
+        Event::new("order", "1", "order.placed", json!({})),
+    )
+    .await
+    .unwrap();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    sink.entered.notified().await;
+    worker.stop.cancel();
+    sink.go.notify_one();
+    worker.handle.await.unwrap().unwrap();
+    let got = sink.inner.messages();
+    assert_eq!(got.len(), 1, "published before the stop");
+    assert_eq!(got[0].event_id, event.id);
+    let sub = &outbox::relay::subscriptions(&db.pool).await.unwrap()[0];
+    assert_eq!((sub.published, sub.behind), (1, 0), "{sub:?}");
 }
 
 #[tokio::test]

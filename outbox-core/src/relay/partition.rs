@@ -69,7 +69,7 @@ pub(crate) enum End {
 
 /// Runs partition `lease`, whose request was sent at `sent`, until `stop`
 /// (no new batch; the current one finishes unless `abandon` fires or the
-/// broker is failing) or the lease is lost. Releases the lease when
+/// relay's circuit is open) or the lease is lost. Releases the lease when
 /// stopped.
 pub(crate) async fn run(
     env: Arc<Env>,

@@ -19,10 +19,11 @@ use crate::db::event_log::{LogEvent, Parking};
 /// What stops publishing before the broker has taken everything: `abandon`
 /// (the shutdown's grace is over) at once; `stop` (no new batch: a
 /// shutdown, or the partition handed to another worker) only while the
-/// broker is failing, whose return the shutdown would otherwise wait for
-/// the whole grace. The cursor stays where it was: the next holder
-/// publishes the batch again (duplicates of what the broker took, with
-/// their event ids).
+/// relay's circuit is open (the broker keeps failing), whose closing the
+/// shutdown would otherwise wait for the whole grace. The cursor stays
+/// where it was: the next holder publishes the batch again (duplicates of
+/// what the broker took, with their event ids). A single transient failure
+/// does not stop a batch: it is retried, as it would be without the stop.
 #[derive(Clone, Copy)]
 pub(crate) struct Halt<'a> {
     pub(crate) stop: &'a CancellationToken,
@@ -87,7 +88,10 @@ pub(crate) async fn batch(
     let mut done = Done::default();
     let mut held = Vec::new();
     let groups = by_aggregate(events.into_iter().filter_map(|event| {
-        if parked.contains(&(event.aggregatetype.clone(), event.aggregateid.clone())) {
+        // The key is built (two strings) only when something is parked.
+        if !parked.is_empty()
+            && parked.contains(&(event.aggregatetype.clone(), event.aggregateid.clone()))
+        {
             held.push(behind(event));
             None
         } else {
@@ -230,8 +234,8 @@ async fn one(
             () = halt.abandon.cancelled() => return Err(Interrupted::Abandoned),
         };
         let took = started.elapsed();
-        // Waiting for a failing broker ends with a stop too.
-        let mut failing = false;
+        // Waiting for a broker behind an open circuit ends with a stop too.
+        let mut down = false;
         let wait = match result {
             Ok(()) => {
                 relay.circuit.success();
@@ -248,10 +252,10 @@ async fn one(
                 relay.instruments.circuit(relay.circuit.is_open());
                 m::failed(&relay.name, "transient", kind);
                 tracing::debug!(relay = %relay.name, event_id = %event.id, kind, %reason, "publish failed for now");
-                if halt.stop.is_cancelled() {
+                down = relay.circuit.is_open();
+                if down && halt.stop.is_cancelled() {
                     return Err(Interrupted::Abandoned);
                 }
-                failing = true;
                 backoff(streak).max(retry_after.unwrap_or_default())
             }
             Err(PublishError::Permanent { kind, reason }) => {
@@ -272,7 +276,7 @@ async fn one(
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = halt.abandon.cancelled() => return Err(Interrupted::Abandoned),
-            () = halt.stop.cancelled(), if failing => return Err(Interrupted::Abandoned),
+            () = halt.stop.cancelled(), if down => return Err(Interrupted::Abandoned),
         }
     }
 }
