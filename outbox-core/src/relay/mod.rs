@@ -113,8 +113,9 @@ pub enum Start {
     /// `position` column, an inbox's `sequence` header). At the head at
     /// most.
     Position(i64),
-    /// The first event emitted at or after this time, and every later
-    /// one; the head when there is none.
+    /// Every event emitted at or after this time: the subscription starts
+    /// after the last event emitted before it (so an event of a
+    /// transaction open then, emitted just before it, may come too).
     Time(chrono::DateTime<chrono::Utc>),
 }
 

@@ -1,9 +1,12 @@
 -- Creates subscription $1 of stream $2 with $3 partitions unless it exists,
 -- its cursors where $4 says: 'start' (the start of what the log keeps),
 -- 'head' (only events emitted from now on), 'position' (the event at
--- position $5 and every later one; at the head at most) or 'time' (the
--- first event emitted at or after $6 and every later one; the head when
--- there is none). Returns the subscription's stream and partitions as
+-- position $5 and every later one; at the head at most) or 'time' (every
+-- event emitted at or after $6: the cursor goes after the last visible
+-- event emitted before it, so that an emit at or after $6 whose
+-- transaction is still open is ahead of the cursor, not skipped; an event
+-- emitted just before $6 by a transaction still open then comes too).
+-- Returns the subscription's stream and partitions as
 -- recorded (it keeps what it was created with), and where its cursors
 -- start when this statement created it.
 -- A cursor at the head, or at any position, leaves behind it the events
@@ -22,12 +25,12 @@ WITH created AS (
     SELECT CASE $4::text
                WHEN 'head' THEN h.position
                WHEN 'position' THEN least(greatest($5::bigint - 1, 0), h.position)
-               -- Read only when creating: a scan of the days from $6 on.
-               WHEN 'time' THEN coalesce((SELECT min(e.position) - 1 FROM outbox_event_log AS e
-                                         WHERE e.created_at >= $6::timestamptz
-                                           AND e.stream = $2
+               -- Read only when creating: the position index of the
+               -- days up to $6, from their ends.
+               WHEN 'time' THEN coalesce((SELECT max(e.position) FROM outbox_event_log AS e
+                                         WHERE e.created_at < $6::timestamptz
                                            AND EXISTS (SELECT 1 FROM created)),
-                                        h.position)
+                                        0)
                ELSE 0
            END AS position
     FROM head AS h
