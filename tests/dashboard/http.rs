@@ -466,7 +466,9 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
                                           payload, aggregate_hash, created_at, retry_at, error)
          VALUES ('hooks', 7, gen_random_uuid(), 'order', '42', 'order.placed', '{}', 1, now(), NULL,
                  'webhook refused the event (http_refused): <script>alert(1)</script>'),
-                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), now(), NULL);",
+                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), now(), NULL),
+                ('hooks', 11, gen_random_uuid(), 'order', '43', 'order.reminded', '{}', 1, now(),
+                 now() + interval '1 hour', NULL);",
     )
     .execute(&db.pool)
     .await
@@ -487,6 +489,15 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     assert!(page.body.contains("data-aggregate=\"order/42\""));
+    // An aggregate held back by its event's own delay is offered no
+    // retry (it would not cut the delay short): its row says delayed.
+    let delayed_row = page
+        .body
+        .split("<tr class=\"parked-event\"")
+        .find(|row| row.contains("data-aggregate=\"order/43\""))
+        .expect("the delayed aggregate's row");
+    assert!(delayed_row.contains("delayed"), "{delayed_row}");
+    assert!(!delayed_row.contains("class=\"retry\""), "{delayed_row}");
     assert!(
         page.body
             .contains("&#60;script&#62;alert(1)&#60;/script&#62;"),
@@ -506,10 +517,12 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     let positions = |pool: sqlx::PgPool| async move {
-        sqlx::query_scalar::<_, i64>("SELECT position FROM outbox_event_parked ORDER BY position")
-            .fetch_all(&pool)
-            .await
-            .unwrap()
+        sqlx::query_scalar::<_, i64>(
+            "SELECT position FROM outbox_event_parked WHERE aggregateid = '42' ORDER BY position",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
     };
     let form = "aggregate_type=order&aggregate_id=42";
     let forged = send(

@@ -49,6 +49,12 @@ impl EventsPage<'_> {
         }
     }
 
+    /// Whether `p` waits for its own delay: a retry would not cut it short,
+    /// so none is offered.
+    fn delayed(&self, p: &ParkedEvent) -> bool {
+        p.error.is_none() && p.retry_at.is_some_and(|t| t > chrono::Utc::now())
+    }
+
     fn retry_at(&self, p: &ParkedEvent) -> String {
         p.retry_at
             .as_ref()
