@@ -1,6 +1,6 @@
-//! `events emit | subscriptions | parked | retry | skip`: events from the
-//! command line, the subscriptions' lag, and what operators do about
-//! parked aggregates.
+//! `events emit | subscriptions | parked | retry | skip | rewind |
+//! delete-subscription`: events from the command line, the subscriptions'
+//! lag, and what operators do about parked aggregates and cursors.
 
 use clap::{Args, Subcommand};
 use outbox::events::{self, Event, new_event_id};
@@ -33,6 +33,24 @@ pub(crate) enum EventsCommand {
     /// that retention stops waiting for it: for a relay taken out of
     /// service. Refused while a relay worker runs it.
     DeleteSubscription(DeleteArgs),
+    /// Move a subscription's cursors back, to publish retained events
+    /// again (a consumer lost its data), or forward, to pass a backlog no
+    /// one wants. Its relay workers let its partitions go and take them
+    /// again from there.
+    Rewind(RewindArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RewindArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The subscription (the relay's name).
+    subscription: String,
+    /// Where to: `start` (what the log keeps), `head` (past everything
+    /// emitted so far), a position (that event and every later one) or an
+    /// RFC 3339 time (every event emitted then or later).
+    #[arg(long, value_name = "WHERE")]
+    to: outbox::relay::Start,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +171,24 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
         EventsCommand::Retry(args) => act(args, Action::Retry).await,
         EventsCommand::Skip(args) => act(args.aggregate, Action::Skip(args.event)).await,
         EventsCommand::DeleteSubscription(args) => delete_subscription(args).await,
+        EventsCommand::Rewind(args) => rewind(args).await,
+    }
+}
+
+async fn rewind(args: RewindArgs) -> Result<(), Failure> {
+    let pool = connect_operator_migrated(&args.db, 2).await?;
+    let name = &args.subscription;
+    match outbox::relay::rewind_subscription(&pool, name, args.to).await? {
+        Some(position) => {
+            println!(
+                "subscription {name:?} now publishes the events after position {position}; \
+                 its relay workers take its partitions again from there"
+            );
+            Ok(())
+        }
+        None => Err(Failure::runtime(format!(
+            "there is no subscription {name:?} (see `events subscriptions`)"
+        ))),
     }
 }
 

@@ -1430,6 +1430,18 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     )
     .await;
     refused(
+        &with_db(&["events", "rewind", "nobody", "--to", "head"]),
+        1,
+        "there is no subscription \"nobody\"",
+    )
+    .await;
+    refused(
+        &with_db(&["events", "rewind", "nobody", "--to", "0"]),
+        2,
+        "a position (1 or more)",
+    )
+    .await;
+    refused(
         &with_db(&["events", "skip", "nobody", "order", "42", "--event", "0190"]),
         2,
         "is not an event id",
@@ -1730,6 +1742,20 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     ])
     .await);
     assert!(retried.contains("is delayed until then"), "{retried}");
+    let rewound = ok(&cli(&[
+        "events",
+        "rewind",
+        "hooks",
+        "--to",
+        "head",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(
+        rewound.contains("now publishes the events after position"),
+        "{rewound}"
+    );
     let delete = [
         "events",
         "delete-subscription",

@@ -589,6 +589,120 @@ async fn a_subscription_started_at_a_time_publishes_an_event_of_a_transaction_op
     assert_eq!(ids, want);
 }
 
+/// An operator rewinds a live subscription to a retained position: its
+/// relay worker lets its partition go, takes it again from there and
+/// publishes those events again, each aggregate in order.
+#[tokio::test]
+async fn a_rewound_subscription_publishes_again_from_there() {
+    let db = TestDb::migrated().await;
+    let mut emitted = Vec::new();
+    for i in 0..10 {
+        emitted.push(
+            emit(
+                &mut *db.conn().await,
+                Event::new("order", (i % 3).to_string(), "e", json!({"i": i})),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let sink = Capture::default();
+    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    sink.wait_until("all ten", |g| g.len() == 10).await;
+    let at = outbox::relay::rewind_subscription(
+        &db.pool,
+        "capture",
+        outbox::relay::Start::Position(emitted[4].position),
+    )
+    .await
+    .unwrap();
+    assert_eq!(at, Some(emitted[4].position - 1));
+    let got = sink.wait_until("six again", |g| g.len() == 16).await;
+    worker.stop().await;
+    let mut again: Vec<&str> = got[10..].iter().map(|m| m.event_id.as_str()).collect();
+    again.sort();
+    let mut want: Vec<&str> = emitted[4..].iter().map(|e| e.id.as_str()).collect();
+    want.sort();
+    assert_eq!(again, want);
+    for agg in ["0", "1", "2"] {
+        let seqs: Vec<i64> = got[10..]
+            .iter()
+            .filter(|m| m.aggregate_id == agg)
+            .map(|m| m.sequence)
+            .collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{agg}: {seqs:?}");
+    }
+    assert_eq!(
+        outbox::relay::rewind_subscription(&db.pool, "nobody", outbox::relay::Start::Head)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// Rewound forward to the head while its broker is down, a subscription
+/// passes its backlog: the worker holding its partition (publishing into
+/// the failing broker) lets it go, and once the broker is back only what
+/// was emitted after the rewind is published.
+#[tokio::test]
+async fn a_subscription_rewound_to_the_head_passes_its_backlog() {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    *sink.transient.lock().unwrap() = u32::MAX;
+    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(2));
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
+    for i in 0..5 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", "1", "old", json!({"i": i})),
+        )
+        .await
+        .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while *sink.transient.lock().unwrap() > u32::MAX - 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay never tried the broker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fence_before: i64 =
+        sqlx::query_scalar("SELECT fence FROM outbox_event_cursors WHERE subscription = 'capture'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    outbox::relay::rewind_subscription(&db.pool, "capture", outbox::relay::Start::Head)
+        .await
+        .unwrap()
+        .expect("the subscription");
+    // Taken again (after the old holder let it go) before the broker is
+    // back: the old holder publishes nothing more.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!(
+            "SELECT holder IS NOT NULL AND fence > {} FROM outbox_event_cursors \
+             WHERE subscription = 'capture'",
+            fence_before + 1
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    let sub = outbox::relay::subscriptions(&db.pool).await.unwrap()[0].clone();
+    assert_eq!(sub.behind, 0, "{sub:?}");
+    *sink.transient.lock().unwrap() = 0;
+    let after = emit(
+        &mut *db.conn().await,
+        Event::new("order", "1", "new", json!({})),
+    )
+    .await
+    .unwrap();
+    let got = sink.wait_until("the new event", |g| !g.is_empty()).await;
+    worker.stop().await;
+    assert_eq!(got[0].event_id, after.id);
+    assert_eq!(sink.messages().len(), 1, "{:?}", sink.messages());
+}
+
 /// A subscription from the start of a log whose positions run far past
 /// its events (retention dropped the early ones, or rolled-back emits drew
 /// them) reads the stretch by its events: a batch of positions at a time,

@@ -239,17 +239,43 @@ pub(crate) async fn subscribe(
     partitions: i32,
     start: crate::relay::Start,
 ) -> sqlx::Result<Option<Subscribed>> {
-    use crate::relay::Start;
-    let (mode, position, time) = match start {
-        Start::Beginning => ("start", None, None),
-        Start::Head => ("head", None, None),
-        Start::Position(p) => ("position", Some(p), None),
-        Start::Time(t) => ("time", None, Some(t)),
-    };
+    let (mode, position, time) = start_params(start);
     sqlx::query_as(include_str!("sql/event_subscribe.sql"))
         .bind(name)
         .bind(stream)
         .bind(partitions)
+        .bind(mode)
+        .bind(position)
+        .bind(time)
+        .fetch_optional(conn)
+        .await
+}
+
+/// A [`crate::relay::Start`] as the parameters of event_subscribe.sql and
+/// event_rewind.sql: its kind, and its position or time.
+pub(crate) fn start_params(
+    start: crate::relay::Start,
+) -> (&'static str, Option<i64>, Option<DateTime<Utc>>) {
+    use crate::relay::Start;
+    match start {
+        Start::Beginning => ("start", None, None),
+        Start::Head => ("head", None, None),
+        Start::Position(p) => ("position", Some(p), None),
+        Start::Time(t) => ("time", None, Some(t)),
+    }
+}
+
+/// Moves subscription `name`'s cursors to `to` (event_rewind.sql);
+/// returns the position it now publishes after, or none when there is no
+/// such subscription.
+pub(crate) async fn rewind(
+    conn: &mut PgConnection,
+    name: &str,
+    to: crate::relay::Start,
+) -> sqlx::Result<Option<i64>> {
+    let (mode, position, time) = start_params(to);
+    sqlx::query_scalar(include_str!("sql/event_rewind.sql"))
+        .bind(name)
         .bind(mode)
         .bind(position)
         .bind(time)

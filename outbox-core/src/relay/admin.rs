@@ -294,6 +294,26 @@ pub enum Deleted {
     NotFound,
 }
 
+/// Moves subscription `name`'s cursors, every partition's, to `to` (as a
+/// new subscription would start there): back, to publish retained events
+/// again (a consumer lost its data), or forward, to pass a backlog no one
+/// wants. Every partition's lease is taken back: a relay worker holding
+/// one writes nothing more of it, and takes it again from the new cursor.
+/// Events it held back past the new position go (they are read again);
+/// those at or below it stay held back, as do the positions the cursors
+/// were still waiting for below it. Returns the position the subscription
+/// now publishes after, or none when there is no such subscription.
+pub async fn rewind_subscription(
+    pool: &PgPool,
+    name: &str,
+    to: super::Start,
+) -> Result<Option<i64>> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        crate::db::event_log::rewind(conn, name, to).await
+    })
+    .await?)
+}
+
 /// Deletes the subscription `name` (a relay's, by its name) with its
 /// cursors and held-back events, so that retention no longer waits for it:
 /// for a relay taken out of service, or moved to Debezium. Refused while a

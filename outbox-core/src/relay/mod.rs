@@ -65,7 +65,8 @@ use std::time::Duration;
 
 pub use admin::{
     Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked, retry_parked,
-    sequence_problem, skip_parked, skip_parked_event, subscription_exists, subscriptions,
+    rewind_subscription, sequence_problem, skip_parked, skip_parked_event, subscription_exists,
+    subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
@@ -117,6 +118,30 @@ pub enum Start {
     /// after the last event emitted before it (so an event of a
     /// transaction open then, emitted just before it, may come too).
     Time(chrono::DateTime<chrono::Utc>),
+}
+
+impl std::str::FromStr for Start {
+    type Err = String;
+
+    /// `start`, `head`, a position (1 or more) or an RFC 3339 time, as a
+    /// relay URL's `start=` and `events rewind --to` take them.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "start" => Ok(Start::Beginning),
+            "head" => Ok(Start::Head),
+            other => match (
+                other.parse::<i64>(),
+                chrono::DateTime::parse_from_rfc3339(other),
+            ) {
+                (Ok(p), _) if p >= 1 => Ok(Start::Position(p)),
+                (_, Ok(t)) => Ok(Start::Time(t.with_timezone(&chrono::Utc))),
+                _ => Err(format!(
+                    "{other:?}: use start (the start of what the log keeps), head, \
+                     a position (1 or more) or an RFC 3339 time (2026-11-28T09:00:00Z)"
+                )),
+            },
+        }
+    }
 }
 
 /// One relay: a name (its subscription's, and for logs and metrics), a

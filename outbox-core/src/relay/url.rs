@@ -113,22 +113,11 @@ pub(crate) async fn relay_from_url(
         1000,
         600_000,
     )?;
-    let start = match params.take("start").as_deref() {
-        None | Some("start") => super::Start::Beginning,
-        Some("head") => super::Start::Head,
-        Some(other) => match (
-            other.parse::<i64>(),
-            chrono::DateTime::parse_from_rfc3339(other),
-        ) {
-            (Ok(p), _) if p >= 1 => super::Start::Position(p),
-            (_, Ok(t)) => super::Start::Time(t.with_timezone(&chrono::Utc)),
-            _ => {
-                return Err(format!(
-                    "relay option start={other:?}: use start (the start of what the log keeps), head, \
-                     a position (1 or more) or an RFC 3339 time (2026-11-28T09:00:00Z)"
-                ));
-            }
-        },
+    let start = match params.take("start") {
+        None => super::Start::Beginning,
+        Some(text) => text
+            .parse::<super::Start>()
+            .map_err(|e| format!("relay option start={e}"))?,
     };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
