@@ -481,23 +481,24 @@ async fn two_subscriptions_each_get_every_event_and_a_new_one_can_start_at_the_h
     assert_eq!(subs[0].behind, 1, "the first has not seen the last event");
 }
 
+/// Emits ten events over three aggregates, one transaction each.
+async fn emit_ten(pool: &PgPool) -> Vec<Emitted> {
+    let mut emitted = Vec::new();
+    for i in 0..10 {
+        let mut conn = pool.acquire().await.unwrap();
+        let event = Event::new("order", (i % 3).to_string(), "e", json!({"i": i}));
+        emitted.push(emit(&mut conn, event).await.unwrap());
+    }
+    emitted
+}
+
 /// A replay: new subscriptions that start at a retained position, or at a
 /// time, publish that event and every later one, and nothing before it;
 /// one asked to start past the head starts at the head.
 #[tokio::test]
 async fn a_new_subscription_can_start_at_a_retained_position_or_time() {
     let db = TestDb::migrated().await;
-    let mut emitted = Vec::new();
-    for i in 0..10 {
-        emitted.push(
-            emit(
-                &mut *db.conn().await,
-                Event::new("order", (i % 3).to_string(), "e", json!({"i": i})),
-            )
-            .await
-            .unwrap(),
-        );
-    }
+    let emitted = emit_ten(&db.pool).await;
     let sixth_at: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT created_at FROM outbox_event_log WHERE position = $1")
             .bind(emitted[6].position)
@@ -595,17 +596,7 @@ async fn a_subscription_started_at_a_time_publishes_an_event_of_a_transaction_op
 #[tokio::test]
 async fn a_rewound_subscription_publishes_again_from_there() {
     let db = TestDb::migrated().await;
-    let mut emitted = Vec::new();
-    for i in 0..10 {
-        emitted.push(
-            emit(
-                &mut *db.conn().await,
-                Event::new("order", (i % 3).to_string(), "e", json!({"i": i})),
-            )
-            .await
-            .unwrap(),
-        );
-    }
+    let emitted = emit_ten(&db.pool).await;
     let sink = Capture::default();
     let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
     sink.wait_until("all ten", |g| g.len() == 10).await;
