@@ -334,21 +334,8 @@ impl Partition<'_> {
         // published again. Retried through outages for as long as the
         // lease surely holds. The read ahead, if still out, finishes
         // meanwhile (within its deadline).
-        let saving = async {
-            loop {
-                match self.commit(next, done.published, &done.parked).await {
-                    Ok(true) => return true,
-                    Ok(false) => return false,
-                    Err(error) => {
-                        let wait = outage.failed(&error);
-                        if !self.clock.held() {
-                            return false;
-                        }
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-            }
-        };
+        let saving =
+            self.write_while_held(outage, || self.commit(next, done.published, &done.parked));
         // A shutdown past its grace does not wait for a read it would
         // throw away.
         let rest_of_read = async {
@@ -365,6 +352,28 @@ impl Partition<'_> {
             Ok((done, read))
         } else {
             Err(End::Lost)
+        }
+    }
+
+    /// Runs `write`, a fenced write of what the broker took (true when the
+    /// lease still held), again through outages for as long as the lease
+    /// surely holds: unwritten, it is all published again. False when the
+    /// lease was lost or ran out.
+    async fn write_while_held<F>(&self, outage: &mut Outage, mut write: impl FnMut() -> F) -> bool
+    where
+        F: Future<Output = sqlx::Result<bool>>,
+    {
+        loop {
+            match write().await {
+                Ok(held) => return held,
+                Err(error) => {
+                    let wait = outage.failed(&error);
+                    if !self.clock.held() {
+                        return false;
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
         }
     }
 
@@ -481,7 +490,10 @@ impl Partition<'_> {
         // delayed events coming due together took a broker's and a
         // database's round trip each, with the log waiting behind them:
         // 1,600 events/s where a batch went at 57,000.)
-        let groups = publish::by_aggregate(due);
+        let groups: Vec<_> = publish::by_aggregate(due)
+            .into_iter()
+            .map(|(_, group)| group)
+            .collect();
         if groups.is_empty() {
             return self.still_parked(false, read_due).await;
         }
@@ -522,22 +534,13 @@ impl Partition<'_> {
         // outages for as long as the lease surely holds, or they are all
         // published again.
         let mut outage = Outage::new("relay");
-        let held = loop {
-            let written = call(&env.engine, env.deadline, "relay parked", async |conn| {
-                event_log::unpark(conn, self.holder(), &outcome).await
+        let held = self
+            .write_while_held(&mut outage, || {
+                call(&env.engine, env.deadline, "relay parked", async |conn| {
+                    event_log::unpark(conn, self.holder(), &outcome).await
+                })
             })
             .await;
-            match written {
-                Ok(held) => break held,
-                Err(error) => {
-                    let wait = outage.failed(&error);
-                    if !self.clock.held() {
-                        return Ok(None);
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        };
         if !held {
             return Ok(None);
         }

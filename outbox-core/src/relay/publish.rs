@@ -86,26 +86,20 @@ pub(crate) async fn batch(
     halt: Halt<'_>,
 ) -> Result<Done, Interrupted> {
     let mut done = Done::default();
-    let mut held = Vec::new();
-    let groups = by_aggregate(events.into_iter().filter_map(|event| {
-        // The key is built (two strings) only when something is parked.
-        if !parked.is_empty()
-            && parked.contains(&(event.aggregatetype.clone(), event.aggregateid.clone()))
-        {
-            held.push(behind(event));
-            None
+    let (mut keys, mut groups) = (Vec::new(), Vec::new());
+    for (key, group) in by_aggregate(events) {
+        if parked.contains(&key) {
+            done.parked.extend(group.into_iter().map(behind));
         } else {
-            Some(event)
+            keys.push(key);
+            groups.push(group);
         }
-    }));
-    done.parked = held;
-    for (published, parking) in aggregates(relay, groups, lease, halt).await? {
+    }
+    let results = aggregates(relay, groups, lease, halt).await?;
+    for (key, (published, parking)) in keys.into_iter().zip(results) {
         done.published += published;
-        if let Some(first) = parking.first() {
-            done.newly_parked.push((
-                first.event.aggregatetype.clone(),
-                first.event.aggregateid.clone(),
-            ));
+        if !parking.is_empty() {
+            done.newly_parked.push(key);
         }
         done.parked.extend(parking);
     }
@@ -113,8 +107,11 @@ pub(crate) async fn batch(
 }
 
 /// `events` (in position order) split by aggregate, each group in order,
-/// the groups in the order of their first events.
-pub(crate) fn by_aggregate(events: impl IntoIterator<Item = LogEvent>) -> Vec<Vec<LogEvent>> {
+/// the groups in the order of their first events. Each event's key is
+/// built once, here.
+pub(crate) fn by_aggregate(
+    events: impl IntoIterator<Item = LogEvent>,
+) -> Vec<(Aggregate, Vec<LogEvent>)> {
     let mut groups: Vec<Vec<LogEvent>> = Vec::new();
     let mut index: HashMap<Aggregate, usize> = HashMap::new();
     for event in events {
@@ -125,7 +122,11 @@ pub(crate) fn by_aggregate(events: impl IntoIterator<Item = LogEvent>) -> Vec<Ve
         });
         groups[i].push(event);
     }
-    groups
+    let mut keys: Vec<Option<Aggregate>> = vec![None; groups.len()];
+    for (key, i) in index {
+        keys[i] = Some(key);
+    }
+    keys.into_iter().flatten().zip(groups).collect()
 }
 
 /// Publishes each group of one aggregate's events in order, up to the
