@@ -866,6 +866,8 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "1",
             "--relay-delayed-events",
             "200",
+            "--relay-parked-events",
+            "300",
             // Recording as `run --metrics-addr` does, which the relay's
             // instruments are looked up from when it starts.
             "--metrics",
@@ -884,6 +886,7 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "drop_ms",
         ],
     );
+    assert_eq!(relay["parked_events"], 300, "{report}");
     assert_positive(
         &report,
         &relay["snapshot_held"],

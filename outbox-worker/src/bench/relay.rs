@@ -15,7 +15,10 @@
 //! 4. `--relay-delayed-events` events over as many aggregates, each
 //!    delayed to one moment a little ahead (`Event::delay`): the relay
 //!    holds them back, then publishes them when they are due: events/s
-//!    from that moment, against phase 1's rate;
+//!    from that moment, against phase 1's rate. Before them,
+//!    `--relay-parked-events` events delayed an hour are parked (and a
+//!    new relay worker takes the partition over), so that the relay's
+//!    looks at what it holds back have a long list to look through;
 //! 5. emit `--relay-events` and drain them with one subscription, again
 //!    and again for `--relay-held-seconds`, then as long again while
 //!    another session holds a snapshot open: emit and drain rates with the
@@ -72,6 +75,11 @@ pub(crate) struct RelayArgs {
     /// at one moment (0 skips it).
     #[arg(long, default_value_t = 20_000, value_parser = flags::count(0, 10_000_000))]
     relay_delayed_events: usize,
+    /// Events delayed an hour, each its own aggregate, held back before
+    /// the delayed-events phase: the list the relay looks through while
+    /// the phase's events come due.
+    #[arg(long, default_value_t = 100_000, value_parser = flags::count(0, 10_000_000))]
+    relay_parked_events: usize,
     /// Events per second in the latency phase.
     #[arg(long, default_value_t = 1000, value_parser = flags::count(1, 100_000))]
     relay_rate: usize,
@@ -119,6 +127,8 @@ pub(crate) struct RelayReport {
     /// per second from the moment they came due (null when skipped), and
     /// over `events_per_s`.
     delayed_events: usize,
+    /// Events held back an hour ahead meanwhile.
+    parked_events: usize,
     delayed_events_per_s: Option<f64>,
     delayed_vs_unordered: Option<f64>,
     /// Phase 1's emits per second (transactions of 1,000).
@@ -305,9 +315,15 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     let delayed_events = args.relay_delayed_events;
     let delayed = if delayed_events > 0 {
         reset(bench).await?;
-        let drained = delayed(bench, make().await?, delayed_events, emit_rate, broker_pid).await?;
+        let parked = args.relay_parked_events;
+        let relay = make().await?;
+        if parked > 0 {
+            park_ahead(bench, relay.clone(), parked).await?;
+        }
+        let drained = delayed(bench, relay, delayed_events, emit_rate, broker_pid).await?;
         bench.say(format!(
-            "  {delayed_events} delayed events due at once: {:.0} events/s from then ({:.2}x; {})",
+            "  {delayed_events} delayed events due at once, {parked} more held back an hour: \
+             {:.0} events/s from then ({:.2}x; {})",
             drained.events_per_s,
             drained.events_per_s / events_per_s.max(1e-9),
             drained.cpu
@@ -369,6 +385,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         ordered_vs_unordered: ordered / events_per_s.max(1e-9),
         two_subscriptions_time_ratio: two_ratio,
         delayed_events,
+        parked_events: args.relay_parked_events,
         delayed_events_per_s: delayed,
         delayed_vs_unordered: delayed.map(|d| d / events_per_s.max(1e-9)),
         drain_cpu_per_event: DrainCpu {
@@ -650,6 +667,53 @@ async fn delayed(
         ));
     }
     drain_from(bench, &[relay], n, broker, Some(due)).await
+}
+
+/// Before phase 4: `n` events over as many aggregates, delayed an hour,
+/// which a relay worker running `relay` holds back; it stops once they all
+/// are, and phase 4's worker, of the same subscription, takes the
+/// partition over.
+async fn park_ahead(bench: &Bench, relay: Relay, n: usize) -> Result<(), Failure> {
+    let mut i = 0;
+    while i < n {
+        let end = (i + 1000).min(n);
+        let mut tx = bench.pool.begin().await.map_err(db)?;
+        emit_all(
+            &mut tx,
+            (i..end).map(|j| {
+                Event::new(
+                    "order",
+                    format!("h{j}"),
+                    "order.reminded",
+                    serde_json::json!({"n": j}),
+                )
+                .delay(Duration::from_secs(3600))
+            }),
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        i = end;
+    }
+    let (shutdown, running) = start(bench, vec![relay]).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_parked")
+            .fetch_one(&bench.pool)
+            .await
+            .map_err(db)?;
+        if parked as usize >= n {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(Failure::runtime(format!(
+                "the relay held back {parked} of {n} events delayed an hour within 2 minutes"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    running.await.map_err(Failure::runtime)??;
+    Ok(())
 }
 
 /// What one drain measured.
