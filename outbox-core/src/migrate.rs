@@ -241,6 +241,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0036_outcome_sets.up.sql"),
         down: include_str!("../../migrations/0036_outcome_sets.down.sql"),
     },
+    Migration {
+        version: 37,
+        name: "parked_heads",
+        up: include_str!("../../migrations/0037_parked_heads.up.sql"),
+        down: include_str!("../../migrations/0037_parked_heads.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -466,7 +466,7 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
                                           payload, aggregate_hash, created_at, retry_at, error)
          VALUES ('hooks', 7, gen_random_uuid(), 'order', '42', 'order.placed', '{}', 1, now(), NULL,
                  'webhook refused the event (http_refused): <script>alert(1)</script>'),
-                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), now(), NULL),
+                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), NULL, NULL),
                 ('hooks', 11, gen_random_uuid(), 'order', '43', 'order.reminded', '{}', 1, now(),
                  now() + interval '1 hour', NULL);",
     )
@@ -489,6 +489,13 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     assert!(page.body.contains("data-aggregate=\"order/42\""));
+    // The event behind the refused one has no time of its own.
+    let behind_row = page
+        .body
+        .split("<tr class=\"parked-event\"")
+        .find(|row| row.contains("order.paid"))
+        .expect("the row of the event behind");
+    assert!(behind_row.contains("behind the first"), "{behind_row}");
     // An aggregate held back by its event's own delay is offered no
     // retry (it would not cut the delay short): its row says delayed.
     let delayed_row = page

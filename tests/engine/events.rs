@@ -21,13 +21,13 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 /// A relay worker running in the background.
-struct RelayWorker {
+pub(crate) struct RelayWorker {
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<outbox::Result<()>>,
 }
 
 impl RelayWorker {
-    fn start(pool: &PgPool, relays: Vec<Relay>) -> Self {
+    pub(crate) fn start(pool: &PgPool, relays: Vec<Relay>) -> Self {
         let mut builder = Worker::builder(pool.clone()).poll_interval(Duration::from_millis(50));
         for relay in relays {
             builder = builder.relay(relay.poll_interval(Duration::from_millis(5)));
@@ -38,7 +38,7 @@ impl RelayWorker {
         Self { stop, handle }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.handle.await.expect("worker task").expect("worker run");
     }
@@ -61,7 +61,7 @@ async fn log_rows(pool: &PgPool) -> i64 {
 
 /// Waits (at most a minute) until the events `subscription` holds back
 /// satisfy `done` (all subscriptions' for none); returns them.
-async fn wait_parked(
+pub(crate) async fn wait_parked(
     pool: &PgPool,
     subscription: Option<&str>,
     what: &str,

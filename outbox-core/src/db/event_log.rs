@@ -1,7 +1,7 @@
 //! Statements about the event log: subscriptions, their partitions'
 //! leases and cursors, batches, held-back (parked) events, retention.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -645,14 +645,15 @@ pub(crate) async fn park(
     Ok(())
 }
 
-/// The aggregates of a partition held back, each with when its first
-/// event is due to be tried again (null: when an operator says so).
+/// The aggregates of a partition held back, read whole; puts right what a
+/// race with an operator may have left of the held-back events' times
+/// (the sweep, see `event_parked_aggregates.sql`).
 pub(crate) async fn parked_aggregates(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
-) -> sqlx::Result<Vec<(String, String, Option<DateTime<Utc>>)>> {
+) -> sqlx::Result<Vec<(String, String)>> {
     sqlx::query_as(include_str!("sql/event_parked_aggregates.sql"))
         .bind(subscription)
         .bind(partitions)
@@ -661,29 +662,63 @@ pub(crate) async fn parked_aggregates(
         .await
 }
 
-/// Held-back events of a partition due to be tried again, in order.
+/// When the first aggregate a partition holds back is due to be tried
+/// again, if any has a time.
+pub(crate) async fn parked_soonest(
+    conn: &mut PgConnection,
+    subscription: &str,
+    partitions: i32,
+    part: i32,
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar(include_str!("sql/event_parked_soonest.sql"))
+        .bind(subscription)
+        .bind(partitions)
+        .bind(part)
+        .fetch_one(conn)
+        .await
+}
+
+/// Held-back events of a partition due to be tried again, in order, and
+/// the aggregates among them that hold back their first event only.
 pub(crate) async fn parked_due(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
     limit: i64,
-) -> sqlx::Result<Vec<LogEvent>> {
-    sqlx::query_as(include_str!("sql/event_parked_due.sql"))
+) -> sqlx::Result<(Vec<LogEvent>, HashSet<(String, String)>)> {
+    use sqlx::{Column, Row};
+    let rows = sqlx::query(include_str!("sql/event_parked_due.sql"))
         .bind(subscription)
         .bind(partitions)
         .bind(part)
         .bind(limit)
         .fetch_all(conn)
-        .await
+        .await?;
+    let mut events = Vec::with_capacity(rows.len());
+    let mut alone = HashSet::new();
+    if let Some(first) = rows.first() {
+        let columns = EventColumns::of(first)?;
+        let alone_at = first.try_column("alone")?.ordinal();
+        for row in &rows {
+            let event = columns.event(row)?;
+            if row.try_get::<bool, _>(alone_at)? {
+                alone.insert((event.aggregatetype.clone(), event.aggregateid.clone()));
+            }
+            events.push(event);
+        }
+    }
+    Ok((events, alone))
 }
 
 /// What became of held-back events tried again: those `published` went
 /// out; for each aggregate refused or not due again, its first event left
 /// (`again`) is tried again at `retry_at` with `error` (three columns of
-/// one list).
+/// one list). `cut` holds a published event of each aggregate that may
+/// have events left that the look did not read.
 #[derive(Debug, Default)]
 pub(crate) struct Unparked {
+    pub(crate) cut: Vec<i64>,
     pub(crate) published: Vec<i64>,
     pub(crate) again: Vec<i64>,
     pub(crate) retry_at: Vec<Option<DateTime<Utc>>>,
@@ -706,6 +741,7 @@ pub(crate) async fn unpark(
         .bind(&outcome.again)
         .bind(&outcome.retry_at)
         .bind(&outcome.error)
+        .bind(&outcome.cut)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

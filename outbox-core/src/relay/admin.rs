@@ -95,8 +95,8 @@ pub struct ParkedEvent {
     pub event_type: String,
     /// When it was held back.
     pub parked_at: DateTime<Utc>,
-    /// When the relay tries it again (only the first of an aggregate's
-    /// counts); none: when an operator says so.
+    /// When the relay tries it again; none: when an operator says so, or,
+    /// for any but the first of an aggregate's, when the first is gone.
     pub retry_at: Option<DateTime<Utc>>,
     /// Why the broker refused it (the first of a parked aggregate).
     pub error: Option<String>,

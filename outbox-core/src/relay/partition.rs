@@ -20,9 +20,16 @@ use crate::worker::outage::Outage;
 
 /// How often parked aggregates are looked at for one due again: sooner
 /// when the first of them is due sooner, later when looks are dear (see
-/// `Parked::next_look`). An operator's retry or skip, made elsewhere, is
-/// seen within this.
+/// `Look::next`). An operator's retry or skip, made elsewhere, is seen
+/// within this.
 const PARKED_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the partition's parked aggregates are read whole (the sweep,
+/// see `event_log::parked_aggregates`), besides when the partition is
+/// taken: an aggregate an operator's skip emptied leaves the set, and a
+/// time a race with an operator lost is put back. Never more than a tenth
+/// of the time.
+const SWEEP: Duration = Duration::from_secs(30);
 
 /// How soon parked aggregates are looked at again when the first of them
 /// was due already by this clock but not by the database's (whose clock
@@ -131,7 +138,8 @@ impl Partition<'_> {
         let mut outage = Outage::new("relay");
         let mut saved = cursor.clone();
         let mut saved_at = std::time::Instant::now();
-        let mut parked: Option<HashSet<Aggregate>> = None;
+        // Read whole at the first look (the sweep); kept up to date between.
+        let mut parked: Option<Parked> = None;
         // When to look at the parked aggregates again.
         let mut parked_next: Option<std::time::Instant> = None;
         let mut settled = Settled::default();
@@ -162,12 +170,28 @@ impl Partition<'_> {
                     }
                 }
             }
-            if parked.is_none() || parked_next.is_none_or(|t| std::time::Instant::now() >= t) {
-                match self.replay_parked(Halt { stop, abandon }).await {
-                    Ok(Some(found)) => {
-                        parked_next = Some(found.next_look());
-                        parked = Some(found.aggregates);
+            let now = std::time::Instant::now();
+            if parked.as_ref().is_none_or(|p| now >= p.sweep_at) {
+                match self.sweep().await {
+                    Ok(swept) => parked = Some(swept),
+                    Err(error) => {
+                        let wait = outage.failed(&error);
+                        if self.pause(wait, stop).await {
+                            return End::Stopped;
+                        }
+                        continue;
                     }
+                }
+            }
+            let Some(held) = parked.as_mut() else {
+                continue;
+            };
+            if parked_next.is_none_or(|t| now >= t) {
+                match self
+                    .replay_parked(&mut held.aggregates, Halt { stop, abandon })
+                    .await
+                {
+                    Ok(Some(look)) => parked_next = Some(look.next()),
                     Ok(None) => return End::Lost,
                     Err(Failure::Db(error)) => {
                         let wait = outage.failed(&error);
@@ -241,7 +265,7 @@ impl Partition<'_> {
                 }
                 continue;
             }
-            let set = parked.get_or_insert_with(HashSet::new);
+            let set = &mut held.aggregates;
             let count = batch.events.len();
             // A batch cut at its limit has more behind it: read that
             // meanwhile. (After a shorter one, a read then would most
@@ -465,12 +489,33 @@ impl Partition<'_> {
         Ok(held)
     }
 
-    /// Publishes the parked events that are due again, in order, and
-    /// returns what is still parked; none when the lease was lost.
-    async fn replay_parked(&self, halt: Halt<'_>) -> Result<Option<Parked>, Failure> {
+    /// Reads the partition's parked aggregates whole (and puts right what
+    /// a race with an operator may have left, see
+    /// `event_log::parked_aggregates`).
+    async fn sweep(&self) -> sqlx::Result<Parked> {
+        let env = self.env;
+        let reading = std::time::Instant::now();
+        let rows = call(&env.engine, env.deadline, "relay parked", async |conn| {
+            event_log::parked_aggregates(conn, &env.subscription, env.partitions, self.part).await
+        })
+        .await?;
+        Ok(Parked {
+            aggregates: rows.into_iter().collect(),
+            sweep_at: std::time::Instant::now() + SWEEP.max(reading.elapsed() * 10),
+        })
+    }
+
+    /// Publishes the parked events that are due again, in order, takes
+    /// the aggregates it emptied out of `aggregates`, and says when to look
+    /// again; none when the lease was lost.
+    async fn replay_parked(
+        &self,
+        aggregates: &mut HashSet<Aggregate>,
+        halt: Halt<'_>,
+    ) -> Result<Option<Look>, Failure> {
         let env = self.env;
         let looking = std::time::Instant::now();
-        let due = call(&env.engine, env.deadline, "relay parked", async |conn| {
+        let (due, alone) = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
                 conn,
                 &env.subscription,
@@ -490,12 +535,9 @@ impl Partition<'_> {
         // delayed events coming due together took a broker's and a
         // database's round trip each, with the log waiting behind them:
         // 1,600 events/s where a batch went at 57,000.)
-        let groups: Vec<_> = publish::by_aggregate(due)
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect();
+        let (keys, groups): (Vec<_>, Vec<_>) = publish::by_aggregate(due).into_iter().unzip();
         if groups.is_empty() {
-            return self.still_parked(false, read_due).await;
+            return self.soonest(false, read_due).await.map(Some);
         }
         let positions: Vec<Vec<i64>> = groups
             .iter()
@@ -520,10 +562,23 @@ impl Partition<'_> {
             }
         };
         let mut outcome = event_log::Unparked::default();
-        for (positions, (published, rest)) in positions.iter().zip(results) {
+        let mut emptied = Vec::new();
+        for ((key, positions), (published, rest)) in keys.into_iter().zip(&positions).zip(results) {
             outcome
                 .published
                 .extend_from_slice(&positions[..published as usize]);
+            // A look that read less than a batch read every event of the
+            // aggregates it found due, and one that held back its first
+            // event only was read whole too: all published, it is held
+            // back no more. Otherwise the look may have cut its events
+            // short, and the first of those left, if any, needs its time.
+            if rest.is_empty() {
+                if !full || alone.contains(&key) {
+                    emptied.push(key);
+                } else {
+                    outcome.cut.push(positions[0]);
+                }
+            }
             if let Some(first) = rest.first() {
                 outcome.again.push(first.event.position);
                 outcome.retry_at.push(first.retry_at);
@@ -544,61 +599,63 @@ impl Partition<'_> {
         if !held {
             return Ok(None);
         }
+        for key in &emptied {
+            aggregates.remove(key);
+        }
         let published = !outcome.published.is_empty();
         if published {
             tracing::info!(relay = %env.relay.name, published = outcome.published.len(), "published held-back events");
         }
         // Only when some went out: a whole batch tried and held back again
         // (due by the database's clock, not yet by this one's) waits.
-        self.still_parked(full && published, read_due).await
+        self.soonest(full && published, read_due).await.map(Some)
     }
 
-    /// What the partition still holds back; `more` when more may be due
-    /// already. `read_due` is what reading the due ones took.
-    async fn still_parked(
-        &self,
-        more: bool,
-        read_due: Duration,
-    ) -> Result<Option<Parked>, Failure> {
+    /// When to look at the parked aggregates again; `more` when more may
+    /// be due already. `read_due` is what reading the due ones took.
+    async fn soonest(&self, more: bool, read_due: Duration) -> Result<Look, Failure> {
         let env = self.env;
         let reading = std::time::Instant::now();
-        let rows = call(&env.engine, env.deadline, "relay parked", async |conn| {
-            event_log::parked_aggregates(conn, &env.subscription, env.partitions, self.part).await
+        let soonest = call(&env.engine, env.deadline, "relay parked", async |conn| {
+            event_log::parked_soonest(conn, &env.subscription, env.partitions, self.part).await
         })
         .await?;
-        let soonest = rows.iter().filter_map(|r| r.2).min();
-        Ok(Some(Parked {
-            aggregates: rows.into_iter().map(|(t, id, _)| (t, id)).collect(),
+        Ok(Look {
             soonest,
             more,
             cost: read_due + reading.elapsed(),
-        }))
+        })
     }
 }
 
-/// A partition's parked aggregates, as last read.
+/// A partition's parked aggregates: those whose new events join them.
 struct Parked {
     aggregates: HashSet<Aggregate>,
+    /// When to read them whole again.
+    sweep_at: std::time::Instant,
+}
+
+/// What a look at the parked aggregates found.
+struct Look {
     /// When the first of them is due to be tried again (by the database's
     /// clock), if any is.
     soonest: Option<chrono::DateTime<chrono::Utc>>,
     /// More may be due already.
     more: bool,
-    /// What the two reads of a look took: both read every parked event of
-    /// the subscription, so a long list makes a look dear.
+    /// What the look's two reads took.
     cost: Duration,
 }
 
-impl Parked {
-    /// When to look at them again: at once when more may be due, when the
-    /// first is due (so that a delayed event goes out at its time, not up
-    /// to a second later), and `PARKED_CHECK` from now at the latest. But
-    /// no sooner than ten times what this look cost, even past
-    /// `PARKED_CHECK`: each look reads the whole list (200,000 parked
-    /// events took 0.4 s of the database's time), and delayed events coming
-    /// due one after another would otherwise have looks follow each other.
-    /// Looks take a tenth of the time at most.
-    fn next_look(&self) -> std::time::Instant {
+impl Look {
+    /// When to look again: at once when more may be due, when the first
+    /// is due (so that a delayed event goes out at its time, not up to a
+    /// second later), and `PARKED_CHECK` from now at the latest. But no
+    /// sooner than ten times what this look cost, even past
+    /// `PARKED_CHECK`: a look reads the due aggregates through an index,
+    /// but with many due at once in other partitions, or a database under
+    /// load, looks following each other would take the time the log
+    /// needs. Looks take a tenth of the time at most.
+    fn next(&self) -> std::time::Instant {
         let now = std::time::Instant::now();
         if self.more {
             return now;
@@ -634,14 +691,12 @@ mod tests {
     use super::*;
 
     fn look(soonest_ms: Option<i64>, more: bool, cost_ms: u64) -> Duration {
-        let parked = Parked {
-            aggregates: HashSet::new(),
+        let look = Look {
             soonest: soonest_ms.map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms)),
             more,
             cost: Duration::from_millis(cost_ms),
         };
-        parked
-            .next_look()
+        look.next()
             .saturating_duration_since(std::time::Instant::now())
     }
 

@@ -55,7 +55,13 @@ impl EventsPage<'_> {
         p.error.is_none() && p.retry_at.is_some_and(|t| t > chrono::Utc::now())
     }
 
-    fn retry_at(&self, p: &ParkedEvent) -> String {
+    /// When the relay tries the event again: only an aggregate's first
+    /// has a time; the others wait behind it.
+    fn retry_at(&self, i: &usize) -> String {
+        let p = &self.parked[*i];
+        if !self.first_of_aggregate(i) {
+            return "behind the first".to_owned();
+        }
         p.retry_at
             .as_ref()
             .map_or_else(|| "when an operator says so".to_owned(), |t| when(Some(t)))

@@ -2,8 +2,12 @@
 -- $3 still holds partition $2 under fence $4, and count in the cursor's
 -- published events as those event_advance.sql publishes do. Then each
 -- event of $6, now the first of its aggregate, is tried again at its time
--- in $7 (null: when an operator says so) with its error in $8. Returns a
--- row when the holder still held it.
+-- in $7 (null: when an operator says so) with its error in $8. An
+-- aggregate of $9 (each a published event of an aggregate that may hold
+-- back events the look did not read: it read a whole batch, and cut
+-- them short) that has events left has its first one tried now: only a
+-- first event carries a time (migration 37). Returns a row when the
+-- holder still held it.
 WITH fenced AS (
     SELECT 1 FROM outbox_event_cursors
     WHERE subscription = $1 AND part = $2 AND holder = $3 AND fence = $4
@@ -20,5 +24,21 @@ WITH fenced AS (
     UPDATE outbox_event_parked AS p SET retry_at = a.retry_at, error = a.error
     FROM unnest($6::bigint[], $7::timestamptz[], $8::text[]) AS a (position, retry_at, error)
     WHERE p.subscription = $1 AND p.position = a.position AND EXISTS (SELECT 1 FROM fenced)
+), firsts AS (
+    -- The statement's snapshot still has the deleted events: the first
+    -- left is the first not among them.
+    SELECT n.position
+    FROM (SELECT DISTINCT aggregatetype, aggregateid FROM outbox_event_parked
+          WHERE subscription = $1 AND position = ANY ($9::bigint[])) AS g
+    CROSS JOIN LATERAL (
+        SELECT n.position FROM outbox_event_parked AS n
+        WHERE n.subscription = $1 AND n.aggregatetype = g.aggregatetype
+          AND n.aggregateid = g.aggregateid AND n.position NOT IN (SELECT unnest($5::bigint[]))
+        ORDER BY n.position LIMIT 1) AS n
+), promoted AS (
+    UPDATE outbox_event_parked AS p SET retry_at = now()
+    FROM firsts AS f
+    WHERE p.subscription = $1 AND p.position = f.position
+      AND f.position NOT IN (SELECT unnest($6::bigint[])) AND EXISTS (SELECT 1 FROM fenced)
 )
 SELECT 1 FROM fenced

@@ -1,0 +1,151 @@
+//! What a relay holds back, at scale: only an aggregate's first held-back
+//! event carries a time (migration 37), so a look at what is due reads the
+//! due aggregates through an index instead of the whole list. These check
+//! that what the look no longer reads is still published: the events
+//! behind a first one, more than a batch of them, and an aggregate whose
+//! first event lost its time in a race (or was written by a relay of an
+//! earlier migration), which the sweep puts right when a relay takes the
+//! partition.
+
+use std::time::Duration;
+
+use outbox::events::{Event, emit, emit_all};
+use outbox::relay::{Message, Relay};
+use outbox_tests::TestDb;
+use outbox_tests::sinks::Capture;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::events::{RelayWorker, wait_parked};
+
+/// The `n` of each message of aggregate `agg`, in the order they arrived.
+fn steps(got: &[Message], agg: &str) -> Vec<i64> {
+    got.iter()
+        .filter(|m| m.aggregate_id == agg)
+        .map(|m| {
+            let payload: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            payload["n"].as_i64().unwrap()
+        })
+        .collect()
+}
+
+/// Held-back events that carry a time: (first of their aggregate, not).
+async fn timed(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE first), count(*) FILTER (WHERE NOT first)
+         FROM (SELECT retry_at, position = min(position) OVER (PARTITION BY aggregatetype, aggregateid)
+                   AS first
+               FROM outbox_event_parked) AS p
+         WHERE retry_at IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// An aggregate held back by a delay, with more events behind it than a
+/// look reads (a batch of 10; 40 emitted with it, 5 more joining while it
+/// waits): the first look publishes a batch's worth, and the rest,
+/// which carry no time of their own, follow in order.
+#[tokio::test]
+async fn a_delayed_aggregate_with_more_than_a_batch_behind_it_goes_out_whole_in_order() {
+    let db = TestDb::migrated().await;
+    let mut events =
+        vec![Event::new("order", "long", "step", json!({"n": 0})).delay(Duration::from_secs(2))];
+    events.extend((1..41).map(|n| Event::new("order", "long", "step", json!({"n": n}))));
+    events.push(Event::new("order", "other", "step", json!({"n": 0})));
+    let mut tx = db.pool.begin().await.unwrap();
+    emit_all(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let sink = Capture::default();
+    let worker = RelayWorker::start(
+        &db.pool,
+        vec![Relay::new("capture", sink.clone()).batch(10)],
+    );
+    sink.wait_until("the other aggregate", |g| g.len() == 1)
+        .await;
+    let parked = wait_parked(&db.pool, Some("capture"), "never held back", |p| {
+        p.len() == 41
+    })
+    .await;
+    // Only the first has a time; those behind it wait for it.
+    assert_eq!(timed(&db.pool).await, (1, 0), "{parked:?}");
+    for n in 41..46 {
+        emit(
+            &mut *db.conn().await,
+            Event::new("order", "long", "step", json!({"n": n})),
+        )
+        .await
+        .unwrap();
+    }
+    let got = sink
+        .wait_until("the held-back aggregate, whole", |g| g.len() == 47)
+        .await;
+    worker.stop().await;
+    assert_eq!(steps(&got, "long"), (0..46).collect::<Vec<_>>());
+    assert!(
+        outbox::relay::parked(&db.pool, None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Held-back events written before migration 37 (each with a time) lose
+/// the times of those behind a first event on the way up and get them
+/// back on the way down. A first event with neither a time nor an error
+/// (what a race between a relay's parking and an operator's skip could
+/// leave) is published when a relay next takes the partition, with those
+/// behind it, in order, and none of them before it.
+#[tokio::test]
+async fn held_back_events_from_before_migration_37_and_a_first_without_a_time_are_published() {
+    let db = TestDb::migrated().await;
+    let sink = Capture::default();
+    sink.refuse.lock().unwrap().push("bad".to_owned());
+    let events = (0..4).map(|n| Event::new("order", "bad", "step", json!({"n": n})));
+    let mut tx = db.pool.begin().await.unwrap();
+    emit_all(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let relay = || Relay::new("capture", sink.clone()).give_up_after(1);
+    let worker = RelayWorker::start(&db.pool, vec![relay()]);
+    wait_parked(&db.pool, Some("capture"), "never parked", |p| {
+        p.len() == 4 && p[0].error.is_some()
+    })
+    .await;
+    worker.stop().await;
+    // Refused: the first waits for an operator, with no time.
+    assert_eq!(timed(&db.pool).await, (0, 0));
+
+    for (sql, after, what) in [
+        (
+            include_str!("../../migrations/0037_parked_heads.down.sql"),
+            (0, 3),
+            "down: those behind the first have a time, as before",
+        ),
+        (
+            include_str!("../../migrations/0037_parked_heads.up.sql"),
+            (0, 0),
+            "up again: those behind the first have none",
+        ),
+    ] {
+        sqlx::raw_sql(sql).execute(&db.pool).await.unwrap();
+        assert_eq!(timed(&db.pool).await, after, "{what}");
+    }
+
+    // The race's leftover: the first has neither a time nor an error, and
+    // one behind it has a time, as an earlier relay wrote them.
+    sqlx::raw_sql(
+        "UPDATE outbox_event_parked SET error = NULL
+         WHERE position = (SELECT min(position) FROM outbox_event_parked);
+         UPDATE outbox_event_parked SET retry_at = now()
+         WHERE position = (SELECT max(position) FROM outbox_event_parked);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sink.refuse.lock().unwrap().clear();
+    let worker = RelayWorker::start(&db.pool, vec![relay()]);
+    let got = sink.wait_until("the aggregate", |g| g.len() == 4).await;
+    worker.stop().await;
+    assert_eq!(steps(&got, "bad"), [0, 1, 2, 3]);
+}
