@@ -1,7 +1,7 @@
 //! Statements about the event log: subscriptions, their partitions'
 //! leases and cursors, batches, held-back (parked) events, retention.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -679,14 +679,15 @@ pub(crate) async fn parked_soonest(
 }
 
 /// Held-back events of a partition due to be tried again, in order, and
-/// the aggregates among them that hold back their first event only.
+/// for each of their aggregates how many of its held-back events the read
+/// found: when fewer of them were returned, it holds back more than these.
 pub(crate) async fn parked_due(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
     limit: i64,
-) -> sqlx::Result<(Vec<LogEvent>, HashSet<(String, String)>)> {
+) -> sqlx::Result<(Vec<LogEvent>, HashMap<(String, String), i64>)> {
     use sqlx::{Column, Row};
     let rows = sqlx::query(include_str!("sql/event_parked_due.sql"))
         .bind(subscription)
@@ -696,19 +697,20 @@ pub(crate) async fn parked_due(
         .fetch_all(conn)
         .await?;
     let mut events = Vec::with_capacity(rows.len());
-    let mut alone = HashSet::new();
+    let mut held = HashMap::new();
     if let Some(first) = rows.first() {
         let columns = EventColumns::of(first)?;
-        let alone_at = first.try_column("alone")?.ordinal();
+        let held_at = first.try_column("held")?.ordinal();
         for row in &rows {
             let event = columns.event(row)?;
-            if row.try_get::<bool, _>(alone_at)? {
-                alone.insert((event.aggregatetype.clone(), event.aggregateid.clone()));
-            }
+            held.insert(
+                (event.aggregatetype.clone(), event.aggregateid.clone()),
+                row.try_get::<i64, _>(held_at)?,
+            );
             events.push(event);
         }
     }
-    Ok((events, alone))
+    Ok((events, held))
 }
 
 /// What became of held-back events tried again: those `published` went

@@ -95,8 +95,9 @@ pub struct ParkedEvent {
     pub event_type: String,
     /// When it was held back.
     pub parked_at: DateTime<Utc>,
-    /// When the relay tries it again; none: when an operator says so, or,
-    /// for any but the first of an aggregate's, when the first is gone.
+    /// When the relay tries it again; none: when an operator says so. Only
+    /// the first of an aggregate's held-back events has a time: the others
+    /// have none while they wait behind it.
     pub retry_at: Option<DateTime<Utc>>,
     /// Why the broker refused it (the first of a parked aggregate).
     pub error: Option<String>,

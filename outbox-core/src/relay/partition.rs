@@ -27,9 +27,15 @@ const PARKED_CHECK: Duration = Duration::from_secs(1);
 /// How often the partition's parked aggregates are read whole (the sweep,
 /// see `event_log::parked_aggregates`), besides when the partition is
 /// taken: an aggregate an operator's skip emptied leaves the set, and a
-/// time a race with an operator lost is put back. Never more than a tenth
-/// of the time.
-const SWEEP: Duration = Duration::from_secs(30);
+/// time a race with an operator lost is put back. Sooner when a look
+/// finds a time past but nothing due (a later event's time, left by a
+/// relay of an earlier migration), but never more than a tenth of the
+/// time.
+const SWEEP: Duration = Duration::from_secs(60);
+
+/// How far past its time the first parked event may be, by this clock,
+/// when a look finds nothing due, before the list is swept at once.
+const STALLED: Duration = Duration::from_secs(1);
 
 /// How soon parked aggregates are looked at again when the first of them
 /// was due already by this clock but not by the database's (whose clock
@@ -191,7 +197,12 @@ impl Partition<'_> {
                     .replay_parked(&mut held.aggregates, Halt { stop, abandon })
                     .await
                 {
-                    Ok(Some(look)) => parked_next = Some(look.next()),
+                    Ok(Some(look)) => {
+                        parked_next = Some(look.next());
+                        if look.stalled() {
+                            held.sweep_at = held.sweep_at.min(held.sweep_floor);
+                        }
+                    }
                     Ok(None) => return End::Lost,
                     Err(Failure::Db(error)) => {
                         let wait = outage.failed(&error);
@@ -499,9 +510,12 @@ impl Partition<'_> {
             event_log::parked_aggregates(conn, &env.subscription, env.partitions, self.part).await
         })
         .await?;
+        let now = std::time::Instant::now();
+        let floor = reading.elapsed() * 10;
         Ok(Parked {
             aggregates: rows.into_iter().collect(),
-            sweep_at: std::time::Instant::now() + SWEEP.max(reading.elapsed() * 10),
+            sweep_at: now + SWEEP.max(floor),
+            sweep_floor: now + floor,
         })
     }
 
@@ -515,7 +529,7 @@ impl Partition<'_> {
     ) -> Result<Option<Look>, Failure> {
         let env = self.env;
         let looking = std::time::Instant::now();
-        let (due, alone) = call(&env.engine, env.deadline, "relay parked", async |conn| {
+        let (due, held) = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
                 conn,
                 &env.subscription,
@@ -537,7 +551,10 @@ impl Partition<'_> {
         // 1,600 events/s where a batch went at 57,000.)
         let (keys, groups): (Vec<_>, Vec<_>) = publish::by_aggregate(due).into_iter().unzip();
         if groups.is_empty() {
-            return self.soonest(false, read_due).await.map(Some);
+            return self.soonest(false, read_due).await.map(|mut look| {
+                look.found_none = true;
+                Some(look)
+            });
         }
         let positions: Vec<Vec<i64>> = groups
             .iter()
@@ -567,13 +584,12 @@ impl Partition<'_> {
             outcome
                 .published
                 .extend_from_slice(&positions[..published as usize]);
-            // A look that read less than a batch read every event of the
-            // aggregates it found due, and one that held back its first
-            // event only was read whole too: all published, it is held
-            // back no more. Otherwise the look may have cut its events
-            // short, and the first of those left, if any, needs its time.
+            // All published: when the look read every event the
+            // aggregate held back, it holds back none now; otherwise the
+            // first of those left needs its time, and the next look comes
+            // at once.
             if rest.is_empty() {
-                if !full || alone.contains(&key) {
+                if held.get(&key) == Some(&(positions.len() as i64)) {
                     emptied.push(key);
                 } else {
                     outcome.cut.push(positions[0]);
@@ -608,7 +624,8 @@ impl Partition<'_> {
         }
         // Only when some went out: a whole batch tried and held back again
         // (due by the database's clock, not yet by this one's) waits.
-        self.soonest(full && published, read_due).await.map(Some)
+        let more = published && (full || !outcome.cut.is_empty());
+        self.soonest(more, read_due).await.map(Some)
     }
 
     /// When to look at the parked aggregates again; `more` when more may
@@ -623,6 +640,7 @@ impl Partition<'_> {
         Ok(Look {
             soonest,
             more,
+            found_none: false,
             cost: read_due + reading.elapsed(),
         })
     }
@@ -633,6 +651,9 @@ struct Parked {
     aggregates: HashSet<Aggregate>,
     /// When to read them whole again.
     sweep_at: std::time::Instant,
+    /// The soonest that may be: ten times what the last sweep cost after
+    /// it.
+    sweep_floor: std::time::Instant,
 }
 
 /// What a look at the parked aggregates found.
@@ -642,11 +663,24 @@ struct Look {
     soonest: Option<chrono::DateTime<chrono::Utc>>,
     /// More may be due already.
     more: bool,
+    /// The look found nothing due.
+    found_none: bool,
     /// What the look's two reads took.
     cost: Duration,
 }
 
 impl Look {
+    /// Whether the look found nothing due though the first time is well
+    /// past: what the due index found was not first (see `STALLED`).
+    fn stalled(&self) -> bool {
+        self.found_none
+            && self.soonest.is_some_and(|at| {
+                (chrono::Utc::now() - at)
+                    .to_std()
+                    .is_ok_and(|d| d > STALLED)
+            })
+    }
+
     /// When to look again: at once when more may be due, when the first
     /// is due (so that a delayed event goes out at its time, not up to a
     /// second later), and `PARKED_CHECK` from now at the latest. But no
@@ -694,6 +728,7 @@ mod tests {
         let look = Look {
             soonest: soonest_ms.map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms)),
             more,
+            found_none: false,
             cost: Duration::from_millis(cost_ms),
         };
         look.next()

