@@ -663,14 +663,14 @@ pub(crate) async fn parked_aggregates(
 }
 
 /// When the first aggregate a partition holds back is due to be tried
-/// again, if any has a time.
+/// again, if any has a time; and the database's time.
 pub(crate) async fn parked_soonest(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
-) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar(include_str!("sql/event_parked_soonest.sql"))
+) -> sqlx::Result<(Option<DateTime<Utc>>, DateTime<Utc>)> {
+    sqlx::query_as(include_str!("sql/event_parked_soonest.sql"))
         .bind(subscription)
         .bind(partitions)
         .bind(part)
@@ -716,11 +716,11 @@ pub(crate) async fn parked_due(
 /// What became of held-back events tried again: those `published` went
 /// out; for each aggregate refused or not due again, its first event left
 /// (`again`) is tried again at `retry_at` with `error` (three columns of
-/// one list). `cut` holds a published event of each aggregate that may
-/// have events left that the look did not read.
+/// one list). `cut` holds each aggregate whose events were all published
+/// but may have more that the look did not read.
 #[derive(Debug, Default)]
 pub(crate) struct Unparked {
-    pub(crate) cut: Vec<i64>,
+    pub(crate) cut: Vec<(String, String)>,
     pub(crate) published: Vec<i64>,
     pub(crate) again: Vec<i64>,
     pub(crate) retry_at: Vec<Option<DateTime<Utc>>>,
@@ -743,7 +743,20 @@ pub(crate) async fn unpark(
         .bind(&outcome.again)
         .bind(&outcome.retry_at)
         .bind(&outcome.error)
-        .bind(&outcome.cut)
+        .bind(
+            outcome
+                .cut
+                .iter()
+                .map(|(t, _)| t.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            outcome
+                .cut
+                .iter()
+                .map(|(_, i)| i.as_str())
+                .collect::<Vec<_>>(),
+        )
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

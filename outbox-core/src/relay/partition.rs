@@ -592,7 +592,7 @@ impl Partition<'_> {
                 if held.get(&key) == Some(&(positions.len() as i64)) {
                     emptied.push(key);
                 } else {
-                    outcome.cut.push(positions[0]);
+                    outcome.cut.push(key);
                 }
             }
             if let Some(first) = rest.first() {
@@ -633,7 +633,7 @@ impl Partition<'_> {
     async fn soonest(&self, more: bool, read_due: Duration) -> Result<Look, Failure> {
         let env = self.env;
         let reading = std::time::Instant::now();
-        let soonest = call(&env.engine, env.deadline, "relay parked", async |conn| {
+        let (soonest, db_now) = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_soonest(conn, &env.subscription, env.partitions, self.part).await
         })
         .await?;
@@ -641,6 +641,7 @@ impl Partition<'_> {
             soonest,
             more,
             found_none: false,
+            db_now,
             cost: read_due + reading.elapsed(),
         })
     }
@@ -665,20 +666,21 @@ struct Look {
     more: bool,
     /// The look found nothing due.
     found_none: bool,
+    /// The database's time when it read `soonest`.
+    db_now: chrono::DateTime<chrono::Utc>,
     /// What the look's two reads took.
     cost: Duration,
 }
 
 impl Look {
     /// Whether the look found nothing due though the first time is well
-    /// past: what the due index found was not first (see `STALLED`).
+    /// past by the database's clock: what the due index found was not
+    /// first (see `STALLED`).
     fn stalled(&self) -> bool {
         self.found_none
-            && self.soonest.is_some_and(|at| {
-                (chrono::Utc::now() - at)
-                    .to_std()
-                    .is_ok_and(|d| d > STALLED)
-            })
+            && self
+                .soonest
+                .is_some_and(|at| (self.db_now - at).to_std().is_ok_and(|d| d > STALLED))
     }
 
     /// When to look again: at once when more may be due, when the first
@@ -729,10 +731,34 @@ mod tests {
             soonest: soonest_ms.map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms)),
             more,
             found_none: false,
+            db_now: chrono::Utc::now(),
             cost: Duration::from_millis(cost_ms),
         };
         look.next()
             .saturating_duration_since(std::time::Instant::now())
+    }
+
+    #[test]
+    fn a_look_that_finds_nothing_due_while_the_first_time_is_well_past_is_stalled() {
+        let db_now = chrono::Utc::now();
+        let look = |found_none: bool, past_ms: i64| Look {
+            soonest: Some(db_now - chrono::Duration::milliseconds(past_ms)),
+            more: false,
+            found_none,
+            db_now,
+            cost: Duration::from_millis(1),
+        };
+        assert!(look(true, 5000).stalled());
+        // Just due: the look may have read before it was.
+        assert!(!look(true, 500).stalled());
+        // Found some: a look came after them.
+        assert!(!look(false, 5000).stalled());
+        // Nothing with a time.
+        let none = Look {
+            soonest: None,
+            ..look(true, 0)
+        };
+        assert!(!none.stalled());
     }
 
     #[test]

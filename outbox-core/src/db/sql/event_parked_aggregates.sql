@@ -21,5 +21,8 @@ WITH held AS MATERIALIZED (
     FROM held AS h
     WHERE p.subscription = $1 AND p.position = h.position
       AND h.nth > 1 AND h.retry_at IS NOT NULL
+      -- Checked again if changed meanwhile: a skip that made it first
+      -- gave it a time of its own.
+      AND p.retry_at = h.retry_at
 )
 SELECT aggregatetype::text, aggregateid::text FROM held WHERE nth = 1

@@ -2,18 +2,18 @@
 -- $3 still holds partition $2 under fence $4, and count in the cursor's
 -- published events as those event_advance.sql publishes do. Then each
 -- event of $6, now the first of its aggregate, is tried again at its time
--- in $7 (null: when an operator says so) with its error in $8. An
--- aggregate of $9 (each a published event of an aggregate that may hold
--- back events the look did not read: it read a whole batch, and cut
--- them short) that has events left has its first one tried now: only a
--- first event carries a time (migration 37). Returns a row when the
--- holder still held it.
+-- in $7 (null: when an operator says so) with its error in $8. Each
+-- aggregate of $9/$10 (types and ids: its events were all published, but
+-- the look did not read them all) that has events left has its first one
+-- tried now: only a first event carries a time (migration 37). Returns a
+-- row when the holder still held it.
 WITH fenced AS (
-    -- Locked: a worker taking the partition over (a new fence) waits for
-    -- this to commit, so its sweep sees what this deleted, and this,
-    -- coming after, writes nothing. Unlocked, a stale holder's unpark
-    -- could delete a first event after the new holder parked events
-    -- behind it without a time, leaving them none until its next sweep.
+    -- Locked: a worker taking the partition over (a new fence) cannot
+    -- while this runs (its acquire skips locked rows), so its sweep sees
+    -- what this deleted, and this, coming after, writes nothing.
+    -- Unlocked, a stale holder's unpark could delete a first event after
+    -- the new holder parked events behind it without a time, leaving
+    -- them none until its next sweep.
     SELECT 1 FROM outbox_event_cursors
     WHERE subscription = $1 AND part = $2 AND holder = $3 AND fence = $4
     FOR SHARE
@@ -31,11 +31,12 @@ WITH fenced AS (
     FROM unnest($6::bigint[], $7::timestamptz[], $8::text[]) AS a (position, retry_at, error)
     WHERE p.subscription = $1 AND p.position = a.position AND EXISTS (SELECT 1 FROM fenced)
 ), firsts AS (
-    -- The statement's snapshot still has the deleted events: the first
-    -- left is the first not among them.
+    -- By the aggregate, not by an event the look read: an operator's skip
+    -- may have deleted that one meanwhile. The statement's snapshot still
+    -- has the events deleted above: the first left is the first not
+    -- among them.
     SELECT n.position
-    FROM (SELECT DISTINCT aggregatetype, aggregateid FROM outbox_event_parked
-          WHERE subscription = $1 AND position = ANY ($9::bigint[])) AS g
+    FROM unnest($9::text[], $10::text[]) AS g (aggregatetype, aggregateid)
     CROSS JOIN LATERAL (
         SELECT n.position FROM outbox_event_parked AS n
         WHERE n.subscription = $1 AND n.aggregatetype = g.aggregatetype
