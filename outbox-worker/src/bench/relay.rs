@@ -604,23 +604,30 @@ async fn reset(bench: &Bench) -> Result<(), Failure> {
 /// Emits `n` events, event `i` on aggregate `key(i)`, in transactions of
 /// 1,000; events/s.
 async fn fill(bench: &Bench, n: usize, key: impl Fn(usize) -> String) -> Result<f64, Failure> {
+    fill_with(bench, n, |j| {
+        Event::new(
+            "order",
+            key(j),
+            "order.updated",
+            serde_json::json!({"n": j}),
+        )
+    })
+    .await
+}
+
+/// Emits `n` events, event `i` made by `event(i)`, in transactions of
+/// 1,000; events/s.
+async fn fill_with(
+    bench: &Bench,
+    n: usize,
+    event: impl Fn(usize) -> Event,
+) -> Result<f64, Failure> {
     let started = Instant::now();
     let mut i = 0;
     while i < n {
         let end = (i + 1000).min(n);
         let mut tx = bench.pool.begin().await.map_err(db)?;
-        emit_all(
-            &mut tx,
-            (i..end).map(|j| {
-                Event::new(
-                    "order",
-                    key(j),
-                    "order.updated",
-                    serde_json::json!({"n": j}),
-                )
-            }),
-        )
-        .await?;
+        emit_all(&mut tx, (i..end).map(&event)).await?;
         tx.commit().await.map_err(db)?;
         i = end;
     }
@@ -640,27 +647,16 @@ async fn delayed(
 ) -> Result<Drained, Failure> {
     let ahead = Duration::from_secs_f64(1.5 + 2.0 * n as f64 / emit_rate.max(1.0));
     let due = Instant::now() + ahead;
-    let mut i = 0;
-    while i < n {
-        let end = (i + 1000).min(n);
-        let mut tx = bench.pool.begin().await.map_err(db)?;
-        let left = due.saturating_duration_since(Instant::now());
-        emit_all(
-            &mut tx,
-            (i..end).map(|j| {
-                Event::new(
-                    "order",
-                    format!("d{j}"),
-                    "order.reminded",
-                    serde_json::json!({"n": j}),
-                )
-                .delay(left)
-            }),
+    fill_with(bench, n, |j| {
+        Event::new(
+            "order",
+            format!("d{j}"),
+            "order.reminded",
+            serde_json::json!({"n": j}),
         )
-        .await?;
-        tx.commit().await.map_err(db)?;
-        i = end;
-    }
+        .delay(due.saturating_duration_since(Instant::now()))
+    })
+    .await?;
     if Instant::now() >= due {
         bench.say(format!(
             "  (the delayed events took longer to emit than the {ahead:?} allowed: some were due before the relay started)"
@@ -674,26 +670,16 @@ async fn delayed(
 /// are, and phase 4's worker, of the same subscription, takes the
 /// partition over.
 async fn park_ahead(bench: &Bench, relay: Relay, n: usize) -> Result<(), Failure> {
-    let mut i = 0;
-    while i < n {
-        let end = (i + 1000).min(n);
-        let mut tx = bench.pool.begin().await.map_err(db)?;
-        emit_all(
-            &mut tx,
-            (i..end).map(|j| {
-                Event::new(
-                    "order",
-                    format!("h{j}"),
-                    "order.reminded",
-                    serde_json::json!({"n": j}),
-                )
-                .delay(Duration::from_secs(3600))
-            }),
+    fill_with(bench, n, |j| {
+        Event::new(
+            "order",
+            format!("h{j}"),
+            "order.reminded",
+            serde_json::json!({"n": j}),
         )
-        .await?;
-        tx.commit().await.map_err(db)?;
-        i = end;
-    }
+        .delay(Duration::from_secs(3600))
+    })
+    .await?;
     let (shutdown, running) = start(bench, vec![relay]).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
