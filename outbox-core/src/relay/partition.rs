@@ -529,7 +529,7 @@ impl Partition<'_> {
     ) -> Result<Option<Look>, Failure> {
         let env = self.env;
         let looking = std::time::Instant::now();
-        let (due, held) = call(&env.engine, env.deadline, "relay parked", async |conn| {
+        let (due, found) = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
                 conn,
                 &env.subscription,
@@ -589,7 +589,7 @@ impl Partition<'_> {
             // first of those left needs its time, and the next look comes
             // at once.
             if rest.is_empty() {
-                if held.get(&key) == Some(&(positions.len() as i64)) {
+                if found.get(&key) == Some(&(positions.len() as i64)) {
                     emptied.push(key);
                 } else {
                     outcome.cut.push(key);
