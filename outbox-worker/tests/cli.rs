@@ -1414,30 +1414,14 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         serde_json::json!([])
     );
     assert!(ok(&cli(&with_db(&["events", "parked"])).await).contains("no events held back"));
-    refused(
-        &with_db(&["events", "parked", "--subscription", "nobody"]),
-        1,
-        "there is no subscription \"nobody\"",
-    )
-    .await;
-    refused(
-        &with_db(&["events", "retry", "nobody", "order", "42"]),
-        1,
-        "there is no subscription \"nobody\"",
-    )
-    .await;
-    refused(
-        &with_db(&["events", "skip", "nobody", "order", "42"]),
-        1,
-        "there is no subscription \"nobody\"",
-    )
-    .await;
-    refused(
-        &with_db(&["events", "rewind", "nobody", "--to", "head"]),
-        1,
-        "there is no subscription \"nobody\"",
-    )
-    .await;
+    for command in [
+        &["events", "parked", "--subscription", "nobody"][..],
+        &["events", "retry", "nobody", "order", "42"],
+        &["events", "skip", "nobody", "order", "42"],
+        &["events", "rewind", "nobody", "--to", "head"],
+    ] {
+        refused(&with_db(command), 1, "there is no subscription \"nobody\"").await;
+    }
     refused(
         &with_db(&["events", "rewind", "nobody", "--to", "0"]),
         2,

@@ -650,14 +650,7 @@ async fn a_subscription_rewound_to_the_head_passes_its_backlog() {
         .await
         .unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while *sink.transient.lock().unwrap() > u32::MAX - 3 {
-        assert!(
-            Instant::now() < deadline,
-            "the relay never tried the broker"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_tried_down(&sink).await;
     let fence_before: i64 =
         sqlx::query_scalar("SELECT fence FROM outbox_event_cursors WHERE subscription = 'capture'")
             .fetch_one(&db.pool)
@@ -1039,6 +1032,19 @@ async fn a_retry_that_outlasts_the_lease_parks_again_and_the_log_goes_on() {
     assert!(sink.messages().iter().all(|m| m.aggregate_id != "bad"));
 }
 
+/// Waits (at most a minute) until the relay has tried `sink`, set up to
+/// fail every publish (`transient` at `u32::MAX`), a few times.
+async fn wait_tried_down(sink: &Capture) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while *sink.transient.lock().unwrap() > u32::MAX - 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay never tried the broker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_delayed_aggregate_is_held_back_but_not_counted_as_refused() {
     let db = TestDb::migrated().await;
@@ -1300,14 +1306,7 @@ async fn a_relay_stops_at_once_while_its_broker_is_down_and_loses_nothing() {
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while *down.transient.lock().unwrap() > u32::MAX - 3 {
-        assert!(
-            Instant::now() < deadline,
-            "the relay never tried the broker"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_tried_down(&down).await;
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(60), running)
         .await

@@ -551,10 +551,7 @@ impl Partition<'_> {
         // 1,600 events/s where a batch went at 57,000.)
         let (keys, groups): (Vec<_>, Vec<_>) = publish::by_aggregate(due).into_iter().unzip();
         if groups.is_empty() {
-            return self.soonest(false, read_due).await.map(|mut look| {
-                look.found_none = true;
-                Some(look)
-            });
+            return self.soonest(false, true, read_due).await.map(Some);
         }
         let positions: Vec<Vec<i64>> = groups
             .iter()
@@ -625,12 +622,18 @@ impl Partition<'_> {
         // Only when some went out: a whole batch tried and held back again
         // (due by the database's clock, not yet by this one's) waits.
         let more = published && (full || !outcome.cut.is_empty());
-        self.soonest(more, read_due).await.map(Some)
+        self.soonest(more, false, read_due).await.map(Some)
     }
 
     /// When to look at the parked aggregates again; `more` when more may
-    /// be due already. `read_due` is what reading the due ones took.
-    async fn soonest(&self, more: bool, read_due: Duration) -> Result<Look, Failure> {
+    /// be due already, `found_none` when the look found nothing due.
+    /// `read_due` is what reading the due ones took.
+    async fn soonest(
+        &self,
+        more: bool,
+        found_none: bool,
+        read_due: Duration,
+    ) -> Result<Look, Failure> {
         let env = self.env;
         let reading = std::time::Instant::now();
         let (soonest, db_now) = call(&env.engine, env.deadline, "relay parked", async |conn| {
@@ -640,7 +643,7 @@ impl Partition<'_> {
         Ok(Look {
             soonest,
             more,
-            found_none: false,
+            found_none,
             db_now,
             cost: read_due + reading.elapsed(),
         })
