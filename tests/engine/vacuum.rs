@@ -8,8 +8,16 @@ use outbox::{Worker, WorkerConfig};
 use outbox_tests::process::wait_until;
 use outbox_tests::{RunningWorker, TestDb};
 
-/// Leaves `n` dead row versions in outbox_tasks.
+/// Leaves `n` dead row versions in outbox_tasks, with autovacuum off the
+/// table: with a hundred test databases in one cluster, the launcher
+/// visits a new one every half second or so, and an autovacuum that got
+/// there before the leader saw the dead rows left none for it (CI once
+/// timed out waiting for `last_vacuum`, which only a manual VACUUM sets).
 async fn churn(db: &TestDb, n: i64) {
+    sqlx::query("ALTER TABLE outbox_tasks SET (autovacuum_enabled = false)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     sqlx::query(
         "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
          SELECT 'x', 'vacuum', '{}', 1 FROM generate_series(1, $1)",
