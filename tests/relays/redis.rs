@@ -98,3 +98,123 @@ async fn redis_relay_survives_kills_restarts_and_poison() {
     };
     scenario::run("redis", &mut redis).await;
 }
+
+/// The count of `code` errors Redis has answered (`INFO errorstats`).
+async fn errors_answered(conn: &mut redis::aio::MultiplexedConnection, code: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(conn)
+        .await
+        .expect("INFO errorstats");
+    let prefix = format!("errorstat_{code}:count=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().expect("an error count"))
+}
+
+/// A Redis out of memory refuses every add for a while: that is the
+/// moment, not the event. The relay holds the events back and parks none
+/// (with `give_up_after=1` one permanent refusal would park its
+/// aggregate), and publishes them all, in order, once memory is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_parks_nothing_and_gets_every_event_later() {
+    const EVENTS: usize = 20;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let mut conn = redis.conn().await;
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET");
+    }
+    let db = outbox_tests::TestDb::migrated().await;
+    let mut emitter = db.conn().await;
+    for i in 0..EVENTS {
+        let event = outbox::Event::new("order", format!("o-{}", i % 2), "order.placed", i);
+        outbox::emit(&mut emitter, event).await.expect("emit");
+    }
+    drop(emitter);
+    let relay =
+        outbox::relay::Relay::from_url("redis", &format!("{}?give_up_after=1", redis.url()))
+            .await
+            .expect("a relay from the URL")
+            .poll_interval(Duration::from_millis(10));
+    let worker = outbox::Worker::builder(db.pool.clone())
+        .relay(relay)
+        .build()
+        .expect("a relay worker");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+
+    // Refused more than once: every try so far was the moment's, so
+    // nothing is parked (a refusal for good parks at once).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let tries = errors_answered(&mut conn, "OOM").await;
+        let sub = outbox::relay::subscriptions(&db.pool)
+            .await
+            .expect("subscriptions")
+            .first()
+            .cloned();
+        if let Some(sub) = sub {
+            assert_eq!((sub.published, sub.parked), (0, 0), "{sub:?}");
+            if tries >= 4 {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay tried the full Redis {tries} times in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory 0");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let sub = outbox::relay::subscriptions(&db.pool)
+            .await
+            .expect("subscriptions")[0]
+            .clone();
+        assert_eq!(sub.parked, 0, "{sub:?}");
+        if sub.published >= EVENTS as i64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all published within 120 s of memory coming back: {sub:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    running.await.expect("worker task").expect("worker run");
+
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg("outbox.event.order")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("XRANGE");
+    let mut seen: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+    for entry in &reply.ids {
+        let payload: String = entry.get("payload").expect("a payload");
+        let i: usize = payload.parse().expect("the event's number");
+        seen[i % 2].push(i);
+    }
+    for (aggregate, got) in seen.iter().enumerate() {
+        let want: Vec<usize> = (aggregate..EVENTS).step_by(2).collect();
+        assert_eq!(got, &want, "o-{aggregate}: each event once, in order");
+    }
+}

@@ -127,16 +127,48 @@ fn classify(e: &redis::RedisError) -> PublishError {
         ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
             PublishError::transient("auth", e)
         }
-        _ => match e.code() {
+        _ => match e.code().map(|code| script_error_code(code, e.detail())) {
             // Out of memory, a busy script, a replica in the way: the moment.
-            Some("OOM" | "BUSY" | "LOADING" | "NOREPLICAS" | "MISCONF") => {
-                PublishError::transient("unavailable", e)
-            }
+            Some(
+                "OOM" | "BUSY" | "LOADING" | "NOREPLICAS" | "MISCONF" | "READONLY" | "MASTERDOWN"
+                | "CLUSTERDOWN" | "TRYAGAIN",
+            ) => PublishError::transient("unavailable", e),
             Some("WRONGTYPE") => PublishError::permanent("wrong_type", e),
             Some(_) => PublishError::permanent("rejected", e),
             None => PublishError::transient("other", e),
         },
     }
+}
+
+/// The code of the error behind a failed script. Redis 7 answers a script
+/// whose command failed with that command's code (`OOM ...`). Redis 6
+/// answers `ERR Error running script (call to f_<sha>): @user_script:N:
+/// <the command's error>`, where the inner error's code may carry its `-`
+/// (`-OOM command not allowed ...`): read as `ERR`, an out-of-memory
+/// moment would park every aggregate it touched. Any other error is
+/// returned as it came.
+fn script_error_code<'a>(code: &'a str, detail: Option<&'a str>) -> &'a str {
+    const INNER: [&str; 10] = [
+        "OOM",
+        "BUSY",
+        "LOADING",
+        "NOREPLICAS",
+        "MISCONF",
+        "READONLY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "WRONGTYPE",
+    ];
+    let Some(detail) = detail.filter(|d| code == "ERR" && d.starts_with("Error running script"))
+    else {
+        return code;
+    };
+    detail
+        .split(|c: char| c.is_whitespace() || c == ':')
+        .map(|word| word.trim_start_matches('-'))
+        .find_map(|word| INNER.into_iter().find(|inner| *inner == word))
+        .unwrap_or(code)
 }
 
 impl Sink for RedisSink {
@@ -165,4 +197,83 @@ pub(crate) fn from_url(
         Duration::from_secs(ttl),
         maxlen,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's error reply as the client reads it.
+    fn server_error(reply: &str) -> redis::RedisError {
+        match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => e.into(),
+            other => panic!("{reply:?} read as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_redis_6_script_error_is_classified_by_the_command_error_inside_it() {
+        let script = "ERR Error running script (call to f_6b1bf486c81ceb7edf3c093f4c48582e38c0e791): @user_script:9: @user_script: 9:";
+        for (inner, transient, kind) in [
+            (
+                "-OOM command not allowed when used memory > 'maxmemory'.",
+                true,
+                "unavailable",
+            ),
+            (
+                "-NOREPLICAS Not enough good replicas to write.",
+                true,
+                "unavailable",
+            ),
+            (
+                "-READONLY You can't write against a read only replica.",
+                true,
+                "unavailable",
+            ),
+            (
+                "-MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist on disk.",
+                true,
+                "unavailable",
+            ),
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                false,
+                "wrong_type",
+            ),
+            (
+                "Wrong number of args calling Redis command From Lua script",
+                false,
+                "rejected",
+            ),
+        ] {
+            let e = classify(&server_error(&format!("{script} {inner}")));
+            assert_eq!((e.is_transient(), e.kind()), (transient, kind), "{inner}");
+        }
+    }
+
+    #[test]
+    fn redis_7_codes_are_read_as_they_come() {
+        for (reply, transient, kind) in [
+            (
+                "OOM command not allowed when used memory > 'maxmemory'. script: f_1, on @user_script:9.",
+                true,
+                "unavailable",
+            ),
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                false,
+                "wrong_type",
+            ),
+            (
+                "ERR The ID specified in XADD is equal or smaller than the target stream top item",
+                false,
+                "rejected",
+            ),
+            // An ERR that only mentions a code is not that code.
+            ("ERR unknown command 'OOM'", false, "rejected"),
+        ] {
+            let e = classify(&server_error(reply));
+            assert_eq!((e.is_transient(), e.kind()), (transient, kind), "{reply}");
+        }
+    }
 }
