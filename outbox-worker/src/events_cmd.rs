@@ -24,10 +24,13 @@ pub(crate) enum EventsCommand {
     /// Events held back because their aggregate is parked (the broker
     /// refused the first for good, or it is not due yet).
     Parked(ParkedArgs),
-    /// Try a parked aggregate again now, from its first held-back event.
-    Retry(AggregateArgs),
+    /// Try a parked aggregate again now, from its first held-back event
+    /// (`--now` also cuts its delay short), or every aggregate the broker
+    /// refused (`--all`).
+    Retry(RetryArgs),
     /// Drop a parked aggregate's first held-back event if the broker
-    /// refused it, and publish the rest.
+    /// refused it (or, named with `--event`, if it waits for its delay),
+    /// and publish the rest.
     Skip(SkipArgs),
     /// Delete a relay's subscription (its cursors and held-back events), so
     /// that retention stops waiting for it: for a relay taken out of
@@ -127,12 +130,40 @@ pub(crate) struct AggregateArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct RetryArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The subscription (the relay's name).
+    subscription: String,
+    /// The aggregate's type (none with --all).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    aggregate_type: Option<String>,
+    /// The aggregate's id (none with --all).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    aggregate_id: Option<String>,
+    /// Every aggregate the broker refused, each from its first held-back
+    /// event: after fixing what made the broker refuse them. Delayed
+    /// aggregates keep their time.
+    #[arg(long)]
+    all: bool,
+    /// With --all: only aggregates of this type.
+    #[arg(long = "type", value_name = "AGGREGATE_TYPE", requires = "all")]
+    of_type: Option<String>,
+    /// Publish the first held-back event now even if its own delay
+    /// (`emit --delay`) has not run out: for a delay given by mistake,
+    /// which holds the aggregate's later events back with it.
+    #[arg(long, conflicts_with = "all")]
+    now: bool,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct SkipArgs {
     #[command(flatten)]
     aggregate: AggregateArgs,
     /// Skip only if the first held-back event is this one (its id, as
     /// `events parked` shows it): a skip repeated, or made after the first
-    /// event changed, then drops nothing.
+    /// event changed, then drops nothing. Named so, an event waiting for
+    /// its delay is dropped too (never published).
     #[arg(long, value_name = "EVENT_ID", value_parser = event_id)]
     event: Option<String>,
 }
@@ -168,7 +199,7 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
         EventsCommand::Emit(args) => emit(args).await,
         EventsCommand::Subscriptions(args) => subscriptions(args).await,
         EventsCommand::Parked(args) => parked(args).await,
-        EventsCommand::Retry(args) => act(args, Action::Retry).await,
+        EventsCommand::Retry(args) => retry(args).await,
         EventsCommand::Skip(args) => act(args.aggregate, Action::Skip(args.event)).await,
         EventsCommand::DeleteSubscription(args) => delete_subscription(args).await,
         EventsCommand::Rewind(args) => rewind(args).await,
@@ -382,9 +413,39 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `events retry`: one aggregate, or with `--all` every refused one.
+async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    let (Some(aggregate_type), Some(aggregate_id)) = (args.aggregate_type, args.aggregate_id)
+    else {
+        return retry_all(args.db, &args.subscription, args.of_type.as_deref()).await;
+    };
+    let aggregate = AggregateArgs {
+        db: args.db,
+        subscription: args.subscription,
+        aggregate_type,
+        aggregate_id,
+    };
+    act(aggregate, Action::Retry { now: args.now }).await
+}
+
+/// `events retry SUBSCRIPTION --all`.
+async fn retry_all(db: DbArgs, sub: &str, of_type: Option<&str>) -> Result<(), Failure> {
+    let pool = connect_operator_migrated(&db, 2).await?;
+    let retried = outbox::relay::retry_all_parked(&pool, sub, of_type).await?;
+    if retried == 0 && !outbox::relay::subscription_exists(&pool, sub).await? {
+        return Err(Failure::runtime(format!(
+            "there is no subscription {sub:?} (see `events subscriptions`)"
+        )));
+    }
+    let which = of_type.map_or_else(String::new, |t| format!(" of type {t:?}"));
+    println!("{sub} tries {retried} refused aggregate(s){which} again now");
+    Ok(())
+}
+
 /// What an operator does to a parked aggregate.
 enum Action {
-    Retry,
+    /// Try it again; `now` also cuts a delay short.
+    Retry { now: bool },
     /// Skip its first event, only if it is the one named, when one is.
     Skip(Option<String>),
 }
@@ -398,7 +459,8 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
             outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?
         }
         Action::Skip(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
-        Action::Retry => outbox::relay::retry_parked(&pool, sub, t, i).await?,
+        Action::Retry { now: false } => outbox::relay::retry_parked(&pool, sub, t, i).await?,
+        Action::Retry { now: true } => outbox::relay::retry_parked_now(&pool, sub, t, i).await?,
     };
     if id.is_none() && !outbox::relay::subscription_exists(&pool, sub).await? {
         return Err(Failure::runtime(format!(
@@ -409,12 +471,15 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
         (Some(id), Action::Skip(_)) => println!(
             "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
         ),
-        (Some(id), Action::Retry) => {
+        (Some(id), Action::Retry { now: true }) => {
+            println!("{sub} publishes {t}/{i} now, from event {id}, whatever its delay");
+        }
+        (Some(id), Action::Retry { now: false }) => {
             // A delay is the emitter's: a retry does not cut it short.
             let delayed = outbox::relay::delayed_until(&pool, sub, &id).await?;
             match delayed {
                 Some(at) => println!(
-                    "{sub} holds {t}/{i} back until {}: its first event {id} is delayed until then (a retry does not cut a delay short)",
+                    "{sub} holds {t}/{i} back until {}: its first event {id} is delayed until then (a retry does not cut a delay short; `--now` does)",
                     at.to_rfc3339()
                 ),
                 None => println!("{sub} tries {t}/{i} again now, from event {id}"),
@@ -422,14 +487,14 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
         }
         (None, Action::Skip(event)) => {
             let which = event.map_or_else(
-                || "a refused event".to_owned(),
-                |e| format!("refused event {e}"),
+                || "a refused event (one waiting for its delay is dropped only when named with --event)".to_owned(),
+                |e| format!("event {e}, refused or delayed"),
             );
             return Err(Failure::runtime(format!(
                 "skipped nothing: subscription {sub:?} holds nothing back for {t}/{i}, or the first event it holds back is not {which} (see `events parked`)"
             )));
         }
-        (None, Action::Retry) => {
+        (None, Action::Retry { .. }) => {
             return Err(Failure::runtime(format!(
                 "subscription {sub:?} holds nothing back for aggregate {t}/{i} (see `events parked`)"
             )));

@@ -1417,6 +1417,7 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     for command in [
         &["events", "parked", "--subscription", "nobody"][..],
         &["events", "retry", "nobody", "order", "42"],
+        &["events", "retry", "nobody", "--all"],
         &["events", "skip", "nobody", "order", "42"],
         &["events", "rewind", "nobody", "--to", "head"],
     ] {
@@ -1434,6 +1435,24 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "is not an event id",
     )
     .await;
+    // One aggregate, or --all: not both, not neither.
+    for (command, says) in [
+        (&["events", "retry", "nobody"][..], "required"),
+        (
+            &["events", "retry", "nobody", "order", "42", "--all"],
+            "cannot be used with",
+        ),
+        (
+            &["events", "retry", "nobody", "--type", "order"],
+            "required",
+        ),
+        (
+            &["events", "retry", "nobody", "--all", "--now"],
+            "cannot be used with",
+        ),
+    ] {
+        refused(&with_db(command), 2, says).await;
+    }
     refused(
         &with_db(&["events", "emit", "order", "1", "t", "{}", "--delay", "366d"]),
         2,
@@ -1683,6 +1702,26 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         assert!(!refused.status.success(), "{event}");
         assert!(stderr(&refused).contains(says), "{}", stderr(&refused));
     }
+    // Every refused aggregate tried again: refused again, for good.
+    let retried = ok(&cli(&[
+        "events",
+        "retry",
+        "hooks",
+        "--all",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(
+        retried.contains("hooks tries 1 refused aggregate(s) again now"),
+        "{retried}"
+    );
+    scrape_until(
+        port,
+        &["outbox_relay_failures_total{relay=\"hooks\",class=\"permanent\",kind=\"http_refused\"} 2"],
+        &worker,
+    )
+    .await;
     let skipped = ok(&cli(&[
         "events",
         "skip",
@@ -1729,6 +1768,90 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     ])
     .await);
     assert!(retried.contains("is delayed until then"), "{retried}");
+    // A delayed event is not skipped unless it is named; --now publishes
+    // it at once.
+    let unnamed = cli(&[
+        "events",
+        "skip",
+        "hooks",
+        "order",
+        "later",
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(
+        stderr(&unnamed).contains("dropped only when named with --event"),
+        "{}",
+        stderr(&unnamed)
+    );
+    let now = ok(&cli(&[
+        "events",
+        "retry",
+        "hooks",
+        "order",
+        "later",
+        "--now",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(now.contains("publishes order/later now"), "{now}");
+    scrape_until(
+        port,
+        &["outbox_relay_published_total{relay=\"hooks\"} 4"],
+        &worker,
+    )
+    .await;
+    // A delayed event named by its id is dropped, never published.
+    let emitted = ok(&cli(&[
+        "events",
+        "emit",
+        "order",
+        "later2",
+        "order.placed",
+        "{}",
+        "--delay",
+        "1h",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    let id = emitted
+        .split_whitespace()
+        .nth(2)
+        .expect("emitted event <id> at position <n>")
+        .to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later2")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delayed event was never held back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dropped = ok(&cli(&[
+        "events",
+        "skip",
+        "hooks",
+        "order",
+        "later2",
+        "--event",
+        &id,
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert_eq!(
+        dropped.trim(),
+        format!(
+            "skipped event {id} of order/later2 for hooks; the rest of its events are published next"
+        )
+    );
+    assert!(
+        !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later2")
+    );
     let rewound = ok(&cli(&[
         "events",
         "rewind",

@@ -150,15 +150,56 @@ pub async fn retry_parked(
         subscription,
         aggregate_type,
         aggregate_id,
-        false,
-        None,
+        Act::Retry { cut_delay: false },
     )
     .await
 }
 
+/// [`retry_parked`], and when the aggregate's first held-back event waits
+/// for its own delay ([`crate::events::Event::delay`]), publishes it now
+/// all the same: for a delay given by mistake (a year instead of an
+/// hour), which would hold its aggregate's later events back with it.
+pub async fn retry_parked_now(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Option<String>> {
+    parked_action(
+        pool,
+        subscription,
+        aggregate_type,
+        aggregate_id,
+        Act::Retry { cut_delay: true },
+    )
+    .await
+}
+
+/// Tries every aggregate that `subscription`'s broker refused again now
+/// (only those of `aggregate_type`, when given), each from its first
+/// held-back event, as [`retry_parked`] does for one: after a fix on the
+/// broker's side (a webhook that answered 400 to everything) that
+/// refused many. Delayed aggregates keep their time. Returns how many
+/// aggregates it asked to be tried.
+pub async fn retry_all_parked(
+    pool: &PgPool,
+    subscription: &str,
+    aggregate_type: Option<&str>,
+) -> Result<u64> {
+    let retried: i64 = crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(include_str!("../db/sql/event_parked_retry_all.sql"))
+            .bind(subscription)
+            .bind(aggregate_type)
+            .fetch_one(conn)
+            .await
+    })
+    .await?;
+    Ok(u64::try_from(retried).unwrap_or(0))
+}
+
 /// When held-back event `event_id` of `subscription` is due by its own
 /// delay ([`crate::events::Event::delay`]), if that is still ahead: a
-/// retry does not cut a delay short. None when it is not delayed, its
+/// retry does not cut a delay short ([`retry_parked_now`] does). None when it is not delayed, its
 /// delay has run out, or it is not held back.
 pub async fn delayed_until(
     pool: &PgPool,
@@ -194,13 +235,22 @@ pub async fn skip_parked(
     aggregate_type: &str,
     aggregate_id: &str,
 ) -> Result<Option<String>> {
-    parked_action(pool, subscription, aggregate_type, aggregate_id, true, None).await
+    parked_action(
+        pool,
+        subscription,
+        aggregate_type,
+        aggregate_id,
+        Act::Skip { event_id: None },
+    )
+    .await
 }
 
 /// [`skip_parked`], only when the first held-back event is `event_id`: a
 /// stale or repeated skip (a double click, two operators, a retry that
 /// got the refused event out while the next one was refused) drops
-/// nothing and returns none. A malformed id is an error.
+/// nothing and returns none. Named so, a first event still waiting for
+/// its own delay is dropped too (never published), and the aggregate's
+/// later events go next. A malformed id is an error.
 pub async fn skip_parked_event(
     pool: &PgPool,
     subscription: &str,
@@ -220,10 +270,20 @@ pub async fn skip_parked_event(
         subscription,
         aggregate_type,
         aggregate_id,
-        true,
-        Some(&id),
+        Act::Skip {
+            event_id: Some(&id),
+        },
     )
     .await
+}
+
+/// What an operator does to one parked aggregate.
+enum Act<'a> {
+    /// Try it again now; `cut_delay` publishes a delayed first event now.
+    Retry { cut_delay: bool },
+    /// Drop its first event: a refused one, and only `event_id` when
+    /// given (which may also be a delayed one).
+    Skip { event_id: Option<&'a str> },
 }
 
 async fn parked_action(
@@ -231,9 +291,12 @@ async fn parked_action(
     subscription: &str,
     aggregate_type: &str,
     aggregate_id: &str,
-    skip: bool,
-    event_id: Option<&str>,
+    act: Act<'_>,
 ) -> Result<Option<String>> {
+    let (skip, event_id, cut_delay) = match act {
+        Act::Retry { cut_delay } => (false, None, cut_delay),
+        Act::Skip { event_id } => (true, event_id, false),
+    };
     Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_scalar(include_str!("../db/sql/event_parked_retry.sql"))
             .bind(subscription)
@@ -241,6 +304,7 @@ async fn parked_action(
             .bind(aggregate_id)
             .bind(skip)
             .bind(event_id)
+            .bind(cut_delay)
             .fetch_optional(conn)
             .await
     })

@@ -64,9 +64,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use admin::{
-    Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked, retry_parked,
-    rewind_subscription, sequence_problem, skip_parked, skip_parked_event, subscription_exists,
-    subscriptions,
+    Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked,
+    retry_all_parked, retry_parked, retry_parked_now, rewind_subscription, sequence_problem,
+    skip_parked, skip_parked_event, subscription_exists, subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;

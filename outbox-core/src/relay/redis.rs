@@ -77,6 +77,7 @@ impl RedisSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        refuse_payload_header(message)?;
         let mut conn = self.connection().await?;
         let mut call = self.script.prepare_invoke();
         call.key(&message.destination)
@@ -107,6 +108,20 @@ impl RedisSink {
                 Err(error)
             }
         }
+    }
+}
+
+/// Refuses for good (its aggregate parks) an event with a header named
+/// `payload`: the entry's fields are the headers and then `payload`, so
+/// the entry would carry two `payload` fields, and which one a consumer
+/// reads would depend on its client.
+fn refuse_payload_header(message: &Message) -> Result<(), PublishError> {
+    match message.headers.iter().find(|(name, _)| name == "payload") {
+        Some(_) => Err(PublishError::permanent(
+            "payload_header",
+            "header \"payload\" would be a second payload field of the stream entry; rename it",
+        )),
+        None => Ok(()),
     }
 }
 
@@ -249,6 +264,18 @@ mod tests {
             let e = classify(&server_error(&format!("{script} {inner}")));
             assert_eq!((e.is_transient(), e.kind()), (transient, kind), "{inner}");
         }
+    }
+
+    #[test]
+    fn a_header_named_payload_is_refused_for_good() {
+        let refused =
+            refuse_payload_header(&Message::for_test("s", &[("a", "1"), ("payload", "x")]))
+                .expect_err("a second payload field");
+        assert_eq!(
+            (refused.is_transient(), refused.kind()),
+            (false, "payload_header")
+        );
+        assert!(refuse_payload_header(&Message::for_test("s", &[("Payload", "x")])).is_ok());
     }
 
     #[test]
