@@ -40,10 +40,15 @@ pub(crate) enum Admit {
     Later(Duration),
 }
 
+/// How often the first failure of a streak is logged at WARN, at most.
+const FIRST_FAILURE_WARNING: Duration = Duration::from_secs(60);
+
 pub(crate) struct Circuit {
     /// The relay it guards, for the log.
     relay: std::sync::Arc<str>,
     phase: Mutex<Phase>,
+    /// When the first failure of a streak was last logged at WARN.
+    warned_at: Mutex<Option<Instant>>,
     changed: Notify,
     /// How long a probe may take before another is let through.
     probe_timeout: Duration,
@@ -54,6 +59,7 @@ impl Circuit {
         Self {
             relay,
             phase: Mutex::new(Phase::Closed { failures: 0 }),
+            warned_at: Mutex::new(None),
             changed: Notify::new(),
             probe_timeout,
         }
@@ -153,6 +159,22 @@ impl Circuit {
         };
         // Once per outage: a probe that fails reopens the circuit quietly.
         match (&*phase, &next) {
+            // The first failure after a success: an outage may start here.
+            // A publish timing out takes the relay's timeout (10 s by
+            // default) to fail, and the circuit opens after five in a row,
+            // so without this an outage of half a minute would leave no
+            // trace at WARN. Once a minute at most: a broker that fails
+            // now and then (429s) would fill the log.
+            (Phase::Closed { failures: 0 }, Phase::Closed { .. }) => {
+                let mut warned = self.warned_at.lock().unwrap_or_else(|p| p.into_inner());
+                if warned.is_none_or(|at| now.duration_since(at) >= FIRST_FAILURE_WARNING) {
+                    *warned = Some(now);
+                    tracing::warn!(
+                        relay = %self.relay,
+                        "publish failed for now ({why}); the relay tries again after a backoff, and its circuit opens after {OPEN_AFTER} failures in a row"
+                    );
+                }
+            }
             (Phase::Closed { .. }, Phase::Open { cool_down, .. }) => tracing::warn!(
                 relay = %self.relay,
                 "relay circuit open: the broker keeps failing (the last time: {why}); publishing pauses, one probe every {cool_down:?} at first"
@@ -200,6 +222,28 @@ mod tests {
         c.success();
         assert!(!c.is_open());
         assert_eq!(c.admit(Duration::ZERO).await, Admit::Go);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_failure_after_a_success_is_warned_of_once_a_minute_at_most() {
+        let c = Circuit::new("test".into(), Duration::from_secs(10));
+        let warned = || *c.warned_at.lock().unwrap();
+        let start = Instant::now();
+        c.failure("down");
+        assert_eq!(warned(), Some(start));
+        // Later failures of the streak are the circuit's to report.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        c.failure("down");
+        assert_eq!(warned(), Some(start));
+        // A broker failing now and then: not again within the minute.
+        c.success();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        c.failure("down");
+        assert_eq!(warned(), Some(start));
+        c.success();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        c.failure("down");
+        assert_eq!(warned(), Some(start + Duration::from_secs(61)));
     }
 
     #[tokio::test(start_paused = true)]

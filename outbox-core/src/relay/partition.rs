@@ -112,7 +112,7 @@ pub(crate) async fn run(
             tracing::info!(relay = %env.relay.name, part = lease.part, %error, "could not hand the partition back; its lease runs out by itself");
         }
     } else {
-        tracing::warn!(relay = %env.relay.name, part = lease.part, "partition lease lost: another relay worker may have it now");
+        tracing::warn!(relay = %env.relay.name, part = lease.part, "partition lease lost (an operator's rewind takes leases back, a database out of reach lets them run out, or another relay worker took it); the worker asks for partitions again");
     }
     end
 }
