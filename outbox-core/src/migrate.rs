@@ -247,6 +247,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0037_parked_heads.up.sql"),
         down: include_str!("../../migrations/0037_parked_heads.down.sql"),
     },
+    Migration {
+        version: 38,
+        name: "event_id_digest",
+        up: include_str!("../../migrations/0038_event_id_digest.up.sql"),
+        down: include_str!("../../migrations/0038_event_id_digest.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -334,18 +334,39 @@ pub async fn emit_all(
 /// which plain [`emit`] does not pay) for the event log's maximum age; a
 /// retry later than that emits again. Without [`Event::id`] the event gets
 /// a new id, so the guard only helps once the caller knows the id.
+///
+/// An id recorded for a different event (another aggregate, type or
+/// payload; headers and delay are not compared) is refused with
+/// [`Error::InvalidEvent`]: an id given twice by mistake would otherwise
+/// drop the second event without a word.
 pub async fn emit_once(conn: &mut PgConnection, event: Event) -> Result<Option<Emitted>> {
     // Checked (and its id settled) before the id is recorded: a refused
     // event must not leave a record that would turn its retry away.
     let row = Row::of(event)?;
-    let first: Option<bool> = sqlx::query_scalar(include_str!("../db/sql/claim_event_id.sql"))
-        .bind(&row.id)
+    let bind = |sql| {
+        sqlx::query_scalar(sql)
+            .bind(&row.id)
+            .bind(&row.aggregate_type)
+            .bind(&row.aggregate_id)
+            .bind(&row.event_type)
+            .bind(sqlx::types::Json(&row.payload))
+    };
+    let first: Option<bool> = bind(include_str!("../db/sql/claim_event_id.sql"))
         .fetch_optional(&mut *conn)
         .await?;
-    if first.is_none() {
-        return Ok(None);
+    if first.is_some() {
+        return append_one(conn, row).await.map(Some);
     }
-    append_one(conn, row).await.map(Some)
+    let differs: Option<bool> = bind(include_str!("../db/sql/event_id_digest_differs.sql"))
+        .fetch_optional(&mut *conn)
+        .await?;
+    if differs == Some(true) {
+        return Err(Error::InvalidEvent(format!(
+            "event id {} was emitted before for a different event (another aggregate, type or payload than {}/{} {}): nothing written; give this event an id of its own",
+            row.id, row.aggregate_type, row.aggregate_id, row.event_type
+        )));
+    }
+    Ok(None)
 }
 
 /// One event as the emit statements' columns.
