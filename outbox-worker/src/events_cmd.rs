@@ -258,8 +258,8 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
         }
         event = event.header(name, value);
     }
-    if let Some(q) = args.queue {
-        event = event.queue(q);
+    if let Some(q) = &args.queue {
+        event = event.queue(q.clone());
     }
     if let Some(d) = args.delay {
         event = event.delay(d);
@@ -269,6 +269,18 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     // nothing else the command does may wait on the database (a server
     // gone after the COMMIT would turn a written event into a timeout).
     let relays_stopped = outbox::relay::sequence_problem(&pool).await;
+    // A stream of its own that no relay reads (a typo, or a relay not
+    // set up yet): the event would wait unseen.
+    let unread = match &args.queue {
+        Some(q) if q != outbox::events::EVENTS_QUEUE => {
+            outbox::relay::stream_has_subscription(&pool, q)
+                .await
+                .ok()
+                .filter(|read| !read)
+                .map(|_| q.clone())
+        }
+        _ => None,
+    };
     // The id is chosen here, before the transaction, so a failure whose
     // outcome is unknown can name it, and a retry with it writes nothing
     // if the first try committed (emit_once).
@@ -293,6 +305,12 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
     // publish this event as things stand: say so, the write stands.
     if let Ok(Some(problem)) = relays_stopped {
         eprintln!("warning: relays read nothing: {problem}");
+    }
+    if let Some(stream) = unread {
+        eprintln!(
+            "warning: no subscription reads stream {stream:?} yet: the event waits in the log \
+             for a relay with queue={stream} in its URL (up to the log's maximum age)"
+        );
     }
     Ok(())
 }

@@ -1486,6 +1486,36 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     .unwrap();
     assert_eq!(payload, serde_json::json!({"from": "file"}));
     assert!(delayed);
+    // A stream no subscription reads: written, with a warning, until one
+    // does.
+    let audit = with_db(&[
+        "events", "emit", "order", "44", "t", "{}", "--queue", "audit",
+    ]);
+    let unread = cli(&audit).await;
+    assert!(unread.status.success(), "{}", stderr(&unread));
+    assert!(
+        stderr(&unread).contains("no subscription reads stream \"audit\" yet"),
+        "{}",
+        stderr(&unread)
+    );
+    sqlx::query(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) \
+         VALUES ('auditor', 'audit', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let read = cli(&audit).await;
+    assert!(read.status.success(), "{}", stderr(&read));
+    assert!(
+        !stderr(&read).contains("no subscription reads"),
+        "{}",
+        stderr(&read)
+    );
+    sqlx::query("DELETE FROM outbox_event_subscriptions WHERE name = 'auditor'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
 
     refused(
         &with_db(&["events", "emit", "order", "1", "t", "{nope"]),
@@ -1575,7 +1605,10 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(logged, 2, "no refusal wrote anything");
+    assert_eq!(
+        logged, 4,
+        "no refusal wrote anything (two events, and two to \"audit\")"
+    );
 }
 
 #[tokio::test]

@@ -346,6 +346,22 @@ pub async fn subscription_exists(pool: &PgPool, name: &str) -> Result<bool> {
     .await?)
 }
 
+/// Whether any subscription reads `stream` (a relay's `queue`; `events`
+/// unless it says otherwise). An event emitted to a stream no
+/// subscription reads waits in the log for a relay that does, until the
+/// log's maximum age.
+pub async fn stream_has_subscription(pool: &PgPool, stream: &str) -> Result<bool> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_event_subscriptions WHERE stream = $1)",
+        )
+        .bind(stream)
+        .fetch_one(conn)
+        .await
+    })
+    .await?)
+}
+
 /// What [`delete_subscription`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

@@ -66,7 +66,7 @@ use std::time::Duration;
 pub use admin::{
     Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked,
     retry_all_parked, retry_parked, retry_parked_now, rewind_subscription, sequence_problem,
-    skip_parked, skip_parked_event, subscription_exists, subscriptions,
+    skip_parked, skip_parked_event, stream_has_subscription, subscription_exists, subscriptions,
 };
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;

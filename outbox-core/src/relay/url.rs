@@ -55,18 +55,30 @@ impl Params {
         match text.parse::<u64>() {
             Ok(v) if (min..=max).contains(&v) => Ok(v),
             _ => Err(format!(
-                "relay option {name}={text:?} is out of range: use a whole number from {min} to {max}"
+                "option {name}={text:?} is out of range: use a whole number from {min} to {max}"
             )),
         }
     }
 }
 
-/// Builds the relay `name` from `url`.
+/// Builds the relay `name` from `url`. Every error names the relay: a
+/// worker run with several says which URL is wrong.
 pub(crate) async fn relay_from_url(
     name: &str,
     url: &str,
     secret: Option<String>,
 ) -> Result<Relay, String> {
+    let named = format!("relay {name:?}");
+    build(name, url, secret).await.map_err(|e| {
+        if e.starts_with(&named) {
+            e
+        } else {
+            format!("{named}: {e}")
+        }
+    })
+}
+
+async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, String> {
     let (url, hosts) = split_host_list(url);
     let parsed = ::url::Url::parse(&url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
     if hosts.is_some() && parsed.scheme() != "kafka" {
@@ -117,7 +129,7 @@ pub(crate) async fn relay_from_url(
         None => super::Start::Beginning,
         Some(text) => text
             .parse::<super::Start>()
-            .map_err(|e| format!("relay option start={e}"))?,
+            .map_err(|e| format!("option start={e}"))?,
     };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
@@ -161,9 +173,7 @@ pub(crate) async fn relay_from_url(
             .parse()
             .ok()
             .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| {
-                format!("relay option give_up_after={n:?} is out of range: use 1 to 1000")
-            })?;
+            .ok_or_else(|| format!("option give_up_after={n:?} is out of range: use 1 to 1000"))?;
         relay = relay.give_up_after(n);
     }
     let problems = relay.problems();
