@@ -1598,7 +1598,17 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     refused(
         &with_db(&["run", "--relay", "n=nats://127.0.0.1:1?partitions=0"]),
         2,
-        "partitions=\"0\" is out of range",
+        "relay \"n\": option partitions=\"0\" is out of range",
+    )
+    .await;
+    refused(
+        &with_db(&[
+            "run",
+            "--relay",
+            "w=http://127.0.0.1:1/hook?route=a.{aggregate_type}",
+        ]),
+        2,
+        "relay \"w\": option route= names a broker's subject",
     )
     .await;
     let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
@@ -1678,6 +1688,12 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         "# HELP outbox_relay_published_total",
     ];
     scrape_until(port, &wanted, &worker).await;
+    // No secret: said at start, in case its variable was misspelt.
+    assert!(
+        worker.log().contains("OUTBOX_RELAY_HOOKS_SECRET (whsec_...) to sign them"),
+        "{}",
+        worker.log()
+    );
     let parked = ok(&cli(&["events", "parked", "--database-url", &db.url]).await);
     assert!(parked.contains("order/bad"), "{parked}");
     assert!(parked.contains("http_refused"), "{parked}");

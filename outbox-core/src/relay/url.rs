@@ -105,9 +105,16 @@ async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, S
         true => Some(params.parse_range("concurrency", 1, 1, crate::MAX_CONCURRENCY as u64)?),
         false => None,
     };
-    let route = params
-        .take("route")
-        .unwrap_or_else(|| super::DEFAULT_ROUTE.to_owned());
+    let route_given = params.take("route");
+    if route_given.is_some() && matches!(parsed.scheme(), "http" | "https") {
+        // It would be taken and never used.
+        return Err(
+            "option route= names a broker's subject, topic or stream; a webhook posts every \
+             event to its URL (route by the URL's path, one relay per endpoint)"
+                .to_owned(),
+        );
+    }
+    let route = route_given.unwrap_or_else(|| super::DEFAULT_ROUTE.to_owned());
     let give_up_after = params.take("give_up_after");
     let timeout_ms = params.parse_range(
         "timeout_ms",

@@ -211,6 +211,15 @@ pub(crate) fn from_url(
         ));
     }
     let secret = params.secret(name);
+    if secret.is_none() {
+        // Meant, for an endpoint inside the network; or a secret's
+        // variable misspelt, which nothing else would show.
+        tracing::warn!(
+            relay = %name,
+            "the webhook relay's requests are not signed: set {} (whsec_...) to sign them",
+            super::url::secret_var(name)
+        );
+    }
     Ok(Arc::new(
         WebhookSink::new(
             endpoint.as_str(),
