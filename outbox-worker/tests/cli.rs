@@ -1690,7 +1690,9 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     scrape_until(port, &wanted, &worker).await;
     // No secret: said at start, in case its variable was misspelt.
     assert!(
-        worker.log().contains("OUTBOX_RELAY_HOOKS_SECRET (whsec_...) to sign them"),
+        worker
+            .log()
+            .contains("OUTBOX_RELAY_HOOKS_SECRET (whsec_...) to sign them"),
         "{}",
         worker.log()
     );
