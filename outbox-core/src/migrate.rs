@@ -253,6 +253,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0038_event_id_digest.up.sql"),
         down: include_str!("../../migrations/0038_event_id_digest.down.sql"),
     },
+    Migration {
+        version: 39,
+        name: "relay_failing",
+        up: include_str!("../../migrations/0039_relay_failing.up.sql"),
+        down: include_str!("../../migrations/0039_relay_failing.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

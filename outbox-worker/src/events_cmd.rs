@@ -340,7 +340,7 @@ fn print_subscriptions(rows: Vec<outbox::relay::Subscription>) {
         return;
     }
     println!(
-        "{:<20} {:<12} {:>5} {:>10} {:>9} {:>8} {:>12} {:>8} {:>10}",
+        "{:<20} {:<12} {:>5} {:>10} {:>9} {:>8} {:>12} {:>8} {:>10} {:>8}",
         "SUBSCRIPTION",
         "STREAM",
         "PARTS",
@@ -349,11 +349,12 @@ fn print_subscriptions(rows: Vec<outbox::relay::Subscription>) {
         "WORKERS",
         "PUBLISHED",
         "PARKED",
-        "AGGREGATES"
+        "AGGREGATES",
+        "REFUSED"
     );
     for r in &rows {
         println!(
-            "{:<20} {:<12} {:>5} {:>10} {:>9.1} {:>8} {:>12} {:>8} {:>10}",
+            "{:<20} {:<12} {:>5} {:>10} {:>9.1} {:>8} {:>12} {:>8} {:>10} {:>8}",
             r.name,
             r.stream,
             r.partitions,
@@ -362,12 +363,20 @@ fn print_subscriptions(rows: Vec<outbox::relay::Subscription>) {
             r.holders,
             r.published,
             r.parked,
-            r.parked_aggregates
+            r.parked_aggregates,
+            r.refused_aggregates
         );
     }
     for r in rows {
         if let Some(problem) = r.problem {
             println!("\n{}: its relay reads nothing: {problem}", r.name);
+        }
+        if let (Some(for_s), Some(why)) = (r.failing_s, r.failing) {
+            println!(
+                "\n{}: its publishes have failed for {for_s:.0} s, the last time: {why} \
+                 (the relay tries again with backoff; events wait, none is lost)",
+                r.name
+            );
         }
     }
 }

@@ -104,6 +104,12 @@ pub fn install() -> Result<PrometheusHandle, String> {
          caches, steps by more than one or went back (`events subscriptions` says how to fix it)"
     );
     metrics::describe_gauge!(
+        "outbox_relay_failing_seconds",
+        metrics::Unit::Seconds,
+        "How long the relay's publishes have failed for now with no success since (0 while they \
+         succeed): the longest of its live relay workers"
+    );
+    metrics::describe_gauge!(
         "outbox_database_up",
         "1 when the last gauge refresh reached the database"
     );
@@ -193,6 +199,8 @@ async fn relay_gauges(state: &AppState) {
             )
         });
         let stopped = row.is_some_and(|r| r.problem.is_some());
+        let failing = row.and_then(|r| r.failing_s).unwrap_or(0.0);
+        metrics::gauge!("outbox_relay_failing_seconds", "relay" => relay.clone()).set(failing);
         metrics::gauge!("outbox_relay_stopped", "relay" => relay.clone())
             .set(f64::from(u8::from(stopped)));
         metrics::gauge!("outbox_relay_backlog", "relay" => relay.clone()).set(behind as f64);

@@ -1683,6 +1683,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         "outbox_relay_parked_aggregates{relay=\"hooks\"} 1",
         "outbox_relay_refused_aggregates{relay=\"hooks\"} 1",
         "outbox_relay_stopped{relay=\"hooks\"} 0",
+        "outbox_relay_failing_seconds{relay=\"hooks\"} 0",
         "outbox_relay_parked_total{relay=\"hooks\"} 2",
         "outbox_relay_oldest_unpublished_age_seconds{relay=\"hooks\"}",
         "# HELP outbox_relay_published_total",

@@ -468,7 +468,10 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
                  'webhook refused the event (http_refused): <script>alert(1)</script>'),
                 ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), NULL, NULL),
                 ('hooks', 11, gen_random_uuid(), 'order', '43', 'order.reminded', '{}', 1, now(),
-                 now() + interval '1 hour', NULL);",
+                 now() + interval '1 hour', NULL);
+         INSERT INTO outbox_event_members (subscription, member, seen_until, failing_since, failing_why)
+         VALUES ('hooks', 'w1', now() + interval '1 hour', now() - interval '42 seconds',
+                 'http_status: <b>503</b> Service Unavailable');",
     )
     .execute(&db.pool)
     .await
@@ -489,6 +492,20 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     assert!(page.body.contains("data-aggregate=\"order/42\""));
+    // A relay whose publishes fail for now says so, its reason escaped.
+    let failing = page
+        .body
+        .split("<tr class=\"subscription-failing\">")
+        .nth(1)
+        .expect("the failing relay's row");
+    let seconds: f64 = failing
+        .split("failed for ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("how long it has failed");
+    assert!((42.0..600.0).contains(&seconds), "{failing}");
+    assert!(failing.contains("&#60;b&#62;503&#60;/b&#62;"), "{failing}");
     // The event behind the refused one has no time of its own.
     let behind_row = page
         .body

@@ -6,6 +6,7 @@ mod crash_safety;
 mod dispatch;
 mod durable;
 mod events;
+mod events_failing;
 mod events_parked;
 mod explain;
 mod failures;

@@ -297,17 +297,29 @@ pub(crate) async fn leave(
         .map(drop)
 }
 
-/// Says `member` is alive for `ttl_us`; returns how many members are.
+/// Says `member` is alive for `ttl_us`, and how long its publishes have
+/// failed and why (`failing`, none while they succeed); returns how many
+/// members are alive.
 pub(crate) async fn member(
     conn: &mut PgConnection,
     subscription: &str,
     member: &str,
     ttl_us: i64,
+    failing: Option<(std::time::Duration, String)>,
 ) -> sqlx::Result<i64> {
+    let (failing_us, why) = match failing {
+        Some((d, why)) => (
+            Some(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)),
+            Some(why),
+        ),
+        None => (None, None),
+    };
     sqlx::query_scalar(include_str!("sql/event_member.sql"))
         .bind(subscription)
         .bind(member)
         .bind(ttl_us)
+        .bind(failing_us)
+        .bind(why)
         .fetch_one(conn)
         .await
 }

@@ -36,6 +36,13 @@ pub struct Subscription {
     pub refused_aggregates: i64,
     /// The log's last position.
     pub head: i64,
+    /// How long its relay's publishes have failed for now, in seconds (a
+    /// broker down, timing out, answering 5xx: transient failures with no
+    /// success since), the longest of its live relay workers; none while
+    /// they succeed. Events wait meanwhile, and none is lost.
+    pub failing_s: Option<f64>,
+    /// The last reason those publishes failed.
+    pub failing: Option<String>,
     /// Why its relay reads nothing, if the log's position sequence is not
     /// as every relay needs it: caching, stepping by more than one, or set
     /// back behind a partition's position. It says how to put it right.
@@ -58,6 +65,8 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Subscription {
             parked_aggregates: row.try_get("parked_aggregates")?,
             refused_aggregates: row.try_get("refused_aggregates")?,
             head: row.try_get("head")?,
+            failing_s: row.try_get("failing_s")?,
+            failing: row.try_get("failing_why")?,
             problem: crate::db::event_log::head_problem(
                 row.try_get("head")?,
                 row.try_get("sequence_cache")?,

@@ -49,6 +49,10 @@ pub(crate) struct Circuit {
     phase: Mutex<Phase>,
     /// When the first failure of a streak was last logged at WARN.
     warned_at: Mutex<Option<Instant>>,
+    /// Since when publishes have failed with no success since, and the
+    /// last reason: what the relay's word of being alive says of its
+    /// broker (`failing`).
+    failing: Mutex<Option<(Instant, String)>>,
     changed: Notify,
     /// How long a probe may take before another is let through.
     probe_timeout: Duration,
@@ -60,6 +64,7 @@ impl Circuit {
             relay,
             phase: Mutex::new(Phase::Closed { failures: 0 }),
             warned_at: Mutex::new(None),
+            failing: Mutex::new(None),
             changed: Notify::new(),
             probe_timeout,
         }
@@ -110,12 +115,24 @@ impl Circuit {
         }
     }
 
+    /// How long publishes have failed with no success since, and the last
+    /// reason; none while they succeed.
+    pub(crate) fn failing(&self) -> Option<(Duration, String)> {
+        let failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        failing
+            .as_ref()
+            .map(|(since, why)| (since.elapsed(), why.clone()))
+    }
+
     /// The broker took a message, or answered at all: close.
     pub(crate) fn success(&self) {
         let mut phase = self.lock();
+        // Every failure leaves the phase away from this, so the check that
+        // every publish makes stays one comparison.
         if *phase != (Phase::Closed { failures: 0 }) {
             let was_open = !matches!(*phase, Phase::Closed { .. });
             *phase = Phase::Closed { failures: 0 };
+            *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = None;
             drop(phase);
             if was_open {
                 tracing::info!(relay = %self.relay, "relay circuit closed: the broker answers again");
@@ -157,6 +174,13 @@ impl Circuit {
             // Failures of publishes that started before it opened.
             open @ Phase::Open { .. } => (open, OPEN_AFTER),
         };
+        {
+            let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+            match &mut *failing {
+                Some((_, last)) => why.clone_into(last),
+                None => *failing = Some((now, why.to_owned())),
+            }
+        }
         // Once per outage: a probe that fails reopens the circuit quietly.
         match (&*phase, &next) {
             // The first failure after a success: an outage may start here.
@@ -244,6 +268,21 @@ mod tests {
         tokio::time::advance(Duration::from_secs(30)).await;
         c.failure("down");
         assert_eq!(warned(), Some(start + Duration::from_secs(61)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_says_since_when_and_why_until_a_success() {
+        let c = Circuit::new("test".into(), Duration::from_secs(10));
+        assert_eq!(c.failing(), None);
+        c.failure("timeout: no ack");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        c.failure("connection: refused");
+        assert_eq!(
+            c.failing(),
+            Some((Duration::from_secs(3), "connection: refused".to_owned()))
+        );
+        c.success();
+        assert_eq!(c.failing(), None);
     }
 
     #[tokio::test(start_paused = true)]

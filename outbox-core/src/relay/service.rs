@@ -127,8 +127,16 @@ pub(crate) async fn run(
         // A member says it is alive for one lease, four times a lease: a
         // dead one stops counting as its partitions' leases run out, so the
         // others' shares grow just as those partitions come free.
+        let failing = env.relay.circuit.failing();
         let members = call(&env.engine, deadline, "relay member", async |conn| {
-            event_log::member(conn, &env.subscription, &holder, env.ttl_us()).await
+            event_log::member(
+                conn,
+                &env.subscription,
+                &holder,
+                env.ttl_us(),
+                failing.clone(),
+            )
+            .await
         })
         .await;
         let wait = match members {

@@ -2,7 +2,8 @@
 -- position, the events of its stream past it (counted up to a million)
 -- and those at a partition's gaps at or below it, how long the oldest of
 -- them has waited, its live relay workers, what it
--- has published, and the events it holds back (with the aggregates held
+-- has published, how long its relay's publishes have failed and why,
+-- and the events it holds back (with the aggregates held
 -- back by a refused event, which wait for an operator, apart from those
 -- waiting for a delay to run out); with the log's head, the
 -- sequence's cache and increment, and its furthest partition's position,
@@ -37,6 +38,13 @@ WITH head AS (
           % s.partitions = c.part
       AND e.position <= (SELECT p.position FROM subs AS p WHERE p.name = c.subscription)
     GROUP BY c.subscription
+), failing AS (
+    -- The live relay worker whose publishes have failed the longest, with
+    -- its last reason (migration 39).
+    SELECT DISTINCT ON (m.subscription) m.subscription, m.failing_since, m.failing_why
+    FROM outbox_event_members AS m
+    WHERE m.seen_until > now() AND m.failing_since IS NOT NULL
+    ORDER BY m.subscription, m.failing_since
 )
 SELECT s.name, s.stream, s.partitions, s.position,
        (SELECT count(*) FROM (SELECT 1 FROM outbox_event_log AS e
@@ -51,9 +59,11 @@ SELECT s.name, s.stream, s.partitions, s.position,
        (SELECT position FROM head) AS head,
        (SELECT cache FROM head) AS sequence_cache,
        (SELECT increment FROM head) AS sequence_increment,
-       s.furthest
+       s.furthest,
+       extract(epoch FROM now() - f.failing_since)::float8 AS failing_s, f.failing_why
 FROM subs AS s
 LEFT JOIN gapped AS g ON g.subscription = s.name
+LEFT JOIN failing AS f ON f.subscription = s.name
 -- The held-back events, read once for the three counts. Only an
 -- aggregate's first held-back event has a time or an error (migration
 -- 37): the aggregates are counted by their first events, with no sort (a
