@@ -1,6 +1,7 @@
 //! The broker's connection black-holed (a fault proxy between the relay
 //! and nats-server forwards nothing, sockets open, no error either side)
-//! while events are emitted: publishes time out as transient failures,
+//! while events are emitted: publishes time out as transient failures
+//! (which `events subscriptions` shows, with the reason),
 //! the circuit opens, the cursor stays, and once the network is back every
 //! event is published, each aggregate in order.
 
@@ -91,11 +92,26 @@ async fn a_black_holed_broker_connection_loses_nothing_and_keeps_order() {
     wait_acked(200).await;
     proxy.blackhole();
     emit_some(200, 400).await;
-    // Several publish timeouts' worth of silence: the batch waits.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Publishes time out and the batch waits; the subscription's listing
+    // says so, with the reason.
+    let failing = async |want: bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let subs = outbox::relay::subscriptions(&db.pool).await.unwrap();
+            let why = subs.first().and_then(|s| s.failing.clone());
+            if why.is_some() == want {
+                return why;
+            }
+            assert!(Instant::now() < deadline, "failing is still {why:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let why = failing(true).await.expect("a reason");
+    assert!(why.starts_with("timeout: "), "{why}");
     let during = *acked.lock().unwrap();
     proxy.pass();
     wait_acked(400).await;
+    failing(false).await;
     stop.cancel();
     running.await.unwrap().unwrap();
     eprintln!(
