@@ -463,12 +463,16 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('hooks', 'events', 1);
          INSERT INTO outbox_event_cursors (subscription, part, position) VALUES ('hooks', 0, 0);
          INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
-                                          payload, aggregate_hash, created_at, retry_at, error)
+                                          payload, aggregate_hash, created_at, retry_at, error,
+                                          publish_at)
          VALUES ('hooks', 7, gen_random_uuid(), 'order', '42', 'order.placed', '{}', 1, now(), NULL,
-                 'webhook refused the event (http_refused): <script>alert(1)</script>'),
-                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), NULL, NULL),
+                 'webhook refused the event (http_refused): <script>alert(1)</script>', NULL),
+                ('hooks', 9, gen_random_uuid(), 'order', '42', 'order.paid', '{}', 1, now(), NULL, NULL,
+                 NULL),
                 ('hooks', 11, gen_random_uuid(), 'order', '43', 'order.reminded', '{}', 1, now(),
-                 now() + interval '1 hour', NULL);
+                 now() + interval '1 hour', NULL, now() + interval '1 hour'),
+                ('hooks', 13, gen_random_uuid(), 'order', '44', 'order.reminded', '{}', 1, now(),
+                 now() + interval '1 hour', NULL, now() + interval '1 hour');
          INSERT INTO outbox_event_members (subscription, member, seen_until, failing_since, failing_why)
          VALUES ('hooks', 'w1', now() + interval '1 hour', now() - interval '42 seconds',
                  'http_status: <b>503</b> Service Unavailable');",
@@ -522,6 +526,62 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         .expect("the delayed aggregate's row");
     assert!(delayed_row.contains("delayed"), "{delayed_row}");
     assert!(!delayed_row.contains("class=\"retry\""), "{delayed_row}");
+    // It is offered publish now and drop instead; the subscription, a
+    // retry of every refused aggregate.
+    assert!(delayed_row.contains("class=\"retry-now\""), "{delayed_row}");
+    assert!(delayed_row.contains("class=\"drop\""), "{delayed_row}");
+    assert!(page.body.contains("class=\"retry-all\""), "{}", page.body);
+    let post = async |action: &str, body: &str| {
+        send(
+            Method::POST,
+            &format!("{}/events/hooks/{action}", served.url),
+            &[("authorization", &bearer), FORM],
+            body,
+        )
+        .await
+    };
+    let due = async |position: i64| -> Option<bool> {
+        sqlx::query_scalar(
+            "SELECT retry_at <= now() AND coalesce(publish_at <= now(), true) \
+             FROM outbox_event_parked WHERE position = $1",
+        )
+        .bind(position)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+    };
+    let now = post("retry-now", "aggregate_type=order&aggregate_id=43").await;
+    assert_eq!(now.status, StatusCode::SEE_OTHER, "{}", now.body);
+    assert_eq!(due(11).await, Some(true), "its delay cut short");
+    let unnamed = post("drop", "aggregate_type=order&aggregate_id=44").await;
+    assert_eq!(unnamed.status, StatusCode::BAD_REQUEST, "{}", unnamed.body);
+    let id44: String =
+        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 13")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let dropped = post(
+        "drop",
+        &format!("aggregate_type=order&aggregate_id=44&event_id={id44}"),
+    )
+    .await;
+    assert_eq!(dropped.status, StatusCode::SEE_OTHER, "{}", dropped.body);
+    assert_eq!(due(13).await, None, "the delayed event is gone");
+    let all = post("retry-all", "").await;
+    assert_eq!(all.status, StatusCode::SEE_OTHER, "{}", all.body);
+    assert_eq!(
+        due(7).await,
+        Some(true),
+        "the refused aggregate is tried again"
+    );
+    let nobody = send(
+        Method::POST,
+        &format!("{}/events/nobody/retry-all", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(nobody.status, StatusCode::NOT_FOUND, "{}", nobody.body);
     assert!(
         page.body
             .contains("&#60;script&#62;alert(1)&#60;/script&#62;"),

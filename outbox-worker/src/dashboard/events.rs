@@ -1,6 +1,7 @@
-//! The events page: every subscription with its lag, the events held back
-//! for parked aggregates, and retry or skip for each parked aggregate (the
-//! same functions as `outbox-worker events`).
+//! The events page: every subscription with its lag (and a retry of every
+//! aggregate its broker refused), the events held back for parked
+//! aggregates, and retry or skip for each parked aggregate, publish now or
+//! drop for a delayed one (the same functions as `outbox-worker events`).
 
 use std::sync::Arc;
 
@@ -53,6 +54,18 @@ impl EventsPage<'_> {
     /// so none is offered.
     fn delayed(&self, p: &ParkedEvent) -> bool {
         p.error.is_none() && p.retry_at.is_some_and(|t| t > chrono::Utc::now())
+    }
+
+    /// Whether the first held-back event `p` is offered `action`: retry
+    /// unless it waits for its delay, skip when the broker refused it,
+    /// publish now or drop when it waits for its delay.
+    fn offers(&self, p: &ParkedEvent, action: &str) -> bool {
+        match action {
+            "retry" => !self.delayed(p),
+            "skip" => p.error.is_some(),
+            "retry-now" | "drop" => self.delayed(p),
+            _ => false,
+        }
     }
 
     /// When the relay tries the event again: only an aggregate's first
@@ -109,7 +122,9 @@ pub(crate) struct AggregateForm {
     event_id: Option<String>,
 }
 
-/// Retries or skips a parked aggregate of a subscription.
+/// Retries or skips a parked aggregate of a subscription, publishes a
+/// delayed one now or drops its delayed event, or (`retry-all`, no
+/// aggregate) retries every aggregate the broker refused.
 pub(crate) async fn parked_action(
     State(d): State<Arc<Dashboard>>,
     Extension(identity): Extension<Identity>,
@@ -121,7 +136,43 @@ pub(crate) async fn parked_action(
         writable(&d)?;
         check_csrf(identity, &headers, &form.csrf)?;
         let (t, i) = (&form.aggregate_type, &form.aggregate_id);
+        let event = form.event_id.as_deref().filter(|e| !e.is_empty());
         let done = match action.as_str() {
+            "retry-all" => {
+                let retried = query(
+                    "retry all",
+                    outbox::relay::retry_all_parked(&d.pool, &subscription, None),
+                )
+                .await?;
+                let known = retried > 0
+                    || query(
+                        "subscription",
+                        outbox::relay::subscription_exists(&d.pool, &subscription),
+                    )
+                    .await?;
+                known.then(String::new)
+            }
+            "retry-now" => {
+                query(
+                    "publish now",
+                    outbox::relay::retry_parked_now(&d.pool, &subscription, t, i),
+                )
+                .await?
+            }
+            // A delayed event is dropped only by its id: the one shown.
+            "drop" => {
+                let Some(e) = event else {
+                    return Err(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "drop names the event to drop (event_id)",
+                    ));
+                };
+                query(
+                    "drop",
+                    outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, e),
+                )
+                .await?
+            }
             "retry" => {
                 query(
                     "retry",
@@ -132,7 +183,6 @@ pub(crate) async fn parked_action(
             "skip" => {
                 // The page names the event it showed; a script may not,
                 // and then only a refused first event is dropped.
-                let event = form.event_id.as_deref().filter(|e| !e.is_empty());
                 let skip = async {
                     match event {
                         Some(e) => outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, e).await,
@@ -146,12 +196,12 @@ pub(crate) async fn parked_action(
         if done.is_none() {
             return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
-                if action == "skip" {
-                    format!(
-                        "skipped nothing: the first event {subscription} holds back for {t}/{i} is not a refused one, or not the one the page showed (reload it)"
-                    )
-                } else {
-                    format!("{subscription} holds nothing back for aggregate {t}/{i}")
+                match action.as_str() {
+                    "skip" | "drop" => format!(
+                        "skipped nothing: the first event {subscription} holds back for {t}/{i} is not a refused or delayed one, or not the one the page showed (reload it)"
+                    ),
+                    "retry-all" => format!("there is no subscription {subscription:?}"),
+                    _ => format!("{subscription} holds nothing back for aggregate {t}/{i}"),
                 },
             ));
         }
