@@ -21,6 +21,10 @@ pub(crate) enum EventsCommand {
     /// health checks see it.
     #[command(alias = "backlog")]
     Subscriptions(ListArgs),
+    /// One event (by position or id) and where each subscription reading
+    /// its stream stands with it: passed (published), held back (and
+    /// why), or waiting.
+    Show(ShowArgs),
     /// Events held back because their aggregate is parked (the broker
     /// refused the first for good, or it is not due yet).
     Parked(ParkedArgs),
@@ -91,6 +95,22 @@ pub(crate) struct EmitArgs {
     /// 365d); its aggregate's later events wait behind it.
     #[arg(long, value_parser = flags::duration(std::time::Duration::ZERO, outbox::events::MAX_EVENT_DELAY))]
     delay: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The event: its position in the log (digits), or its id (a UUID).
+    event: String,
+    /// For an id: how far from the time a UUIDv7 id carries to look (the
+    /// last this long for another id). The log has no index on id, so the
+    /// search reads the days' partitions in that window.
+    #[arg(long, default_value = "1d", value_parser = flags::duration(std::time::Duration::from_secs(60), std::time::Duration::from_secs(400 * 86_400)))]
+    within: std::time::Duration,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -198,6 +218,7 @@ pub(crate) async fn run(command: EventsCommand) -> Result<(), Failure> {
     match command {
         EventsCommand::Emit(args) => emit(args).await,
         EventsCommand::Subscriptions(args) => subscriptions(args).await,
+        EventsCommand::Show(args) => show(args).await,
         EventsCommand::Parked(args) => parked(args).await,
         EventsCommand::Retry(args) => retry(args).await,
         EventsCommand::Skip(args) => act(args.aggregate, Action::Skip(args.event)).await,
@@ -311,6 +332,78 @@ async fn emit(args: EmitArgs) -> Result<(), Failure> {
             "warning: no subscription reads stream {stream:?} yet: the event waits in the log \
              for a relay with queue={stream} in its URL (up to the log's maximum age)"
         );
+    }
+    Ok(())
+}
+
+/// `events show`.
+async fn show(args: ShowArgs) -> Result<(), Failure> {
+    use outbox::relay::EventLookup;
+    let lookup = match args.event.parse::<i64>() {
+        Ok(p) if p > 0 => EventLookup::Position(p),
+        Ok(_) => return Err(Failure::config("a position is 1 or more")),
+        Err(_) => EventLookup::Id {
+            id: event_id(&args.event).map_err(Failure::config)?,
+            window: args.within,
+        },
+    };
+    let pool = connect_operator_migrated(&args.db, 2).await?;
+    let Some(e) = outbox::relay::event_status(&pool, &lookup).await? else {
+        let where_ = match lookup {
+            EventLookup::Position(p) => format!("at position {p}"),
+            EventLookup::Id { id, .. } => format!(
+                "with id {id} within {} of its time (--within looks further)",
+                humantime::format_duration(args.within)
+            ),
+        };
+        return Err(Failure::runtime(format!(
+            "the log has no event {where_}: never emitted, rolled back, or dropped by retention"
+        )));
+    };
+    if args.json {
+        return print_json(&e);
+    }
+    println!(
+        "event {} at position {}: {}/{} {}, stream {}, emitted {}",
+        e.id,
+        e.position,
+        e.aggregate_type,
+        e.aggregate_id,
+        e.event_type,
+        e.stream,
+        e.created_at.to_rfc3339()
+    );
+    if let Some(at) = e.publish_at {
+        println!("  delayed until {}", at.to_rfc3339());
+    }
+    if let Some(h) = &e.headers {
+        println!("  headers {h}");
+    }
+    println!(
+        "  payload {}",
+        e.payload
+            .as_ref()
+            .map_or_else(|| "null".to_owned(), ToString::to_string)
+    );
+    if e.subscriptions.is_empty() {
+        println!("no subscription reads stream {:?}", e.stream);
+    }
+    for s in &e.subscriptions {
+        let detail = match s.state.as_str() {
+            "passed" => " (published, or passed over by a skip, a rewind or its start)".to_owned(),
+            "held back" => {
+                let why = s.error.as_deref().map_or_else(
+                    || "its aggregate waits (a delay, or an event before it)".to_owned(),
+                    |e| format!("refused: {e}"),
+                );
+                let when = s.retry_at.map_or_else(String::new, |t| {
+                    format!("; tried again at {}", t.to_rfc3339())
+                });
+                format!(": {why}{when} (see `events parked`)")
+            }
+            _ => " (not published yet)".to_owned(),
+        };
+        println!("{}: {}{detail}", s.subscription, s.state);
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
 
-use common::{BIN, cli, ok, stderr};
+use common::{BIN, cli, ok, stderr, stdout};
 
 /// Runs a command that prints JSON and parses it.
 async fn json(args: &[&str]) -> Value {
@@ -1641,8 +1641,10 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         }),
     );
     let server = tokio::spawn(async move { axum::serve(receiver, app).await });
+    // "emitted event <id> at position <n>", for each.
+    let mut emitted = Vec::new();
     for id in ["1", "2", "bad", "bad", "3"] {
-        ok(&cli(&[
+        emitted.push(ok(&cli(&[
             "events",
             "emit",
             "order",
@@ -1652,8 +1654,9 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
             "--database-url",
             &db.url,
         ])
-        .await);
+        .await));
     }
+    let word = |line: &str, n: usize| line.split_whitespace().nth(n).unwrap().to_owned();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1699,6 +1702,41 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     );
     let parked = ok(&cli(&["events", "parked", "--database-url", &db.url]).await);
     assert!(parked.contains("order/bad"), "{parked}");
+    // One event and where the subscription stands with it: by position,
+    // by id, and one the log does not have.
+    let show = |event: String| {
+        let url = db.url.clone();
+        async move { cli(&["events", "show", &event, "--database-url", &url]).await }
+    };
+    let published = show(word(&emitted[0], 5)).await;
+    assert!(
+        stdout(&published).contains("hooks: passed"),
+        "{}{}",
+        stdout(&published),
+        stderr(&published)
+    );
+    let refused = show(word(&emitted[2], 2)).await;
+    assert!(
+        stdout(&refused).contains("hooks: held back: refused: webhook refused the event"),
+        "{}{}",
+        stdout(&refused),
+        stderr(&refused)
+    );
+    let json = cli(&[
+        "events",
+        "show",
+        &word(&emitted[3], 5),
+        "--json",
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["aggregate_id"], "bad");
+    assert_eq!(json["subscriptions"][0]["state"], "held back");
+    let missing = show("999999".to_owned()).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("the log has no event at position 999999"));
     assert!(parked.contains("http_refused"), "{parked}");
     // The event behind the refused one waits for it, not for a time.
     assert!(parked.contains("(behind "), "{parked}");
@@ -2122,6 +2160,28 @@ async fn an_event_id_given_again_for_another_event_is_refused() {
         .await
         .unwrap();
     assert_eq!(logged, 1);
+    // Found by its id, though the time its v7 form carries is made up;
+    // no subscription reads it yet.
+    let shown = ok(&cli(&["events", "show", id, "--database-url", db.url.as_str()]).await);
+    assert!(
+        shown.starts_with(&format!("event {id} at position 1: order/7")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("no subscription reads stream \"events\""),
+        "{shown}"
+    );
+    for (event, says) in [
+        ("0", "a position is 1 or more"),
+        ("nope", "is not an event id"),
+    ] {
+        refused(
+            &["events", "show", event, "--database-url", db.url.as_str()],
+            2,
+            says,
+        )
+        .await;
+    }
     // An id recorded before migration 38 has no digest: not compared.
     sqlx::query("UPDATE outbox_event_ids SET digest = NULL")
         .execute(&db.pool)

@@ -41,6 +41,7 @@
 
 mod admin;
 mod circuit;
+mod event_status;
 mod lease_clock;
 pub mod metrics;
 mod partition;
@@ -68,6 +69,7 @@ pub use admin::{
     retry_all_parked, retry_parked, retry_parked_now, rewind_subscription, sequence_problem,
     skip_parked, skip_parked_event, stream_has_subscription, subscription_exists, subscriptions,
 };
+pub use event_status::{EventAt, EventLookup, EventStatus, event_status};
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
 
