@@ -1979,12 +1979,18 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     );
     server.abort();
     // A relay that stopped says so and hands its leases back: its
-    // subscription can go at once.
+    // subscription can go at once, and says what it held back.
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_event_parked WHERE subscription = 'hooks'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     let deleted = ok(&cli(&delete).await);
-    assert!(
-        deleted.starts_with("deleted subscription \"hooks\""),
-        "{deleted}"
-    );
+    let said = match held {
+        0 => "deleted subscription \"hooks\": retention".to_owned(),
+        n => format!("deleted subscription \"hooks\" and the {n} event(s) it held back"),
+    };
+    assert!(deleted.starts_with(&said), "{deleted}");
     let subs = ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
     assert!(subs.starts_with("no subscriptions"), "{subs}");
     let again = cli(&delete).await;
