@@ -254,7 +254,7 @@ async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
             .bind(name)
             .fetch_one(&pool)
             .await
-            .unwrap_or(0);
+            .map_err(outbox::Error::from)?;
     match outbox::relay::delete_subscription(&pool, name).await? {
         outbox::relay::Deleted::Deleted => {
             let dropped = match held_back {

@@ -161,3 +161,62 @@ async fn held_back_events_from_before_migration_37_and_a_first_without_a_time_ar
     worker.stop().await;
     assert_eq!(steps(&got, "bad"), [0, 1, 2, 3]);
 }
+
+/// An operator's `retry --now` that lands while the relay is publishing
+/// the aggregate's look (it read the event before the delay was cut, and
+/// puts it back to wait for its time) is not undone: the relay's unpark
+/// keeps the earlier time the row has now. The unpark statement itself,
+/// run as the relay runs it, since the race's window is one statement.
+#[tokio::test]
+async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
+    let db = TestDb::migrated().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, position, holder, lease_until, fence)
+         VALUES ('s', 0, 10, 'w', now() + interval '1 minute', 3);
+         INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+                                          payload, aggregate_hash, created_at, retry_at, error,
+                                          publish_at)
+         VALUES ('s', 7, gen_random_uuid(), 'order', '1', 'order.reminded', '{}', 1, now(), now(),
+                 NULL, now() + interval '1 hour');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // The look read it with its hour-long delay; the operator cuts it.
+    let read_delay: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT publish_at FROM outbox_event_parked WHERE position = 7")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let cut = outbox::relay::retry_parked_now(&db.pool, "s", "order", "1")
+        .await
+        .unwrap();
+    assert!(cut.is_some());
+    // The relay, which found it not due yet, holds it back until the time
+    // it read.
+    let none: Vec<i64> = Vec::new();
+    let no_text: Vec<String> = Vec::new();
+    sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/event_unpark.sql"
+    ))
+    .bind("s")
+    .bind(0_i32)
+    .bind("w")
+    .bind(3_i64)
+    .bind(&none)
+    .bind(vec![7_i64])
+    .bind(vec![read_delay])
+    .bind(vec![None::<String>])
+    .bind(&no_text)
+    .bind(&no_text)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let due: bool =
+        sqlx::query_scalar("SELECT retry_at <= now() FROM outbox_event_parked WHERE position = 7")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(due, "the relay put the delay the operator cut back");
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 use outbox::Worker;
 use outbox::events::{Event, emit};
-use outbox::relay::{Message, PublishFuture, Relay, Sink};
+use outbox::relay::{Message, PublishError, PublishFuture, Relay, Sink};
 use outbox_tests::TestDb;
 use outbox_tests::brokers::{self, Kind};
 use outbox_tests::proxy::FaultProxy;
@@ -28,6 +28,10 @@ struct Counting {
 impl Sink for Counting {
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        self.inner.check(message)
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
@@ -93,13 +97,16 @@ async fn a_black_holed_broker_connection_loses_nothing_and_keeps_order() {
     proxy.blackhole();
     emit_some(200, 400).await;
     // Publishes time out and the batch waits; the subscription's listing
-    // says so, with the reason.
+    // says so, with the reason. Several publish timeouts' worth of it
+    // (1 s each), which opens the circuit.
     let failing = async |want: bool| {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let subs = outbox::relay::subscriptions(&db.pool).await.unwrap();
-            let why = subs.first().and_then(|s| s.failing.clone());
-            if why.is_some() == want {
+            let sub = subs.first();
+            let why = sub.and_then(|s| s.failing.clone());
+            let long = sub.and_then(|s| s.failing_s).is_some_and(|s| s >= 4.0);
+            if (want && long) || (!want && why.is_none()) {
                 return why;
             }
             assert!(Instant::now() < deadline, "failing is still {why:?}");

@@ -336,7 +336,8 @@ pub async fn emit_all(
 /// a new id, so the guard only helps once the caller knows the id.
 ///
 /// An id recorded for a different event (another aggregate, type or
-/// payload; headers and delay are not compared) is refused with
+/// payload; headers, stream and delay are not compared, and a payload's
+/// numbers compare as written: `1.0` is not `1`) is refused with
 /// [`Error::InvalidEvent`]: an id given twice by mistake would otherwise
 /// drop the second event without a word.
 pub async fn emit_once(conn: &mut PgConnection, event: Event) -> Result<Option<Emitted>> {

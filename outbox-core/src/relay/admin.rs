@@ -110,6 +110,8 @@ pub struct ParkedEvent {
     pub retry_at: Option<DateTime<Utc>>,
     /// Why the broker refused it (the first of a parked aggregate).
     pub error: Option<String>,
+    /// Not published before this time (its own delay), if it has one.
+    pub publish_at: Option<DateTime<Utc>>,
 }
 
 impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for ParkedEvent {
@@ -125,6 +127,7 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for ParkedEvent {
             parked_at: row.try_get("parked_at")?,
             retry_at: row.try_get("retry_at")?,
             error: row.try_get("error")?,
+            publish_at: row.try_get("publish_at")?,
         })
     }
 }

@@ -305,7 +305,8 @@ impl Relay {
     }
 
     /// Replaces the sink with what `wrap` makes of it (a decorator that
-    /// times or counts publishes, say).
+    /// times or counts publishes, say). The decorator forwards
+    /// [`Sink::check`] to the sink it wraps.
     pub fn wrap_sink(mut self, wrap: impl FnOnce(Arc<dyn Sink>) -> Arc<dyn Sink>) -> Self {
         self.sink = wrap(self.sink);
         self

@@ -117,6 +117,7 @@ impl NatsSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        // Also here: a wrapper (Relay::wrap_sink) may not forward `check`.
         refuse_control_headers(message)?;
         self.ensure_stream().await?;
         let mut headers = async_nats::HeaderMap::new();
@@ -225,6 +226,10 @@ impl Sink for NatsSink {
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(self.publish_one(message))
+    }
+
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        refuse_control_headers(message)
     }
 }
 

@@ -210,6 +210,23 @@ async fn one(
         return Ok(Sent::NotYet(at));
     }
     let message = message(&relay.route, event);
+    if let Err(refused) = relay.sink.check(&message) {
+        let kind = refused.kind();
+        m::failed(&relay.name, "permanent", kind);
+        let reason = match refused {
+            PublishError::Permanent { reason, .. } | PublishError::Transient { reason, .. } => {
+                reason
+            }
+        };
+        let reason = format!(
+            "{} refused the event before sending it ({kind}): {reason}",
+            relay.sink.kind()
+        );
+        tracing::warn!(relay = %relay.name, event_id = %event.id, position = event.position,
+            aggregate_type = %event.aggregatetype, aggregate_id = %event.aggregateid,
+            %reason, "parking the aggregate: the sink cannot send its event");
+        return Ok(Sent::Refused(reason));
+    }
     let mut refusals = 0;
     loop {
         if halt.abandon.is_cancelled() {

@@ -77,6 +77,7 @@ impl RedisSink {
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
+        // Also here: a wrapper (Relay::wrap_sink) may not forward `check`.
         refuse_payload_header(message)?;
         let mut conn = self.connection().await?;
         let mut call = self.script.prepare_invoke();
@@ -193,6 +194,10 @@ impl Sink for RedisSink {
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(self.publish_one(message))
+    }
+
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        refuse_payload_header(message)
     }
 }
 

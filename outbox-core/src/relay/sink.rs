@@ -133,6 +133,17 @@ pub trait Sink: Send + Sync + 'static {
     /// Publishes one message.
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a>;
 
+    /// Refuses a message the broker would misread whatever happens (a
+    /// header it acts on, a field it already has), before it is sent:
+    /// its aggregate parks at once, with this reason. Nothing reaches the
+    /// broker, so this says nothing of its health (the relay's circuit
+    /// and its failing report stay as they are). Accepts every message
+    /// unless the sink says otherwise; a sink wrapping another forwards it.
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        let _ = message;
+        Ok(())
+    }
+
     /// The relay's concurrency unless one is set: how many aggregates
     /// publish at once. One aggregate's events go one after another, each
     /// waiting for its acknowledgement, so a sink whose acknowledgements

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use outbox::events::{Event, emit, emit_all};
-use outbox::relay::{Message, PublishFuture, Relay, Sink};
+use outbox::relay::{Message, PublishError, PublishFuture, Relay, Sink};
 use outbox::{Worker, WorkerConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -185,6 +185,10 @@ impl Sink for Timed {
 
     fn default_concurrency(&self) -> usize {
         self.inner.default_concurrency()
+    }
+
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        self.inner.check(message)
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
@@ -814,6 +818,14 @@ struct Counted {
 impl Sink for Counted {
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn default_concurrency(&self) -> usize {
+        self.inner.default_concurrency()
+    }
+
+    fn check(&self, message: &Message) -> Result<(), PublishError> {
+        self.inner.check(message)
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {

@@ -51,9 +51,10 @@ impl EventsPage<'_> {
     }
 
     /// Whether `p` waits for its own delay: a retry would not cut it short,
-    /// so none is offered.
+    /// so none is offered. By its publish time, as the statements that
+    /// act on it decide, not by when it is tried next.
     fn delayed(&self, p: &ParkedEvent) -> bool {
-        p.error.is_none() && p.retry_at.is_some_and(|t| t > chrono::Utc::now())
+        p.error.is_none() && p.publish_at.is_some_and(|t| t > chrono::Utc::now())
     }
 
     /// Whether the first held-back event `p` is offered `action`: retry

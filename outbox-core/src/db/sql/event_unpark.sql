@@ -27,7 +27,14 @@ WITH fenced AS (
     WHERE subscription = $1 AND part = $2 AND holder = $3 AND fence = $4
       AND cardinality($5::bigint[]) > 0
 ), again AS (
-    UPDATE outbox_event_parked AS p SET retry_at = a.retry_at, error = a.error
+    -- An event not due yet is tried at its time, or at the one an
+    -- operator's `retry --now` gave it since the look read it (the
+    -- row's publish_at, re-read under its lock): else this would put
+    -- back the delay the operator just cut short.
+    UPDATE outbox_event_parked AS p
+    SET retry_at = CASE WHEN a.error IS NULL AND a.retry_at IS NOT NULL
+                        THEN least(a.retry_at, p.publish_at) ELSE a.retry_at END,
+        error = a.error
     FROM unnest($6::bigint[], $7::timestamptz[], $8::text[]) AS a (position, retry_at, error)
     WHERE p.subscription = $1 AND p.position = a.position AND EXISTS (SELECT 1 FROM fenced)
 ), firsts AS (
