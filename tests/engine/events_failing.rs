@@ -121,5 +121,9 @@ async fn an_event_the_sink_refuses_before_sending_parks_without_a_publish() {
     worker.stop().await;
     assert_eq!(*sink.transient.lock().unwrap(), u32::MAX, "never published");
     let sub = outbox::relay::subscriptions(&db.pool).await.unwrap()[0].clone();
-    assert_eq!((sub.refused_aggregates, sub.failing.as_deref()), (1, None), "{sub:?}");
+    assert_eq!(
+        (sub.refused_aggregates, sub.failing.as_deref()),
+        (1, None),
+        "{sub:?}"
+    );
 }

@@ -126,33 +126,39 @@ fn refuse_payload_header(message: &Message) -> Result<(), PublishError> {
     }
 }
 
+/// Server error codes that are the moment, not the message: out of
+/// memory, a busy script, loading, a replica or a cluster in the way, a
+/// script the server forgot.
+const TRANSIENT_CODES: [&str; 10] = [
+    "OOM",
+    "BUSY",
+    "LOADING",
+    "NOREPLICAS",
+    "MISCONF",
+    "READONLY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "NOSCRIPT",
+];
+
 fn classify(e: &redis::RedisError) -> PublishError {
-    use redis::{ErrorKind, ServerErrorKind};
+    use redis::ErrorKind;
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return PublishError::transient("connection", e);
     }
-    match e.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::NoScript,
-        ) => PublishError::transient("unavailable", e),
-        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
-            PublishError::transient("auth", e)
-        }
-        _ => match e.code().map(|code| script_error_code(code, e.detail())) {
-            // Out of memory, a busy script, a replica in the way: the moment.
-            Some(
-                "OOM" | "BUSY" | "LOADING" | "NOREPLICAS" | "MISCONF" | "READONLY" | "MASTERDOWN"
-                | "CLUSTERDOWN" | "TRYAGAIN",
-            ) => PublishError::transient("unavailable", e),
-            Some("WRONGTYPE") => PublishError::permanent("wrong_type", e),
-            Some(_) => PublishError::permanent("rejected", e),
-            None => PublishError::transient("other", e),
-        },
+    if matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig
+    ) {
+        return PublishError::transient("auth", e);
+    }
+    // The client's known kinds have their codes too (LOADING, READONLY...).
+    match e.code().map(|code| script_error_code(code, e.detail())) {
+        Some(code) if TRANSIENT_CODES.contains(&code) => PublishError::transient("unavailable", e),
+        Some("WRONGTYPE") => PublishError::permanent("wrong_type", e),
+        Some(_) => PublishError::permanent("rejected", e),
+        None => PublishError::transient("other", e),
     }
 }
 
@@ -164,18 +170,6 @@ fn classify(e: &redis::RedisError) -> PublishError {
 /// moment would park every aggregate it touched. Any other error is
 /// returned as it came.
 fn script_error_code<'a>(code: &'a str, detail: Option<&'a str>) -> &'a str {
-    const INNER: [&str; 10] = [
-        "OOM",
-        "BUSY",
-        "LOADING",
-        "NOREPLICAS",
-        "MISCONF",
-        "READONLY",
-        "MASTERDOWN",
-        "CLUSTERDOWN",
-        "TRYAGAIN",
-        "WRONGTYPE",
-    ];
     let Some(detail) = detail.filter(|d| code == "ERR" && d.starts_with("Error running script"))
     else {
         return code;
@@ -183,7 +177,12 @@ fn script_error_code<'a>(code: &'a str, detail: Option<&'a str>) -> &'a str {
     detail
         .split(|c: char| c.is_whitespace() || c == ':')
         .map(|word| word.trim_start_matches('-'))
-        .find_map(|word| INNER.into_iter().find(|inner| *inner == word))
+        .find_map(|word| {
+            TRANSIENT_CODES
+                .into_iter()
+                .chain(["WRONGTYPE"])
+                .find(|inner| *inner == word)
+        })
         .unwrap_or(code)
 }
 
@@ -300,6 +299,21 @@ mod tests {
                 "ERR The ID specified in XADD is equal or smaller than the target stream top item",
                 false,
                 "rejected",
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                true,
+                "unavailable",
+            ),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                true,
+                "unavailable",
+            ),
+            (
+                "NOSCRIPT No matching script. Please use EVAL.",
+                true,
+                "unavailable",
             ),
             // An ERR that only mentions a code is not that code.
             ("ERR unknown command 'OOM'", false, "rejected"),
