@@ -1621,6 +1621,18 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
     );
 }
 
+/// Waits (a minute at most) until `events parked` lists `aggregate`.
+async fn held_back(url: &str, aggregate: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ok(&cli(&["events", "parked", "--database-url", url]).await).contains(aggregate) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{aggregate} was never held back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_parked() {
     let db = TestDb::migrated().await;
@@ -1838,15 +1850,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         &db.url,
     ])
     .await);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the delayed event was never held back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    held_back(&db.url, "order/later").await;
     let retried = ok(&cli(&[
         "events",
         "retry",
@@ -1912,15 +1916,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         .nth(2)
         .expect("emitted event <id> at position <n>")
         .to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later2")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the delayed event was never held back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    held_back(&db.url, "order/later2").await;
     let dropped = ok(&cli(&[
         "events",
         "skip",
