@@ -238,9 +238,7 @@ async fn rewind(args: RewindArgs) -> Result<(), Failure> {
             );
             Ok(())
         }
-        None => Err(Failure::runtime(format!(
-            "there is no subscription {name:?} (see `events subscriptions`)"
-        ))),
+        None => Err(no_subscription(name)),
     }
 }
 
@@ -269,9 +267,7 @@ async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
              lease): stop it first, or it creates the subscription again and publishes \
              the log from the start"
         ))),
-        outbox::relay::Deleted::NotFound => Err(Failure::runtime(format!(
-            "there is no subscription {name:?} (see `events subscriptions`)"
-        ))),
+        outbox::relay::Deleted::NotFound => Err(no_subscription(name)),
     }
 }
 
@@ -495,9 +491,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
         && !outbox::relay::subscription_exists(&pool, name).await?
     {
         // An empty list would read as "nothing held back".
-        return Err(Failure::runtime(format!(
-            "there is no subscription {name:?} (see `events subscriptions`)"
-        )));
+        return Err(no_subscription(name));
     }
     if args.json {
         return print_json(&rows);
@@ -565,9 +559,7 @@ async fn retry_all(db: DbArgs, sub: &str, of_type: Option<&str>) -> Result<(), F
     let pool = connect_operator_migrated(&db, 2).await?;
     let retried = outbox::relay::retry_all_parked(&pool, sub, of_type).await?;
     if retried == 0 && !outbox::relay::subscription_exists(&pool, sub).await? {
-        return Err(Failure::runtime(format!(
-            "there is no subscription {sub:?} (see `events subscriptions`)"
-        )));
+        return Err(no_subscription(sub));
     }
     let which = of_type.map_or_else(String::new, |t| format!(" of type {t:?}"));
     println!("{sub} tries {retried} refused aggregate(s){which} again now");
@@ -595,9 +587,7 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
         Action::Retry { now: true } => outbox::relay::retry_parked_now(&pool, sub, t, i).await?,
     };
     if id.is_none() && !outbox::relay::subscription_exists(&pool, sub).await? {
-        return Err(Failure::runtime(format!(
-            "there is no subscription {sub:?} (see `events subscriptions`)"
-        )));
+        return Err(no_subscription(sub));
     }
     match (id, action) {
         (Some(id), Action::Skip(_)) => println!(
@@ -639,4 +629,11 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
 fn print_json(rows: &impl serde::Serialize) -> Result<(), Failure> {
     println!("{}", serde_json::to_string(rows).map_err(Failure::runtime)?);
     Ok(())
+}
+
+/// The refusal for a subscription that does not exist.
+fn no_subscription(name: &str) -> Failure {
+    Failure::runtime(format!(
+        "there is no subscription {name:?} (see `events subscriptions`)"
+    ))
 }

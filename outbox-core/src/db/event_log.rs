@@ -746,6 +746,11 @@ pub(crate) async fn unpark(
     at: Holder<'_>,
     outcome: &Unparked,
 ) -> sqlx::Result<bool> {
+    let (cut_types, cut_ids): (Vec<&str>, Vec<&str>) = outcome
+        .cut
+        .iter()
+        .map(|(t, i)| (t.as_str(), i.as_str()))
+        .unzip();
     let row: Option<i32> = sqlx::query_scalar(include_str!("sql/event_unpark.sql"))
         .bind(at.subscription)
         .bind(at.part)
@@ -755,20 +760,8 @@ pub(crate) async fn unpark(
         .bind(&outcome.again)
         .bind(&outcome.retry_at)
         .bind(&outcome.error)
-        .bind(
-            outcome
-                .cut
-                .iter()
-                .map(|(t, _)| t.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            outcome
-                .cut
-                .iter()
-                .map(|(_, i)| i.as_str())
-                .collect::<Vec<_>>(),
-        )
+        .bind(cut_types)
+        .bind(cut_ids)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

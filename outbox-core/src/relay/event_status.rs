@@ -105,25 +105,10 @@ async fn read(
     id: Option<&str>,
     window: Option<(DateTime<Utc>, DateTime<Utc>)>,
 ) -> Result<Option<EventStatus>> {
+    use sqlx::Row as _;
     let (from, to) = window.unzip();
-    type Row = (
-        i64,
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        String,
-        DateTime<Utc>,
-        Option<DateTime<Utc>>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<DateTime<Utc>>,
-    );
-    let rows: Vec<Row> = crate::pooler::on(pool, async |conn| {
-        sqlx::query_as(include_str!("../db/sql/event_status.sql"))
+    let rows = crate::pooler::on(pool, async |conn| {
+        sqlx::query(include_str!("../db/sql/event_status.sql"))
             .bind(position)
             .bind(id)
             .bind(from)
@@ -135,27 +120,27 @@ async fn read(
     let Some(first) = rows.first() else {
         return Ok(None);
     };
-    let json = |text: &Option<String>| text.as_deref().and_then(|t| serde_json::from_str(t).ok());
     let mut status = EventStatus {
-        position: first.0,
-        id: first.1.clone(),
-        aggregate_type: first.2.clone(),
-        aggregate_id: first.3.clone(),
-        event_type: first.4.clone(),
-        payload: json(&first.5),
-        headers: json(&first.6),
-        stream: first.7.clone(),
-        created_at: first.8,
-        publish_at: first.9,
+        position: first.try_get("position")?,
+        id: first.try_get("id")?,
+        aggregate_type: first.try_get("aggregatetype")?,
+        aggregate_id: first.try_get("aggregateid")?,
+        event_type: first.try_get("type")?,
+        payload: first.try_get("payload")?,
+        headers: first.try_get("headers")?,
+        stream: first.try_get("stream")?,
+        created_at: first.try_get("created_at")?,
+        publish_at: first.try_get("publish_at")?,
         subscriptions: Vec::new(),
     };
-    for row in rows {
-        if let (Some(subscription), Some(state)) = (row.10, row.11) {
+    for row in &rows {
+        // One row with no subscription when none reads the stream.
+        if let Some(subscription) = row.try_get("subscription")? {
             status.subscriptions.push(EventAt {
                 subscription,
-                state,
-                error: row.12,
-                retry_at: row.13,
+                state: row.try_get("state")?,
+                error: row.try_get("error")?,
+                retry_at: row.try_get("retry_at")?,
             });
         }
     }

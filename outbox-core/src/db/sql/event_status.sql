@@ -18,8 +18,8 @@ WITH e AS (
     LIMIT 1
 )
 SELECT e.position, e.id::text AS id, e.aggregatetype::text AS aggregatetype,
-       e.aggregateid::text AS aggregateid, e.type::text AS type, e.payload::text AS payload,
-       e.headers::text AS headers, e.stream, e.created_at, e.publish_at,
+       e.aggregateid::text AS aggregateid, e.type::text AS type, e.payload,
+       e.headers, e.stream, e.created_at, e.publish_at,
        s.name AS subscription,
        CASE WHEN s.name IS NULL THEN NULL
             WHEN p.position IS NOT NULL THEN 'held back'
