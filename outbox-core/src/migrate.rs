@@ -259,6 +259,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0039_relay_failing.up.sql"),
         down: include_str!("../../migrations/0039_relay_failing.down.sql"),
     },
+    Migration {
+        version: 40,
+        name: "sql_emit_once_digest",
+        up: include_str!("../../migrations/0040_sql_emit_once_digest.up.sql"),
+        down: include_str!("../../migrations/0040_sql_emit_once_digest.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

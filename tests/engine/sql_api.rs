@@ -485,6 +485,86 @@ async fn an_event_from_sql_is_published_like_one_from_rust_and_once_means_once()
     );
 }
 
+/// An id given again with another event (from SQL or from Rust, either
+/// way round) is refused with 22023 and nothing written; the same event
+/// given its id again, its payload's keys in another order, writes nothing.
+#[tokio::test]
+async fn an_sql_once_refuses_an_id_recorded_for_another_event_from_sql_or_rust() {
+    let db = TestDb::migrated().await;
+    let once = |id: &str, event_type: &str, payload: serde_json::Value| {
+        sqlx::query_as::<_, (String, Option<i64>)>(
+            "SELECT id::text, position FROM outbox_emit('order', '3', $1, $2, NULL, \
+             jsonb_build_object('id', $3::text, 'once', true))",
+        )
+        .bind(event_type.to_owned())
+        .bind(payload)
+        .bind(id.to_owned())
+        .fetch_one(&db.pool)
+    };
+    let from_sql = "0193b9e0-0000-7000-8000-00000000000a";
+    let first = once(from_sql, "order.placed", json!({"a": 1, "b": [2]}))
+        .await
+        .unwrap();
+    assert!(first.1.is_some(), "written: {first:?}");
+    let again = once(from_sql, "order.placed", json!({"b": [2], "a": 1}))
+        .await
+        .unwrap();
+    assert_eq!(again.1, None, "the same event again writes nothing");
+    let refused = |err: sqlx::Error| {
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.code().as_deref(), Some("22023"), "{db_err}");
+        assert!(
+            db_err
+                .message()
+                .contains("emitted before for a different event"),
+            "{db_err}"
+        );
+    };
+    refused(
+        once(from_sql, "order.placed", json!({"a": 2, "b": [2]}))
+            .await
+            .expect_err("another payload"),
+    );
+    refused(
+        once(from_sql, "order.paid", json!({"a": 1, "b": [2]}))
+            .await
+            .expect_err("another type"),
+    );
+    // Rust's emit_once reads the digest SQL recorded.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let rust = |id: &str, event_type: &str| {
+        outbox::Event::new("order", "3", event_type, json!({"a": 1, "b": [2]})).id(id)
+    };
+    let same = outbox::events::emit_once(&mut conn, rust(from_sql, "order.placed"))
+        .await
+        .unwrap();
+    assert!(same.is_none(), "Rust sees the SQL emit's event as the same");
+    let err = outbox::events::emit_once(&mut conn, rust(from_sql, "order.shipped"))
+        .await
+        .expect_err("Rust refuses another event under the SQL emit's id");
+    assert!(matches!(err, outbox::Error::InvalidEvent(_)), "{err}");
+    // And SQL reads the digest Rust recorded.
+    let from_rust = "0193b9e0-0000-7000-8000-00000000000b";
+    outbox::events::emit_once(&mut conn, rust(from_rust, "order.placed"))
+        .await
+        .unwrap()
+        .expect("written");
+    let same = once(from_rust, "order.placed", json!({"a": 1, "b": [2]}))
+        .await
+        .unwrap();
+    assert_eq!(same.1, None);
+    refused(
+        once(from_rust, "order.placed", json!({"a": 1}))
+            .await
+            .expect_err("another payload under Rust's id"),
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "one event from each side, nothing else");
+}
+
 #[tokio::test]
 async fn an_sql_emit_waits_for_an_open_rust_emit_of_its_aggregate_and_follows_it() {
     let db = TestDb::migrated().await;
