@@ -3,8 +3,10 @@
 -- its id again still writes nothing, a different event given the id by
 -- mistake is refused (SQLSTATE 22023) instead of lost without a word. Ids
 -- it records carry the digest, so a Rust emit_once retrying an SQL emit's
--- id (or the reverse) is compared too. The function is otherwise
--- migration 14's.
+-- id (or the reverse) is compared too. The nil UUID is refused as an id
+-- (as Event::id refuses it): consumers that drop repeats by event id would
+-- drop every later event given it. The function is otherwise migration
+-- 14's.
 
 -- Emits an event in the caller's transaction, after the aggregate's earlier
 -- events in commit order (emit_event.sql), and returns its id and
@@ -85,6 +87,9 @@ BEGIN
         EXCEPTION WHEN invalid_text_representation THEN
             PERFORM outbox_refuse(format('%s: its id %s is not a UUID', fn, options -> 'id'));
         END;
+        IF id = '00000000-0000-0000-0000-000000000000' THEN
+            PERFORM outbox_refuse(fn || ': its id is the nil UUID: give each event an id of its own');
+        END IF;
     ELSE
         id := outbox_new_event_id();
     END IF;

@@ -23,6 +23,13 @@ pub(crate) fn duration(
     max: Duration,
 ) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
     move |s: &str| {
+        if s.trim_start().starts_with('-') {
+            return Err(format!(
+                "{s} is negative: use {} to {}",
+                short(min),
+                short(max)
+            ));
+        }
         let d = humantime::parse_duration(s).map_err(|e| {
             format!("{s:?} is not a duration ({e}); write it like 250ms, 30s, 5m or 7d")
         })?;

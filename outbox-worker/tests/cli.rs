@@ -329,7 +329,11 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["bench", "--relay-held-seconds", "0"],
             "0 is not in 1..=3600",
         ),
-        (&["run", "--shutdown-grace=-1s"], "is not a duration"),
+        (
+            &["run", "--shutdown-grace=-1s"],
+            "-1s is negative: use 0s to",
+        ),
+        (&["run", "--shutdown-grace=soon"], "is not a duration"),
         (
             &[
                 "run",

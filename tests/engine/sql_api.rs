@@ -646,6 +646,13 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
             "order",
             "1",
             json!(null),
+            json!({"id": "00000000-0000-0000-0000-000000000000"}),
+            "is the nil UUID",
+        ),
+        (
+            "order",
+            "1",
+            json!(null),
             json!({"stream": ""}),
             "its stream",
         ),

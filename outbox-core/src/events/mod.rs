@@ -214,7 +214,16 @@ impl Event {
             ));
         }
         if let Some(id) = &t.id {
-            parse_uuid(id).ok_or_else(|| bad(format!("its id {id:?} is not a UUID")))?;
+            let bytes =
+                parse_uuid(id).ok_or_else(|| bad(format!("its id {id:?} is not a UUID")))?;
+            // An id left unset somewhere upstream, not a choice: consumers
+            // that drop repeats by `event-id` would drop every event after
+            // the first that carries it.
+            if bytes == [0; 16] {
+                return Err(bad(
+                    "its id is the nil UUID: give each event an id of its own".to_owned(),
+                ));
+            }
         }
         if t.headers.len() > MAX_HEADERS {
             return Err(bad(format!(
@@ -550,6 +559,7 @@ mod tests {
             Event::new("a/b", "1", "placed", 1),
             Event::new("order", "x".repeat(256), "placed", 1),
             Event::new("order", "1", "placed", 1).id("nope"),
+            Event::new("order", "1", "placed", 1).id("00000000-0000-0000-0000-000000000000"),
             Event::new("order", "1", "placed", 1).header("event-id", "x"),
             Event::new("order", "1", "placed", 1).header("bad name", "x"),
             Event::new("order", "1", "placed", 1).header("ok", "line\nbreak"),
