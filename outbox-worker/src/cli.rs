@@ -205,7 +205,8 @@ struct RunArgs {
     /// 10000); the worker's own statements have a small pool of their own.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 10, value_parser = flags::count_u32(1, 10_000))]
     max_connections: u32,
-    /// Serve Prometheus /metrics and /health on this address (e.g. 0.0.0.0:9090).
+    /// Serve Prometheus /metrics, /health (liveness) and /ready (503 while
+    /// the database is unreachable) on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
     /// A periodic task, as 'NAME=SCHEDULE TYPE JSON' (repeatable): the

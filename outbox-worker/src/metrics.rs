@@ -1,4 +1,5 @@
-//! Prometheus metrics at `/metrics` and liveness at `/health`.
+//! Prometheus metrics at `/metrics`, liveness at `/health` and readiness
+//! (the database reachable) at `/ready`.
 //!
 //! Counters and the handler-duration histogram are recorded by the engine
 //! through the `metrics` facade; the queue gauges (claimable, scheduled,
@@ -124,7 +125,8 @@ struct AppState {
     relays: Vec<(String, String)>,
 }
 
-/// Serves `/metrics` and `/health` on `addr` until `stop` is cancelled.
+/// Serves `/metrics`, `/health` and `/ready` on `addr` until `stop` is
+/// cancelled.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
@@ -135,16 +137,37 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(render))
         .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
         .with_state(AppState {
             handle,
             pool,
             relays,
         });
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "serving /metrics and /health");
+    tracing::info!(%addr, "serving /metrics, /health and /ready");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
+}
+
+/// 200 while a query reaches the database within 2 s, 503 otherwise.
+/// `/health` stays 200 through an outage (the worker rides it out and
+/// loses nothing, so restarting it would not help); `/ready` is for
+/// whoever wants to know the worker can do its work now: a readiness
+/// probe, a load balancer in front of the dashboard, an alert.
+async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    let ping = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        sqlx::query("SELECT 1").execute(&state.pool),
+    )
+    .await;
+    match ping {
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n"),
+        Ok(Err(_)) | Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the database is unreachable\n",
+        ),
+    }
 }
 
 async fn render(State(state): State<AppState>) -> (StatusCode, String) {

@@ -820,6 +820,67 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
     );
 }
 
+/// `/health` stays 200 while the database is black-holed (a liveness probe
+/// must not restart a worker that rides the outage out); `/ready` turns 503
+/// within its 2 s deadline and back to 200 when the database returns, and
+/// a task submitted during the outage then runs.
+#[tokio::test]
+async fn ready_follows_the_database_and_health_rides_an_outage_out() {
+    let db = TestDb::migrated().await;
+    let (proxy, url) = outbox_tests::proxy::FaultProxy::start(&db.url).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &url,
+        &["--metrics-addr", &addr, "--shutdown-grace", "1s"],
+    );
+    let status_of = |path: &'static str| async move {
+        http_get(port, path)
+            .await
+            .and_then(|r| r.split(' ').nth(1).map(str::to_owned))
+    };
+    let wait_for = |path: &'static str, status: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while status_of(path).await.as_deref() != Some(status) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path} never answered {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    wait_for("/ready", "200").await;
+    proxy.blackhole();
+    wait_for("/ready", "503").await;
+    assert_eq!(status_of("/health").await.as_deref(), Some("200"));
+    let id = outbox::submit(&mut *db.conn().await, outbox_worker::builtin::Noop {})
+        .await
+        .unwrap();
+    proxy.pass();
+    wait_for("/ready", "200").await;
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM outbox_all_tasks WHERE id = {} AND state = 'completed')",
+            id.0
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.signal("TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(30)).await.code(),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+}
+
 /// Runs `bench --json` with `args` on `db` and returns its report.
 async fn bench_json(db: &TestDb, args: &[&str]) -> Value {
     let out = tokio::process::Command::new(BIN)
