@@ -306,6 +306,7 @@ pub(crate) fn from_url(
     if servers.starts_with(':') {
         return Err(format!("relay {name:?}: a kafka:// URL needs a host"));
     }
+    params.refuse_rest(name)?;
     let mut config = KafkaSink::config(&servers, timeout - timeout / 10);
     config
         .set("client.id", format!("outbox-relay-{name}"))

@@ -280,6 +280,7 @@ pub(crate) async fn from_url(
         };
         let _ = server.set_username("");
     }
+    params.refuse_rest(name)?;
     Ok(Arc::new(
         NatsSink::connect_with(options, server.as_str(), stream).await?,
     ))

@@ -35,6 +35,16 @@ impl Params {
         self.0.remove(name)
     }
 
+    /// Refuses the URL when a parameter is left that nothing took: a typo
+    /// must not be ignored. Sinks that connect while they are built call
+    /// it first, so the mistake is named before any connection is tried.
+    pub(crate) fn refuse_rest(&self, name: &str) -> Result<(), String> {
+        match self.0.keys().next() {
+            Some(k) => Err(format!("relay {name:?}: unknown option {k:?} in its URL")),
+            None => Ok(()),
+        }
+    }
+
     /// Takes every parameter left.
     #[allow(dead_code, reason = "used by the webhook sink")]
     pub(crate) fn drain(&mut self) -> Vec<(String, String)> {
@@ -157,9 +167,7 @@ async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, S
         ),
         other => Err(unknown_scheme(name, other)),
     }?;
-    if let Some((k, _)) = params.0.iter().next() {
-        return Err(format!("relay {name:?}: unknown option {k:?} in its URL"));
-    }
+    params.refuse_rest(name)?;
     let mut relay = Relay::from_arc(name, sink);
     if let Some(concurrency) = concurrency {
         relay = relay.concurrency(concurrency as usize);
