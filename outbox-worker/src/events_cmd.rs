@@ -29,12 +29,12 @@ pub(crate) enum EventsCommand {
     /// refused the first for good, or it is not due yet).
     Parked(ParkedArgs),
     /// Try a parked aggregate again now, from its first held-back event
-    /// (`--now` also cuts its delay short), or every aggregate the broker
-    /// refused (`--all`).
+    /// (`--now --event ID` also cuts its delay short), or every aggregate
+    /// the broker refused (`--all`).
     Retry(RetryArgs),
-    /// Drop a parked aggregate's first held-back event if the broker
-    /// refused it (or, named with `--event`, if it waits for its delay),
-    /// and publish the rest.
+    /// Drop a parked aggregate's first held-back event, named with
+    /// `--event`, if the broker refused it or it waits for its delay, and
+    /// publish the rest.
     Skip(SkipArgs),
     /// Delete a relay's subscription (its cursors and held-back events), so
     /// that retention stops waiting for it: for a relay taken out of
@@ -171,21 +171,27 @@ pub(crate) struct RetryArgs {
     of_type: Option<String>,
     /// Publish the first held-back event now even if its own delay
     /// (`emit --delay`) has not run out: for a delay given by mistake,
-    /// which holds the aggregate's later events back with it.
-    #[arg(long, conflicts_with = "all")]
+    /// which holds the aggregate's later events back with it. Needs
+    /// --event.
+    #[arg(long, conflicts_with = "all", requires = "event")]
     now: bool,
+    /// With --now: the first held-back event's id, as `events parked`
+    /// shows it. Only that one is published early: once it has gone out, a
+    /// repeated --now does nothing (the next event's delay may be meant).
+    #[arg(long, value_name = "EVENT_ID", value_parser = event_id, requires = "now")]
+    event: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct SkipArgs {
     #[command(flatten)]
     aggregate: AggregateArgs,
-    /// Skip only if the first held-back event is this one (its id, as
-    /// `events parked` shows it): a skip repeated, or made after the first
-    /// event changed, then drops nothing. Named so, an event waiting for
-    /// its delay is dropped too (never published).
+    /// The first held-back event, the one to drop (its id, as `events
+    /// parked` shows it): the broker refused it, or it waits for its delay
+    /// (it is then never published). A skip repeated, or made after the
+    /// first event changed, drops nothing.
     #[arg(long, value_name = "EVENT_ID", value_parser = event_id)]
-    event: Option<String>,
+    event: String,
 }
 
 /// An event id as `events parked` prints it: a UUID, with or without its
@@ -551,7 +557,7 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
         aggregate_type,
         aggregate_id,
     };
-    act(aggregate, Action::Retry { now: args.now }).await
+    act(aggregate, Action::Retry { now: args.event }).await
 }
 
 /// `events retry SUBSCRIPTION --all`.
@@ -568,10 +574,10 @@ async fn retry_all(db: DbArgs, sub: &str, of_type: Option<&str>) -> Result<(), F
 
 /// What an operator does to a parked aggregate.
 enum Action {
-    /// Try it again; `now` also cuts a delay short.
-    Retry { now: bool },
-    /// Skip its first event, only if it is the one named, when one is.
-    Skip(Option<String>),
+    /// Try it again; `now` names its first event, to cut its delay short.
+    Retry { now: Option<String> },
+    /// Skip its first event, only if it is the one named.
+    Skip(String),
 }
 
 /// Retries a parked aggregate, or skips its first event.
@@ -579,12 +585,11 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 2).await?;
     let (sub, t, i) = (&args.subscription, &args.aggregate_type, &args.aggregate_id);
     let id = match &action {
-        Action::Skip(Some(event)) => {
-            outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?
+        Action::Skip(event) => outbox::relay::skip_parked_event(&pool, sub, t, i, event).await?,
+        Action::Retry { now: None } => outbox::relay::retry_parked(&pool, sub, t, i).await?,
+        Action::Retry { now: Some(event) } => {
+            outbox::relay::retry_parked_now(&pool, sub, t, i, event).await?
         }
-        Action::Skip(None) => outbox::relay::skip_parked(&pool, sub, t, i).await?,
-        Action::Retry { now: false } => outbox::relay::retry_parked(&pool, sub, t, i).await?,
-        Action::Retry { now: true } => outbox::relay::retry_parked_now(&pool, sub, t, i).await?,
     };
     if id.is_none() && !outbox::relay::subscription_exists(&pool, sub).await? {
         return Err(no_subscription(sub));
@@ -593,10 +598,10 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
         (Some(id), Action::Skip(_)) => println!(
             "skipped event {id} of {t}/{i} for {sub}; the rest of its events are published next"
         ),
-        (Some(id), Action::Retry { now: true }) => {
+        (Some(id), Action::Retry { now: Some(_) }) => {
             println!("{sub} publishes {t}/{i} now, from event {id}, whatever its delay");
         }
-        (Some(id), Action::Retry { now: false }) => {
+        (Some(id), Action::Retry { now: None }) => {
             // A delay is the emitter's: a retry does not cut it short.
             let delayed = outbox::relay::delayed_until(&pool, sub, &id).await?;
             match delayed {
@@ -608,15 +613,16 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
             }
         }
         (None, Action::Skip(event)) => {
-            let which = event.map_or_else(
-                || "a refused event (one waiting for its delay is dropped only when named with --event)".to_owned(),
-                |e| format!("event {e}, refused or delayed"),
-            );
             return Err(Failure::runtime(format!(
-                "skipped nothing: subscription {sub:?} holds nothing back for {t}/{i}, or the first event it holds back is not {which} (see `events parked`)"
+                "skipped nothing: subscription {sub:?} holds nothing back for {t}/{i}, or the first event it holds back is not event {event}, refused or delayed (see `events parked`)"
             )));
         }
-        (None, Action::Retry { .. }) => {
+        (None, Action::Retry { now: Some(event) }) => {
+            return Err(Failure::runtime(format!(
+                "published nothing early: subscription {sub:?} holds nothing back for {t}/{i}, or the first event it holds back is not event {event} (see `events parked`)"
+            )));
+        }
+        (None, Action::Retry { now: None }) => {
             return Err(Failure::runtime(format!(
                 "subscription {sub:?} holds nothing back for aggregate {t}/{i} (see `events parked`)"
             )));

@@ -1483,7 +1483,15 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         &["events", "parked", "--subscription", "nobody"][..],
         &["events", "retry", "nobody", "order", "42"],
         &["events", "retry", "nobody", "--all"],
-        &["events", "skip", "nobody", "order", "42"],
+        &[
+            "events",
+            "skip",
+            "nobody",
+            "order",
+            "42",
+            "--event",
+            "0190a0b0-0000-7000-8000-000000000001",
+        ],
         &["events", "rewind", "nobody", "--to", "head"],
     ] {
         refused(&with_db(command), 1, "there is no subscription \"nobody\"").await;
@@ -1514,6 +1522,24 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         (
             &["events", "retry", "nobody", "--all", "--now"],
             "cannot be used with",
+        ),
+        // The event a destructive or early action acts on is named.
+        (&["events", "skip", "nobody", "order", "42"], "--event"),
+        (
+            &["events", "retry", "nobody", "order", "42", "--now"],
+            "--event",
+        ),
+        (
+            &[
+                "events",
+                "retry",
+                "nobody",
+                "order",
+                "42",
+                "--event",
+                "0190a0b0-0000-7000-8000-000000000001",
+            ],
+            "--now",
         ),
     ] {
         refused(&with_db(command), 2, says).await;
@@ -1687,9 +1713,28 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
 }
 
 /// Waits (a minute at most) until `events parked` lists `aggregate`.
-async fn held_back(url: &str, aggregate: &str) {
+async fn held_back(url: &str, aggregate: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !ok(&cli(&["events", "parked", "--database-url", url]).await).contains(aggregate) {
+    loop {
+        let rows: Value = serde_json::from_str(&ok(&cli(&[
+            "events",
+            "parked",
+            "--json",
+            "--database-url",
+            url,
+        ])
+        .await))
+        .unwrap();
+        let first = rows.as_array().unwrap().iter().find(|r| {
+            format!(
+                "{}/{}",
+                r["aggregatetype"].as_str().unwrap(),
+                r["aggregateid"].as_str().unwrap()
+            ) == aggregate
+        });
+        if let Some(row) = first {
+            return row["id"].as_str().unwrap().to_owned();
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "{aggregate} was never held back"
@@ -1889,17 +1934,23 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         &worker,
     )
     .await;
+    let refused_id = held_back(&db.url, "order/bad").await;
     let skipped = ok(&cli(&[
         "events",
         "skip",
         "hooks",
         "order",
         "bad",
+        "--event",
+        &refused_id,
         "--database-url",
         &db.url,
     ])
     .await);
-    assert!(skipped.starts_with("skipped event "), "{skipped}");
+    assert!(
+        skipped.starts_with(&format!("skipped event {refused_id} ")),
+        "{skipped}"
+    );
     // A retry of an aggregate held back by its event's own delay says the
     // delay stands.
     ok(&cli(&[
@@ -1915,7 +1966,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         &db.url,
     ])
     .await);
-    held_back(&db.url, "order/later").await;
+    let later = held_back(&db.url, "order/later").await;
     let retried = ok(&cli(&[
         "events",
         "retry",
@@ -1927,34 +1978,31 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     ])
     .await);
     assert!(retried.contains("is delayed until then"), "{retried}");
-    // A delayed event is not skipped unless it is named; --now publishes
-    // it at once.
-    let unnamed = cli(&[
-        "events",
-        "skip",
-        "hooks",
-        "order",
-        "later",
-        "--database-url",
-        &db.url,
-    ])
-    .await;
+    // --now publishes it at once, only while the event it names is first.
+    let publish_now = |event: &str| {
+        let args = [
+            "events",
+            "retry",
+            "hooks",
+            "order",
+            "later",
+            "--now",
+            "--event",
+            event,
+            "--database-url",
+            &db.url,
+        ]
+        .map(str::to_owned);
+        async move { cli(&args.each_ref().map(String::as_str)).await }
+    };
+    let stale = publish_now("0190a0b0-0000-7000-8000-000000000001").await;
+    assert_eq!(stale.status.code(), Some(1), "{}", stderr(&stale));
     assert!(
-        stderr(&unnamed).contains("dropped only when named with --event"),
+        stderr(&stale).contains("published nothing early"),
         "{}",
-        stderr(&unnamed)
+        stderr(&stale)
     );
-    let now = ok(&cli(&[
-        "events",
-        "retry",
-        "hooks",
-        "order",
-        "later",
-        "--now",
-        "--database-url",
-        &db.url,
-    ])
-    .await);
+    let now = ok(&publish_now(&later).await);
     assert!(now.contains("publishes order/later now"), "{now}");
     scrape_until(
         port,
@@ -1981,7 +2029,7 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         .nth(2)
         .expect("emitted event <id> at position <n>")
         .to_owned();
-    held_back(&db.url, "order/later2").await;
+    assert_eq!(held_back(&db.url, "order/later2").await, id);
     let dropped = ok(&cli(&[
         "events",
         "skip",

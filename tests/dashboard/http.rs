@@ -550,16 +550,31 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         .await
         .unwrap()
     };
-    let now = post("retry-now", "aggregate_type=order&aggregate_id=43").await;
+    let id_at = async |position: i64| -> String {
+        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = $1")
+            .bind(position)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let unnamed = post("retry-now", "aggregate_type=order&aggregate_id=43").await;
+    assert_eq!(unnamed.status, StatusCode::BAD_REQUEST, "{}", unnamed.body);
+    assert_eq!(due(11).await, Some(false), "not cut without its id");
+    let id43 = id_at(11).await;
+    assert!(
+        delayed_row.contains(&format!("name=\"event_id\" value=\"{id43}\"")),
+        "publish now names the event shown: {delayed_row}"
+    );
+    let now = post(
+        "retry-now",
+        &format!("aggregate_type=order&aggregate_id=43&event_id={id43}"),
+    )
+    .await;
     assert_eq!(now.status, StatusCode::SEE_OTHER, "{}", now.body);
     assert_eq!(due(11).await, Some(true), "its delay cut short");
     let unnamed = post("drop", "aggregate_type=order&aggregate_id=44").await;
     assert_eq!(unnamed.status, StatusCode::BAD_REQUEST, "{}", unnamed.body);
-    let id44: String =
-        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 13")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let id44 = id_at(13).await;
     let dropped = post(
         "drop",
         &format!("aggregate_type=order&aggregate_id=44&event_id={id44}"),
@@ -589,11 +604,7 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         page.body
     );
     assert!(!page.body.contains("<script>alert(1)"), "never raw");
-    let first: String =
-        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 7")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let first = id_at(7).await;
     assert!(
         page.body
             .contains(&format!("name=\"event_id\" value=\"{first}\"")),
@@ -626,11 +637,22 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
     )
     .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
-    let skipped = send(
+    // A skip names the event it drops: a post without one is refused.
+    let unnamed = send(
         Method::POST,
         &format!("{}/events/hooks/skip", served.url),
         &[("authorization", &bearer), FORM],
         form,
+    )
+    .await;
+    assert_eq!(unnamed.status, StatusCode::BAD_REQUEST, "{}", unnamed.body);
+    assert_eq!(positions(db.pool.clone()).await, [7, 9], "nothing skipped");
+    let skip_first = format!("{form}&event_id={first}");
+    let skipped = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        &skip_first,
     )
     .await;
     assert_eq!(skipped.status, StatusCode::SEE_OTHER, "{}", skipped.body);
@@ -639,23 +661,24 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         [9],
         "the refused event is gone"
     );
-    // The same skip again (a double click): the first event now is one
-    // being tried, not refused, and stays.
-    let again = send(
-        Method::POST,
-        &format!("{}/events/hooks/skip", served.url),
-        &[("authorization", &bearer), FORM],
-        form,
-    )
-    .await;
-    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
-    assert!(again.body.contains("skipped nothing"), "{}", again.body);
-    // The page names the event it showed: a stale one drops nothing even
-    // once the first is refused, and a malformed one is a bad request.
+    // The same skip again (a double click), even once the next event is
+    // refused too: it names the event gone, and drops nothing.
     sqlx::query("UPDATE outbox_event_parked SET error = 'refused', retry_at = NULL")
         .execute(&db.pool)
         .await
         .unwrap();
+    let again = send(
+        Method::POST,
+        &format!("{}/events/hooks/skip", served.url),
+        &[("authorization", &bearer), FORM],
+        &skip_first,
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
+    assert!(again.body.contains("skipped nothing"), "{}", again.body);
+    assert_eq!(positions(db.pool.clone()).await, [9], "nothing skipped");
+    // Another stale one drops nothing either, and a malformed one is a
+    // bad request.
     let stale = send(
         Method::POST,
         &format!("{}/events/hooks/skip", served.url),
@@ -678,11 +701,7 @@ async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one(
         malformed.body
     );
     assert_eq!(positions(db.pool.clone()).await, [9], "nothing skipped");
-    let shown: String =
-        sqlx::query_scalar("SELECT id::text FROM outbox_event_parked WHERE position = 9")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let shown = id_at(9).await;
     let named = send(
         Method::POST,
         &format!("{}/events/hooks/skip", served.url),

@@ -177,8 +177,8 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
          INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
                                           payload, aggregate_hash, created_at, retry_at, error,
                                           publish_at)
-         VALUES ('s', 7, gen_random_uuid(), 'order', '1', 'order.reminded', '{}', 1, now(), now(),
-                 NULL, now() + interval '1 hour');",
+         VALUES ('s', 7, '0193b9e0-0000-7000-8000-000000000007', 'order', '1', 'order.reminded', '{}',
+                 1, now(), now(), NULL, now() + interval '1 hour');",
     )
     .execute(&db.pool)
     .await
@@ -189,9 +189,15 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let cut = outbox::relay::retry_parked_now(&db.pool, "s", "order", "1")
-        .await
-        .unwrap();
+    let cut = outbox::relay::retry_parked_now(
+        &db.pool,
+        "s",
+        "order",
+        "1",
+        "0193b9e0-0000-7000-8000-000000000007",
+    )
+    .await
+    .unwrap();
     assert!(cut.is_some());
     // The relay, which found it not due yet, holds it back until the time
     // it read.
@@ -219,4 +225,67 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
             .await
             .unwrap();
     assert!(due, "the relay put the delay the operator cut back");
+}
+
+/// "Publish now" names the event the operator saw: while another event
+/// is first it does nothing, and repeated after that event went out (a
+/// double click, a stale page, shell history) it leaves the next event's
+/// delay alone, which may be meant (a reminder a day ahead).
+#[tokio::test]
+async fn a_stale_or_repeated_publish_now_cuts_no_later_events_delay() {
+    let db = TestDb::migrated().await;
+    let (first, second) = (
+        "0193b9e0-0000-7000-8000-000000000001",
+        "0193b9e0-0000-7000-8000-000000000002",
+    );
+    sqlx::query(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+                                          payload, aggregate_hash, created_at, retry_at, error,
+                                          publish_at)
+         SELECT 's', p, i::uuid, 'order', '1', 'order.reminded', '{}', 1, now(),
+                CASE WHEN p = 1 THEN now() + interval '1 hour' END, NULL, now() + interval '1 hour'
+         FROM unnest(ARRAY[1, 2], ARRAY[$1, $2]) AS e (p, i)",
+    )
+    .bind(first)
+    .bind(second)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let delayed = |id: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT publish_at > now() + interval '30 minutes' FROM outbox_event_parked WHERE id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let now = |id: &'static str| outbox::relay::retry_parked_now(&db.pool, "s", "order", "1", id);
+    assert_eq!(now(second).await.unwrap(), None, "the second is not first");
+    assert!(delayed(first).await && delayed(second).await);
+    assert_eq!(now(first).await.unwrap().as_deref(), Some(first));
+    assert!(!delayed(first).await, "the named first event is cut");
+    assert!(delayed(second).await);
+    // The relay publishes it (its unpark deletes its row); the operator's
+    // command comes again.
+    sqlx::query("DELETE FROM outbox_event_parked WHERE id = $1::uuid")
+        .bind(first)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(now(first).await.unwrap(), None);
+    assert!(delayed(second).await, "the second event's delay was cut");
+    assert!(matches!(
+        now("not-an-id").await,
+        Err(outbox::Error::InvalidOption(_))
+    ));
 }

@@ -162,7 +162,7 @@ pub async fn retry_parked(
         subscription,
         aggregate_type,
         aggregate_id,
-        Act::Retry { cut_delay: false },
+        Act::Retry { cut_delay_of: None },
     )
     .await
 }
@@ -171,18 +171,26 @@ pub async fn retry_parked(
 /// for its own delay ([`crate::events::Event::delay`]), publishes it now
 /// all the same: for a delay given by mistake (a year instead of an
 /// hour), which would hold its aggregate's later events back with it.
+/// Only when that first event is `event_id` (the one the operator saw):
+/// once it has gone out, a stale or repeated call does nothing and returns
+/// none, rather than cutting short the next event's delay, which may be
+/// meant. A malformed id is an error.
 pub async fn retry_parked_now(
     pool: &PgPool,
     subscription: &str,
     aggregate_type: &str,
     aggregate_id: &str,
+    event_id: &str,
 ) -> Result<Option<String>> {
+    let id = canonical_event_id(event_id)?;
     parked_action(
         pool,
         subscription,
         aggregate_type,
         aggregate_id,
-        Act::Retry { cut_delay: true },
+        Act::Retry {
+            cut_delay_of: Some(&id),
+        },
     )
     .await
 }
@@ -238,9 +246,13 @@ pub async fn delayed_until(
 /// Drops a parked aggregate's first held-back event if the broker refused
 /// it, and tries the rest now; returns the dropped event's id, or none
 /// when nothing is held back for it or its first event was not refused (a
-/// delayed one, or the next one after a skip, which is being tried). Use
-/// [`skip_parked_event`] to name the event, as an operator who looked at
-/// it should: the first event can change between the look and the skip.
+/// delayed one, or the next one after a skip, which is being tried).
+///
+/// It drops whichever event is refused first when it runs: repeated after
+/// the relay tried the next event and the broker refused that one too, it
+/// drops that one as well. Use [`skip_parked_event`] to name the event, as
+/// an operator who looked at it should (the CLI and the dashboard do):
+/// the first event can change between the look and the skip.
 pub async fn skip_parked(
     pool: &PgPool,
     subscription: &str,
@@ -270,13 +282,7 @@ pub async fn skip_parked_event(
     aggregate_id: &str,
     event_id: &str,
 ) -> Result<Option<String>> {
-    let Some(bytes) = crate::events::parse_uuid(event_id) else {
-        return Err(crate::Error::InvalidOption(format!(
-            "event id {event_id:?} is not a UUID"
-        )));
-    };
-    // Its canonical text: the parse takes some forms PostgreSQL's does not.
-    let id = crate::events::format_uuid(&bytes);
+    let id = canonical_event_id(event_id)?;
     parked_action(
         pool,
         subscription,
@@ -289,10 +295,20 @@ pub async fn skip_parked_event(
     .await
 }
 
+/// An event id an operator gave, in its canonical text: the parse takes
+/// some forms PostgreSQL's does not.
+fn canonical_event_id(event_id: &str) -> Result<String> {
+    crate::events::parse_uuid(event_id)
+        .map(|bytes| crate::events::format_uuid(&bytes))
+        .ok_or_else(|| crate::Error::InvalidOption(format!("event id {event_id:?} is not a UUID")))
+}
+
 /// What an operator does to one parked aggregate.
 enum Act<'a> {
-    /// Try it again now; `cut_delay` publishes a delayed first event now.
-    Retry { cut_delay: bool },
+    /// Try it again now; `cut_delay_of` names the first event, to publish
+    /// it now though it waits for its delay (nothing is done when it is
+    /// not first).
+    Retry { cut_delay_of: Option<&'a str> },
     /// Drop its first event: a refused one, and only `event_id` when
     /// given (which may also be a delayed one).
     Skip { event_id: Option<&'a str> },
@@ -306,7 +322,7 @@ async fn parked_action(
     act: Act<'_>,
 ) -> Result<Option<String>> {
     let (skip, event_id, cut_delay) = match act {
-        Act::Retry { cut_delay } => (false, None, cut_delay),
+        Act::Retry { cut_delay_of } => (false, cut_delay_of, cut_delay_of.is_some()),
         Act::Skip { event_id } => (true, event_id, false),
     };
     Ok(crate::pooler::on(pool, async |conn| {

@@ -108,6 +108,16 @@ pub(crate) async fn events(
     result.unwrap_or_else(|refused| refused.page(&d.config))
 }
 
+/// The event an action names, or a 400 for a post without one.
+fn named<'a>(event: Option<&'a str>, action: &str) -> Result<&'a str, Refusal> {
+    event.ok_or_else(|| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("{action} names the first held-back event (event_id)"),
+        )
+    })
+}
+
 /// The aggregate a parked-event action is for.
 #[derive(Deserialize)]
 pub(crate) struct AggregateForm {
@@ -117,8 +127,9 @@ pub(crate) struct AggregateForm {
     aggregate_type: String,
     #[serde(default)]
     aggregate_id: String,
-    /// For a skip: the first held-back event the page showed. Only that
-    /// one is dropped, so a second click or a stale page drops nothing.
+    /// For a skip, a drop or a publish now: the first held-back event the
+    /// page showed. Only that one is acted on, so a second click or a
+    /// stale page does nothing.
     #[serde(default)]
     event_id: Option<String>,
 }
@@ -153,23 +164,20 @@ pub(crate) async fn parked_action(
                     .await?;
                 known.then(String::new)
             }
+            // These act on the event the page showed, named by its id, so
+            // a second click or a stale page does nothing to the next one.
             "retry-now" => {
+                let e = named(event, "publish now")?;
                 query(
                     "publish now",
-                    outbox::relay::retry_parked_now(&d.pool, &subscription, t, i),
+                    outbox::relay::retry_parked_now(&d.pool, &subscription, t, i, e),
                 )
                 .await?
             }
-            // A delayed event is dropped only by its id: the one shown.
-            "drop" => {
-                let Some(e) = event else {
-                    return Err(Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "drop names the event to drop (event_id)",
-                    ));
-                };
+            "drop" | "skip" => {
+                let e = named(event, &action)?;
                 query(
-                    "drop",
+                    "skip",
                     outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, e),
                 )
                 .await?
@@ -181,17 +189,6 @@ pub(crate) async fn parked_action(
                 )
                 .await?
             }
-            "skip" => {
-                // The page names the event it showed; a script may not,
-                // and then only a refused first event is dropped.
-                let skip = async {
-                    match event {
-                        Some(e) => outbox::relay::skip_parked_event(&d.pool, &subscription, t, i, e).await,
-                        None => outbox::relay::skip_parked(&d.pool, &subscription, t, i).await,
-                    }
-                };
-                query("skip", skip).await?
-            }
             _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
         };
         if done.is_none() {
@@ -200,6 +197,9 @@ pub(crate) async fn parked_action(
                 match action.as_str() {
                     "skip" | "drop" => format!(
                         "skipped nothing: the first event {subscription} holds back for {t}/{i} is not a refused or delayed one, or not the one the page showed (reload it)"
+                    ),
+                    "retry-now" => format!(
+                        "published nothing early: the first event {subscription} holds back for {t}/{i} is not the one the page showed (reload it)"
                     ),
                     "retry-all" => format!("there is no subscription {subscription:?}"),
                     _ => format!("{subscription} holds nothing back for aggregate {t}/{i}"),

@@ -1,7 +1,9 @@
 -- An operator asks subscription $1 to try aggregate $2/$3's held-back
 -- events again now, from the first; $4 skips the first instead (it is
 -- dropped, and the rest are tried). A retry with $6 also cuts the first
--- event's own delay short. A skip drops only an event the broker refused
+-- event's own delay short; it names the event, $5, and acts only when
+-- that one is still first, so a stale or repeated "publish now" cuts no
+-- later event's delay. A skip drops only an event the broker refused
 -- (not one merely delayed, nor the next one that a first skip made due),
 -- and only event $5 when it is given (the one the operator saw), so a
 -- repeated or stale skip drops nothing; a delayed first event is dropped
@@ -15,7 +17,7 @@ WITH first AS (
     ORDER BY position LIMIT 1
 ), acted AS (
     SELECT position, id FROM first
-    WHERE NOT $4
+    WHERE (NOT $4 AND ($5::uuid IS NULL OR id = $5::uuid))
        OR (error IS NOT NULL AND ($5::uuid IS NULL OR id = $5::uuid))
        OR (id = $5::uuid AND publish_at > now())
 ), skipped AS (
