@@ -43,7 +43,7 @@ pub(crate) enum EventsCommand {
     /// Move a subscription's cursors back, to publish retained events
     /// again (a consumer lost its data), or forward, to pass a backlog no
     /// one wants. Its relay workers let its partitions go and take them
-    /// again from there.
+    /// again from there once their leases have run out.
     Rewind(RewindArgs),
 }
 
@@ -240,7 +240,8 @@ async fn rewind(args: RewindArgs) -> Result<(), Failure> {
         Some(position) => {
             println!(
                 "subscription {name:?} now publishes the events after position {position}; \
-                 its relay workers take its partitions again from there"
+                 its relay workers take its partitions again from there once the leases \
+                 they held have run out"
             );
             Ok(())
         }

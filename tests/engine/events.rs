@@ -598,7 +598,9 @@ async fn a_rewound_subscription_publishes_again_from_there() {
     let db = TestDb::migrated().await;
     let emitted = emit_ten(&db.pool).await;
     let sink = Capture::default();
-    let worker = RelayWorker::start(&db.pool, vec![Relay::new("capture", sink.clone())]);
+    // A short lease: the partition is taken again once it has run out.
+    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(2));
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
     sink.wait_until("all ten", |g| g.len() == 10).await;
     let at = outbox::relay::rewind_subscription(
         &db.pool,
@@ -629,6 +631,61 @@ async fn a_rewound_subscription_publishes_again_from_there() {
             .unwrap(),
         None
     );
+}
+
+/// A rewind takes the partition from its holder, which may still be
+/// publishing from the old cursor until its next renewal tells it: no
+/// relay worker takes the partition again (from the new cursor) until the
+/// old lease has run out, so an aggregate's events from the two cursors
+/// never go out side by side. The acquire statement itself, run as a
+/// second worker runs it, right after the rewind.
+#[tokio::test]
+async fn a_rewound_partition_is_taken_again_only_once_the_old_lease_has_run_out() {
+    let db = TestDb::migrated().await;
+    let emitted = emit_ten(&db.pool).await;
+    let sink = Capture::default();
+    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(60));
+    let worker = RelayWorker::start(&db.pool, vec![relay]);
+    sink.wait_until("all ten", |g| g.len() == 10).await;
+    outbox::relay::rewind_subscription(
+        &db.pool,
+        "capture",
+        outbox::relay::Start::Position(emitted[4].position),
+    )
+    .await
+    .unwrap()
+    .expect("the subscription");
+    let taken: Vec<(i32, i64, i64, Vec<i64>, Vec<i64>)> = sqlx::query_as(include_str!(
+        "../../outbox-core/src/db/sql/event_acquire.sql"
+    ))
+    .bind("capture")
+    .bind("intruder")
+    .bind(60_000_000_i64)
+    .bind(1_i64)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(taken.is_empty(), "taken while the old lease ran: {taken:?}");
+    let (holder, lease_left): (Option<String>, bool) = sqlx::query_as(
+        "SELECT holder, lease_until > now() FROM outbox_event_cursors WHERE subscription = 'capture'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((holder, lease_left), (None, true));
+    // Once the lease has run out (its time moved back here, as a minute
+    // passing would), the partition is taken again from the new cursor.
+    sqlx::query("UPDATE outbox_event_cursors SET lease_until = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let again = sink.wait_until("six again", |g| g.len() == 16).await;
+    worker.stop().await;
+    let mut ids: Vec<&str> = again[10..].iter().map(|m| m.event_id.as_str()).collect();
+    ids.sort();
+    let mut want: Vec<&str> = emitted[4..].iter().map(|e| e.id.as_str()).collect();
+    want.sort();
+    assert_eq!(ids, want);
 }
 
 /// Rewound forward to the head while its broker is down, a subscription

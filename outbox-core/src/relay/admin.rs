@@ -407,7 +407,9 @@ pub enum Deleted {
 /// new subscription would start there): back, to publish retained events
 /// again (a consumer lost its data), or forward, to pass a backlog no one
 /// wants. Every partition's lease is taken back: a relay worker holding
-/// one writes nothing more of it, and takes it again from the new cursor.
+/// one writes nothing more of it, and it or another takes it again from
+/// the new cursor once the old lease has run out (the holder may publish
+/// from the old cursor until its next renewal).
 /// Events it held back past the new position go (they are read again);
 /// those at or below it stay held back, as do the positions the cursors
 /// were still waiting for below it. Returns the position the subscription

@@ -1,13 +1,15 @@
--- Leases up to $4 partitions of subscription $1 that nobody holds, or
--- whose lease ran out (on the database's clock), to holder $2 for $3
--- microseconds. Each gets a new fence, which every later write of the
--- holder names. Returns them with their cursors.
+-- Leases up to $4 partitions of subscription $1 whose lease ran out (on
+-- the database's clock) or was let go (no time: a holder that let go
+-- publishes nothing more), to holder $2 for $3 microseconds. A partition
+-- a rewind took from its holder keeps the lease's time, and waits for
+-- it. Each gets a new fence, which every later write of the holder names.
+-- Returns them with their cursors.
 UPDATE outbox_event_cursors AS c
 SET holder = $2,
     lease_until = now() + $3 * interval '1 microsecond',
     fence = c.fence + 1
 FROM (SELECT part FROM outbox_event_cursors
-      WHERE subscription = $1 AND (holder IS NULL OR lease_until < now())
+      WHERE subscription = $1 AND (lease_until IS NULL OR lease_until < now())
       ORDER BY part
       LIMIT $4
       FOR UPDATE SKIP LOCKED) AS free
