@@ -102,6 +102,14 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, F
     connect_limited(url, max_connections, None).await
 }
 
+/// [`connect`] without the ping on acquire, for `bench`: its clients
+/// stand for an application's, whose round trips are what the figures
+/// compare (a ping would add one to every transaction on both sides of a
+/// ratio, and flatten it).
+pub(crate) async fn connect_bench(url: &str, max_connections: u32) -> Result<PgPool, Failure> {
+    open_checked(url, max_connections, false, |options| options).await
+}
+
 /// Like [`connect`], with a server-side `statement_timeout` on every
 /// session of the pool: a query abandoned by its caller stops on the
 /// server too instead of holding a connection.
@@ -122,6 +130,16 @@ pub(crate) async fn connect_limited(
 async fn open(
     url: &str,
     max_connections: u32,
+    adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
+) -> Result<PgPool, Failure> {
+    open_checked(url, max_connections, true, adjust).await
+}
+
+/// [`open`], with a ping on acquire or (`ping` false) without.
+async fn open_checked(
+    url: &str,
+    max_connections: u32,
+    ping: bool,
     adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
 ) -> Result<PgPool, Failure> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -159,9 +177,15 @@ async fn open(
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        // A health check on every acquire is one more round trip per
-        // statement; a broken connection shows up as an error on use.
-        .test_before_acquire(false)
+        // A ping on every acquire (but bench's): this is the handlers' pool
+        // (`ctx.pool()`) and the dashboard's, and after a restart or a
+        // failover every idle session in it is gone. Unchecked, each would
+        // be handed to a handler whose statement then fails, costing its
+        // task an attempt (two stale sessions in a row killed a task of
+        // two attempts) though the database is back. The round trip is
+        // the handlers' own statements'; the engine's are on its own
+        // sessions (outbox-core's EnginePool).
+        .test_before_acquire(ping)
         .connect_lazy_with(options))
 }
 
@@ -287,5 +311,34 @@ pub(crate) fn this_command() -> String {
             .next()
             .filter(|arg0| !arg0.is_empty())
             .unwrap_or_else(|| "outbox-worker".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session of the pool ended by the server (as a restart or a
+    /// failover ends them all) is not handed out: the next statement gets
+    /// a fresh one and succeeds, instead of failing a handler's attempt.
+    #[tokio::test]
+    async fn a_session_the_server_ended_is_not_handed_to_the_next_statement() {
+        let db = outbox_tests::TestDb::migrated().await;
+        let pool = connect(&db.url, 1).await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 60000)")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert!(ended);
+        let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("a fresh session, not the ended one");
+        assert_ne!(again, pid);
     }
 }

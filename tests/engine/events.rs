@@ -644,7 +644,7 @@ async fn a_rewound_partition_is_taken_again_only_once_the_old_lease_has_run_out(
     let db = TestDb::migrated().await;
     let emitted = emit_ten(&db.pool).await;
     let sink = Capture::default();
-    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(60));
+    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(20));
     let worker = RelayWorker::start(&db.pool, vec![relay]);
     sink.wait_until("all ten", |g| g.len() == 10).await;
     outbox::relay::rewind_subscription(
@@ -655,12 +655,14 @@ async fn a_rewound_partition_is_taken_again_only_once_the_old_lease_has_run_out(
     .await
     .unwrap()
     .expect("the subscription");
-    let taken: Vec<(i32, i64, i64, Vec<i64>, Vec<i64>)> = sqlx::query_as(include_str!(
+    // A partition with its fence, position and gaps.
+    type Taken = (i32, i64, i64, Vec<i64>, Vec<i64>);
+    let taken: Vec<Taken> = sqlx::query_as(include_str!(
         "../../outbox-core/src/db/sql/event_acquire.sql"
     ))
     .bind("capture")
     .bind("intruder")
-    .bind(60_000_000_i64)
+    .bind(20_000_000_i64)
     .bind(1_i64)
     .fetch_all(&db.pool)
     .await

@@ -39,7 +39,7 @@ mod workflows;
 
 use crate::Register;
 use crate::builtin::{Builtins, Noop};
-use crate::connect::{connect, database_or_private};
+use crate::connect::{connect_bench, database_or_private};
 use crate::failure::Failure;
 use crate::flags;
 use crate::local_postgres::LocalPostgresOptions;
@@ -342,7 +342,7 @@ fn interrupted() -> Failure {
 }
 
 async fn run_to_the_end(args: BenchArgs, register: Register, url: String) -> Result<(), Failure> {
-    let pool = connect(&url, args.submitters.max(4) as u32 + 2).await?;
+    let pool = connect_bench(&url, args.submitters.max(4) as u32 + 2).await?;
     outbox::migrate(&pool).await?;
     // Today's history partitions, as a maintenance leader makes them: a
     // scratch database may have had no worker for days, and the latency
@@ -768,7 +768,8 @@ impl Bench {
 
     /// Runs a worker until `count` outcomes are committed.
     async fn drain_count(&self, delete: bool, count: usize) -> Result<Drain, Failure> {
-        let pool = connect(&self.url, (self.args.concurrency / 4).clamp(4, 16) as u32).await?;
+        let pool =
+            connect_bench(&self.url, (self.args.concurrency / 4).clamp(4, 16) as u32).await?;
         // Maintenance on, as in a worker of `run`: its leader vacuums the
         // task table as a drain goes.
         let config = WorkerConfig {
@@ -883,7 +884,7 @@ impl Bench {
     /// Submits one probe at a time to an idle worker and times it to the
     /// handler's start, from the submit call and from its commit.
     async fn pickup_latency(&self) -> Result<(Latency, Latency), Failure> {
-        let worker_pool = connect(&self.url, 4).await?;
+        let worker_pool = connect_bench(&self.url, 4).await?;
         let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
         let worker = (self.register)(
             Worker::builder(worker_pool.clone())

@@ -42,7 +42,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Bench, Latency, cpu_seconds, db, without_and_with_a_held_snapshot};
-use crate::connect::connect;
+use crate::connect::connect_bench;
 use crate::failure::Failure;
 use crate::flags;
 use crate::local_broker::{BrokerProcess, Kind, find_binary};
@@ -843,7 +843,7 @@ type Started = (
 );
 
 async fn start(bench: &Bench, relays: Vec<Relay>) -> Result<Started, Failure> {
-    let pool = connect(&bench.url, 8).await?;
+    let pool = connect_bench(&bench.url, 8).await?;
     let mut builder = Worker::builder(pool).config(WorkerConfig {
         maintenance: false,
         ..WorkerConfig::default()
