@@ -492,6 +492,15 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
             "queue \"a\" is given twice",
         ),
         (vec!["stats", "--log", "outbox=[[["], "is not a log filter"),
+        (
+            vec![
+                "run",
+                "--no-maintenance",
+                "--periodic",
+                "tick=every 1s outbox.noop {}",
+            ],
+            "declared on a worker without maintenance",
+        ),
     ];
     for (mut args, needle) in cases {
         args.extend(at);
@@ -818,6 +827,48 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
         "{}",
         worker.log()
     );
+}
+
+/// A periodic task declared on a worker that does not lead, while the
+/// leader does not declare it, never runs (only the leader enqueues
+/// ticks): the worker says so in its log instead of idling in silence.
+#[tokio::test]
+async fn a_periodic_task_the_leader_does_not_declare_is_warned_about() {
+    let db = TestDb::migrated().await;
+    let fast = ["--maintenance-interval", "1s"];
+    let leader = outbox_tests::process::WorkerProcess::spawn(BIN, &db.url, &fast);
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM outbox_leases WHERE name = 'maintenance' AND expires_at > now())",
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut follower = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &[
+            "--maintenance-interval",
+            "1s",
+            "--periodic",
+            "tick=every 1s outbox.noop {}",
+        ],
+    );
+    let started = std::time::Instant::now();
+    while !follower
+        .log()
+        .contains("are not declared so by the maintenance leader")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60) && follower.is_running(),
+            "no warning:\n{}",
+            follower.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(follower.log().contains("tick"), "{}", follower.log());
+    follower.signal("TERM");
+    assert_eq!(follower.wait(Duration::from_secs(30)).await.code(), Some(0));
+    drop(leader);
 }
 
 /// `/health` stays 200 while the database is black-holed (a liveness probe
@@ -1382,6 +1433,19 @@ async fn periodic_declarations_are_checked_and_listed() {
         Duration::from_secs(60),
     )
     .await;
+    // With no leader enqueuing it, its next tick falls behind, and the
+    // list says why (the time moved back here, as minutes passing would).
+    let listed = ok(&cli(&["periodic", "list", "--database-url", url]).await);
+    assert!(!listed.contains("overdue"), "{listed}");
+    sqlx::query("UPDATE outbox_periodic SET next_tick = now() - interval '10 minutes'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let listed = ok(&cli(&["periodic", "list", "--database-url", url]).await);
+    assert!(
+        listed.contains("overdue: sweep: no running maintenance leader enqueues them"),
+        "{listed}"
+    );
     // Removed from the code (no worker declares it now): its record and
     // the ticks it enqueued ahead go; a tick's task of another name stays.
     sqlx::query(

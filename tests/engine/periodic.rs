@@ -436,3 +436,53 @@ async fn a_delete_takes_back_the_ticks_enqueued_while_it_waited() {
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// What a worker that does not lead reads to tell whether the leader
+/// declares its periodic tasks as it does (the statement itself, with
+/// records as leaders leave them): only a record of the same declaration
+/// made during the current leadership counts; a new leadership is not
+/// judged yet, and without a leader there is nothing to judge.
+#[tokio::test]
+async fn a_follower_finds_the_periodic_tasks_the_leader_does_not_declare() {
+    let db = TestDb::migrated().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_periodic (name, schedule, task_type, queue, payload, updated_at) VALUES
+             ('same', 'every 1s', 't', 'q', '{\"a\": 1}', now()),
+             ('payload', 'every 1s', 't', 'q', '{\"a\": 2}', now()),
+             ('stale', 'every 1s', 't', 'q', '{}', now() - interval '1 hour');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let read = async |pool: &sqlx::PgPool| -> Option<(bool, Vec<String>)> {
+        let names = ["same", "payload", "stale", "missing"];
+        sqlx::query_as(include_str!(
+            "../../outbox-core/src/db/sql/periodic_undeclared.sql"
+        ))
+        .bind(names)
+        .bind(["every 1s"; 4])
+        .bind(["t"; 4])
+        .bind(["q"; 4])
+        .bind([r#"{"a":1}"#, r#"{"a":1}"#, "{}", "{}"])
+        .bind(10_000_000_i64)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(read(&db.pool).await, None, "no leader");
+    sqlx::query(
+        "INSERT INTO outbox_leases (name, holder, acquired_at, expires_at)
+         VALUES ('maintenance', 'leader', now() - interval '1 minute', now() + interval '1 minute')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (settled, names) = read(&db.pool).await.expect("a leader");
+    assert!(settled);
+    assert_eq!(names, ["missing", "payload", "stale"]);
+    sqlx::query("UPDATE outbox_leases SET acquired_at = now()")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert!(!read(&db.pool).await.expect("a leader").0, "not judged yet");
+}

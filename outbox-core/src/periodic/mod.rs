@@ -284,6 +284,29 @@ pub(crate) async fn declare(
     Ok(())
 }
 
+/// The names among `tasks` that the current maintenance leader does not
+/// declare as they are declared here (periodic_undeclared.sql): they run
+/// only while a worker declaring them leads. None while no one leads or
+/// the leadership is younger than `settle`: ask again later.
+pub(crate) async fn undeclared(
+    conn: &mut PgConnection,
+    tasks: &[PeriodicTask],
+    settle: std::time::Duration,
+) -> sqlx::Result<Option<Vec<String>>> {
+    let column = |f: fn(&PeriodicTask) -> &str| -> Vec<&str> { tasks.iter().map(f).collect() };
+    let row: Option<(bool, Vec<String>)> =
+        sqlx::query_as(include_str!("../db/sql/periodic_undeclared.sql"))
+            .bind(column(|t| &t.name))
+            .bind(column(|t| t.schedule.as_str()))
+            .bind(column(|t| &t.task_type))
+            .bind(column(|t| &t.queue))
+            .bind(column(|t| &t.payload))
+            .bind(crate::options::delay_micros(settle).unwrap_or(i64::MAX))
+            .fetch_optional(conn)
+            .await?;
+    Ok(row.and_then(|(settled, names)| settled.then_some(names)))
+}
+
 /// The most ticks of one task enqueued ahead in one round.
 const MAX_AHEAD: usize = 1000;
 

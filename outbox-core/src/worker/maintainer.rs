@@ -54,6 +54,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut watch = TableWatch::default();
     let mut vacuumer = Vacuumer::default();
     let mut wakeups = super::tick_wake::TickWakeups::default();
+    let mut follower = FollowerCheck::default();
     let settle = shared.config.heartbeat_interval * 2;
     // Since when this worker has reached the database without a failure.
     let mut reachable_since = Some(Instant::now());
@@ -125,6 +126,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     );
                     leading = false;
                 }
+                let check = follower.check(&shared);
+                tokio::select! {
+                    () = check => {}
+                    () = stop.cancelled() => break,
+                }
             }
             Err(error) => {
                 reachable_since = None;
@@ -147,6 +153,52 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         });
         if let Err(error) = resign.await {
             tracing::info!(%error, "could not hand the maintenance lease over; it runs out by itself");
+        }
+    }
+}
+
+/// How often a worker that does not lead checks that the leader declares
+/// its periodic tasks.
+const FOLLOWER_CHECK_EVERY: Duration = Duration::from_secs(300);
+
+/// A worker that does not lead checks now and then that the leader
+/// declares its periodic tasks as it does. Only the leader enqueues ticks,
+/// so a task declared on this worker alone (a scheduler worker beside a
+/// leader without it, or a deploy that added it while a worker of the
+/// previous build leads) would not run, without a word.
+#[derive(Default)]
+struct FollowerCheck {
+    next: Option<Instant>,
+}
+
+impl FollowerCheck {
+    async fn check(&mut self, shared: &Shared) {
+        if shared.periodic.is_empty() || self.next.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        // A new leadership declares in its first round: give it two.
+        let settle = shared.config.maintenance_interval * 2;
+        let names = call(&shared.engine, shared.deadline, "periodic", async |conn| {
+            crate::periodic::undeclared(conn, &shared.periodic, settle).await
+        })
+        .await;
+        match names {
+            // No leader yet, or a new one still declaring: next round.
+            Ok(None) => {}
+            Ok(Some(names)) => {
+                self.next = Some(Instant::now() + FOLLOWER_CHECK_EVERY);
+                if !names.is_empty() {
+                    tracing::warn!(
+                        periodic = ?names,
+                        "periodic tasks declared on this worker are not declared so by the \
+                         maintenance leader (none, or another schedule, type, queue or payload): \
+                         only the leader enqueues ticks, so they run only while a worker \
+                         declaring them leads; declare the same periodic tasks on every worker"
+                    );
+                }
+            }
+            // The rest of the round reports an outage; try next round.
+            Err(error) => tracing::debug!(%error, "could not check the leader's periodic tasks"),
         }
     }
 }

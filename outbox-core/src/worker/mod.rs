@@ -197,6 +197,20 @@ impl WorkerBuilder {
             crate::pooler::mark(&self.pool);
         }
         problems.extend(config::config_problems(&self.config, &queues));
+        if !self.config.maintenance && !self.periodic.is_empty() {
+            // Only the maintenance leader enqueues ticks, and this worker
+            // never leads: its declarations would never take effect.
+            problems.push(format!(
+                "periodic tasks ({}) are declared on a worker without maintenance: only the \
+                 maintenance leader enqueues their ticks; declare them on workers that take part \
+                 in maintenance",
+                self.periodic
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         if !problems.is_empty() {
             return Err(Error::Startup(StartupProblems(problems)));
         }
