@@ -32,12 +32,23 @@ pub enum Reason {
         /// behind it until an operator retries, cancels or skips it.
         blocking: Option<i64>,
     },
-    /// A worker is running it now.
+    /// A worker is running it now (or, in a run of its key's tasks, after
+    /// the ones before it).
+    #[non_exhaustive]
     Running {
         /// The claim holder.
         worker: Option<String>,
-        /// When this attempt started.
+        /// When this attempt started (none for a task of a run that has not
+        /// ended yet: its start is recorded with its outcome).
         since: Option<DateTime<Utc>>,
+        /// Whether the claiming worker still reports in (false: it is gone,
+        /// and stuck-task recovery puts the task back once its heartbeat is
+        /// a heartbeat timeout old).
+        worker_alive: bool,
+        /// The task's last heartbeat.
+        heartbeat_at: Option<DateTime<Utc>>,
+        /// Claimed in a run of its key's tasks, behind the run's head.
+        in_run: bool,
     },
     /// Submitted to run later.
     Scheduled {
@@ -52,6 +63,13 @@ pub enum Reason {
         failed_attempts: i32,
         /// The last error.
         error: Option<String>,
+    },
+    /// Its handler suspended it (a sleep, a snooze, or a wait for a
+    /// signal) with no attempt failed: it runs again then, or when a
+    /// signal is sent to it.
+    Suspended {
+        /// When it runs again unless a signal wakes it first.
+        until: DateTime<Utc>,
     },
     /// Earlier tasks of its ordering key have to finish first.
     BehindKey {
@@ -115,12 +133,33 @@ impl std::fmt::Display for Reason {
                 }
                 Ok(())
             }
-            Reason::Running { worker, since } => write!(
-                f,
-                "running on {} since {}",
-                worker.as_deref().unwrap_or("an unknown worker"),
-                since.map_or_else(|| "an unknown time".to_owned(), |t| t.to_string())
-            ),
+            Reason::Running {
+                worker,
+                since,
+                worker_alive,
+                heartbeat_at,
+                in_run,
+            } => {
+                let worker = worker.as_deref().unwrap_or("an unknown worker");
+                match since {
+                    Some(t) => write!(f, "running on {worker} since {t}")?,
+                    None if *in_run => write!(
+                        f,
+                        "claimed by {worker} in a run of its ordering key's tasks: it runs \
+                         after those before it in the run, or runs now"
+                    )?,
+                    None => write!(f, "running on {worker}")?,
+                }
+                if !worker_alive {
+                    write!(
+                        f,
+                        "; but that worker is gone (last heartbeat {}): stuck-task recovery \
+                         puts it back once its heartbeat is a heartbeat timeout old",
+                        heartbeat_at.map_or_else(|| "never".to_owned(), |t| t.to_string())
+                    )?;
+                }
+                Ok(())
+            }
             Reason::Scheduled { at } => write!(f, "scheduled for {at}"),
             Reason::WaitingForRetry {
                 at,
@@ -130,6 +169,11 @@ impl std::fmt::Display for Reason {
                 f,
                 "waiting for its next attempt at {at} after {failed_attempts} failed attempt(s); last error: {}",
                 error.as_deref().unwrap_or("none")
+            ),
+            Reason::Suspended { until } => write!(
+                f,
+                "suspended until {until}: its handler slept, snoozed or waits for a signal \
+                 (ctx.sleep, Outcome::RetryAfter, ctx.wait_for); a signal sent to it wakes it at once"
             ),
             Reason::BehindKey {
                 key,
@@ -217,6 +261,11 @@ pub async fn explain_task(pool: &PgPool, id: TaskId) -> Result<Option<Explanatio
         "processing" => reasons.push(Reason::Running {
             worker: task.claimed_by.clone(),
             since: task.attempted_at,
+            worker_alive: ctx
+                .try_get::<Option<bool>, _>("claimer_alive")?
+                .unwrap_or(false),
+            heartbeat_at: task.heartbeat_at,
+            in_run: task.blocked,
         }),
         _ => waiting_reasons(pool, &task, &ctx, &mut reasons).await?,
     }
@@ -243,7 +292,15 @@ async fn waiting_reasons(
         });
     }
     if task.execute_at > now {
-        if task.claims > 0 || task.state == "failed" {
+        if task.state == "pending"
+            && task.claims > 0
+            && task.retry_count == 0
+            && task.last_error.is_none()
+        {
+            reasons.push(Reason::Suspended {
+                until: task.execute_at,
+            });
+        } else if task.claims > 0 || task.state == "failed" {
             reasons.push(Reason::WaitingForRetry {
                 at: task.execute_at,
                 failed_attempts: task.retry_count,

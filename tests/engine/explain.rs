@@ -77,6 +77,22 @@ async fn explain_gives_each_reason() {
         [Reason::WaitingForRetry { failed_attempts: 1, error: Some(e), .. }] if e == "boom"
     ));
 
+    // Suspended by its handler (a sleep, a wait for a signal): no attempt
+    // failed, and a signal would wake it.
+    let suspended = outbox::submit(&mut conn, Slot { ms: 1 }).await.unwrap();
+    db.take_intake().await;
+    sql(
+        &db,
+        &format!(
+            "UPDATE outbox_tasks SET claims = 1, execute_at = now() + interval '1 minute' \
+             WHERE id = {suspended}"
+        ),
+    )
+    .await;
+    let why = reasons(&db, suspended).await;
+    assert!(matches!(&why[..], [Reason::Suspended { .. }]), "{why:?}");
+    assert!(why[0].to_string().contains("a signal sent to it wakes it"));
+
     let head = outbox::submit(&mut conn, step("acct-1", 1)).await.unwrap();
     let behind = outbox::submit(&mut conn, step("acct-1", 2)).await.unwrap();
     assert_eq!(
@@ -120,10 +136,35 @@ async fn explain_gives_each_reason() {
             Reason::RateLimited { per_second: 5.0 }
         ]
     );
+    let running = reasons(&db, second).await;
     assert!(matches!(
-        &reasons(&db, second).await[..],
-        [Reason::Running { worker: Some(w), since: Some(_) }] if w == "w1/1"
+        &running[..],
+        [Reason::Running { worker: Some(w), since: Some(_), worker_alive: true, .. }] if w == "w1/1"
     ));
+    assert!(!running[0].to_string().contains("gone"), "{}", running[0]);
+    // Its worker gone (no row left for it, as after `kill -9` and
+    // cleanup): explain says so, and what will put it back.
+    sql(
+        &db,
+        &format!("UPDATE outbox_tasks SET claimed_by = 'w9/1/7' WHERE id = {second}"),
+    )
+    .await;
+    let orphaned = reasons(&db, second).await;
+    assert!(matches!(
+        &orphaned[..],
+        [Reason::Running {
+            worker_alive: false,
+            heartbeat_at: Some(_),
+            ..
+        }]
+    ));
+    assert!(
+        orphaned[0]
+            .to_string()
+            .contains("but that worker is gone (last heartbeat"),
+        "{}",
+        orphaned[0]
+    );
 
     admin::cancel_tasks(&db.pool, &[later]).await.unwrap();
     assert!(matches!(

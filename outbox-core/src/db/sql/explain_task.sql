@@ -2,13 +2,18 @@
 -- the first task holding the task's ordering key (if another does), how
 -- many wait behind that key, the queue's settings and running count, the
 -- live workers serving the queue, and how many due tasks are ahead of it
--- in its queue, the intake's included (counted up to 10,000). $1 task
+-- in its queue, the intake's included (counted up to 10,000), and
+-- whether the worker that claimed it is alive (a claim token starts with
+-- its worker's id and '/'; null when no worker's row is left). $1 task
 -- id.
 WITH t AS (
-    SELECT id, queue, ordering_key, priority, execute_at, skip_dead FROM outbox_all_tasks WHERE id = $1
+    SELECT id, queue, ordering_key, priority, execute_at, skip_dead, claimed_by
+    FROM outbox_all_tasks WHERE id = $1
 )
 SELECT
     t.skip_dead,
+    (SELECT bool_or(w.expires_at > now()) FROM outbox_workers AS w
+      WHERE left(t.claimed_by, length(w.id) + 1) = w.id || '/') AS claimer_alive,
     (SELECT h.id FROM outbox_tasks AS h
       WHERE h.queue = t.queue AND h.ordering_key = t.ordering_key
         AND h.ordering_key IS NOT NULL AND (NOT h.blocked OR h.state = 'processing')
