@@ -119,7 +119,7 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
                 .await?
                 .into_iter()
                 .map(|p| p.name);
-            Err(Failure::config(format!(
+            Err(Failure::runtime(format!(
                 "no periodic task named {name:?} (recorded: {})",
                 names_or(names, "none")
             )))

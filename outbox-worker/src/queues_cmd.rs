@@ -141,7 +141,7 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
         }
         QueueDeletion::NotFound => {
             let names = admin::list_queues(&pool).await?.into_iter().map(|q| q.name);
-            Err(Failure::config(format!(
+            Err(Failure::runtime(format!(
                 "no queue named {name:?} has settings (queues with settings: {})",
                 names_or(names, "none")
             )))
