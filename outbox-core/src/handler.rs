@@ -118,8 +118,13 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
         let mut message = error.to_string();
         let mut source = error.source();
         while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
+            // Many errors (sqlx's among them) already write their source
+            // into their own message: saying it twice helps no one.
+            let text = s.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
             source = s.source();
         }
         Self {
@@ -369,5 +374,47 @@ impl<T: Task, H: TaskHandler<T>> ErasedHandler for TypedHandler<T, H> {
         })?;
         let handler = Arc::clone(&self.handler);
         Ok(Box::pin(async move { handler.handle(ctx, task).await }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer {
+        says_source: bool,
+        inner: std::io::Error,
+    }
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            if self.says_source {
+                write!(f, "query failed: {}", self.inner)
+            } else {
+                write!(f, "query failed")
+            }
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.inner)
+        }
+    }
+
+    #[test]
+    fn a_source_is_added_once_and_only_when_the_message_lacks_it() {
+        let inner = || std::io::Error::other("connection reset");
+        let said = HandlerError::from(Outer {
+            says_source: true,
+            inner: inner(),
+        });
+        assert_eq!(said.message(), "query failed: connection reset");
+        let unsaid = HandlerError::from(Outer {
+            says_source: false,
+            inner: inner(),
+        });
+        assert_eq!(unsaid.message(), "query failed: connection reset");
     }
 }

@@ -319,9 +319,17 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
         .bind(MIGRATION_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(include_str!("db/sql/create_migrations_table.sql"))
-        .execute(&mut *tx)
+    // Created only when missing (the lock above keeps others out): an
+    // IF NOT EXISTS on every run has the server send a notice, which sqlx
+    // logs, each time `migrate` finds the schema up to date.
+    let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
+        .fetch_one(&mut *tx)
         .await?;
+    if !exists {
+        sqlx::query(include_str!("db/sql/create_migrations_table.sql"))
+            .execute(&mut *tx)
+            .await?;
+    }
     let rows = sqlx::query(include_str!("db/sql/select_migrations.sql"))
         .fetch_all(&mut *tx)
         .await?;

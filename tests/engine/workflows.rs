@@ -310,6 +310,7 @@ async fn a_dead_step_cancels_skips_or_runs_its_dependents_and_a_retry_resumes() 
     assert_eq!(result_of(&status, "anyway"), Some(7));
     let a = status.step_list.iter().find(|s| s.name == "a").unwrap();
     assert_eq!(a.last_error.as_deref(), Some("a refused"));
+    assert_eq!(a.task_state.as_deref(), Some("dead"), "as tasks show says");
 
     // A cancel of the workflow that had ended cancels nothing and leaves
     // no mark: the retry below still resumes it.

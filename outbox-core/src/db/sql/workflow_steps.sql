@@ -1,10 +1,11 @@
 -- The steps of workflow $1 in declaration order, each with its
--- dependencies, while its task exists the task's live state, and once
--- completed its result (from the history).
+-- dependencies, while its task exists the task's live state (dead as
+-- get_task.sql says it, not the row's state), and once completed its
+-- result (from the history).
 SELECT s.name, s.state, s.task_type, s.task_id, s.compensates,
        s.compensation IS NOT NULL AS has_compensation, s.finished_at, h.result,
        s.parent_names AS after,
-       t.state::text AS task_state, t.retry_count, t.last_error
+       CASE WHEN t.dead_at IS NOT NULL THEN 'dead' ELSE t.state::text END AS task_state, t.retry_count, t.last_error
 FROM outbox_workflow_steps AS s
 LEFT JOIN outbox_tasks AS t ON t.id = s.task_id
 LEFT JOIN LATERAL (
