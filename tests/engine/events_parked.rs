@@ -216,6 +216,7 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
     .bind(vec![None::<String>])
     .bind(&no_text)
     .bind(&no_text)
+    .bind(None::<chrono::DateTime<chrono::Utc>>)
     .execute(&db.pool)
     .await
     .unwrap();
@@ -288,4 +289,75 @@ async fn a_stale_or_repeated_publish_now_cuts_no_later_events_delay() {
         now("not-an-id").await,
         Err(outbox::Error::InvalidOption(_))
     ));
+}
+
+/// An operator's retry made while the relay was trying a refused
+/// aggregate again (the broker refused that attempt; the operator has just
+/// fixed it) is not undone by the relay writing the refusal: the aggregate
+/// stays due. Without such a retry, a refused aggregate waits for the
+/// operator. The unpark statement itself, as the relay runs it.
+#[tokio::test]
+async fn a_retry_made_during_a_refused_attempt_is_kept() {
+    let db = TestDb::migrated().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, position, holder, lease_until, fence)
+         VALUES ('s', 0, 10, 'w', now() + interval '1 minute', 3);
+         INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+                                          payload, aggregate_hash, created_at, retry_at, error)
+         VALUES ('s', 7, gen_random_uuid(), 'order', '1', 'order.placed', '{}', 1, now(),
+                 now() - interval '1 second', 'refused'),
+                ('s', 8, gen_random_uuid(), 'order', '2', 'order.placed', '{}', 1, now(),
+                 now() - interval '1 second', 'refused');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // The relay's look begins; then the operator retries order/1.
+    let looked_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!("SELECT now() > '{}'::timestamptz", looked_at.to_rfc3339()),
+        Duration::from_secs(60),
+    )
+    .await;
+    let retried = outbox::relay::retry_parked(&db.pool, "s", "order", "1")
+        .await
+        .unwrap();
+    assert!(retried.is_some());
+    // The relay writes both refusals: wait for an operator.
+    let none: Vec<i64> = Vec::new();
+    let no_text: Vec<String> = Vec::new();
+    sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/event_unpark.sql"
+    ))
+    .bind("s")
+    .bind(0_i32)
+    .bind("w")
+    .bind(3_i64)
+    .bind(&none)
+    .bind(vec![7_i64, 8])
+    .bind(vec![None::<chrono::DateTime<chrono::Utc>>; 2])
+    .bind(vec![Some("refused again".to_owned()); 2])
+    .bind(&no_text)
+    .bind(&no_text)
+    .bind(Some(looked_at))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(
+        "SELECT position, retry_at <= now(), error FROM outbox_event_parked ORDER BY position",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let again = Some("refused again".to_owned());
+    assert_eq!(
+        rows,
+        [(7, Some(true), again.clone()), (8, None, again)],
+        "order/1 stays due, order/2 waits"
+    );
 }

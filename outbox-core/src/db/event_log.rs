@@ -693,13 +693,22 @@ pub(crate) async fn parked_soonest(
 /// Held-back events of a partition due to be tried again, in order, and
 /// for each of their aggregates how many of its held-back events the read
 /// found: when fewer of them were returned, it holds back more than these.
+pub(crate) struct ParkedDue {
+    pub(crate) events: Vec<LogEvent>,
+    pub(crate) held: HashMap<(String, String), i64>,
+    /// When the look began on the database's clock (none when it found
+    /// nothing): an operator's retry since then is kept by the unpark.
+    pub(crate) looked_at: Option<DateTime<Utc>>,
+}
+
+/// Reads a partition's held-back events due to be tried again.
 pub(crate) async fn parked_due(
     conn: &mut PgConnection,
     subscription: &str,
     partitions: i32,
     part: i32,
     limit: i64,
-) -> sqlx::Result<(Vec<LogEvent>, HashMap<(String, String), i64>)> {
+) -> sqlx::Result<ParkedDue> {
     use sqlx::{Column, Row};
     let rows = sqlx::query(include_str!("sql/event_parked_due.sql"))
         .bind(subscription)
@@ -710,9 +719,11 @@ pub(crate) async fn parked_due(
         .await?;
     let mut events = Vec::with_capacity(rows.len());
     let mut held = HashMap::new();
+    let mut looked_at = None;
     if let Some(first) = rows.first() {
         let columns = EventColumns::of(first)?;
         let held_at = first.try_column("held")?.ordinal();
+        looked_at = Some(first.try_get("looked_at")?);
         for row in &rows {
             let event = columns.event(row)?;
             held.insert(
@@ -722,7 +733,11 @@ pub(crate) async fn parked_due(
             events.push(event);
         }
     }
-    Ok((events, held))
+    Ok(ParkedDue {
+        events,
+        held,
+        looked_at,
+    })
 }
 
 /// What became of held-back events tried again: those `published` went
@@ -737,6 +752,8 @@ pub(crate) struct Unparked {
     pub(crate) again: Vec<i64>,
     pub(crate) retry_at: Vec<Option<DateTime<Utc>>>,
     pub(crate) error: Vec<Option<String>>,
+    /// When the look that read them began ([`ParkedDue::looked_at`]).
+    pub(crate) looked_at: Option<DateTime<Utc>>,
 }
 
 /// Writes what became of held-back events tried again, fenced. False when
@@ -762,6 +779,7 @@ pub(crate) async fn unpark(
         .bind(&outcome.error)
         .bind(cut_types)
         .bind(cut_ids)
+        .bind(outcome.looked_at)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

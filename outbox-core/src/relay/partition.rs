@@ -529,7 +529,7 @@ impl Partition<'_> {
     ) -> Result<Option<Look>, Failure> {
         let env = self.env;
         let looking = std::time::Instant::now();
-        let (due, found) = call(&env.engine, env.deadline, "relay parked", async |conn| {
+        let look = call(&env.engine, env.deadline, "relay parked", async |conn| {
             event_log::parked_due(
                 conn,
                 &env.subscription,
@@ -541,6 +541,11 @@ impl Partition<'_> {
         })
         .await?;
         let read_due = looking.elapsed();
+        let event_log::ParkedDue {
+            events: due,
+            held: found,
+            looked_at,
+        } = look;
         // A whole batch due: more may be, to try at once.
         let full = due.len() as i64 >= env.batch;
         // Due rows come in position order, aggregates interleaved. The
@@ -575,7 +580,10 @@ impl Partition<'_> {
                 }
             }
         };
-        let mut outcome = event_log::Unparked::default();
+        let mut outcome = event_log::Unparked {
+            looked_at,
+            ..event_log::Unparked::default()
+        };
         let mut emptied = Vec::new();
         for ((key, positions), (published, rest)) in keys.into_iter().zip(&positions).zip(results) {
             outcome

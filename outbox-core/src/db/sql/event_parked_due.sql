@@ -3,7 +3,8 @@
 -- come), in order, at most $4, of at most $4 aggregates; with each, how
 -- many of its aggregate's held-back events the read found (`held`): when
 -- the rows returned for an aggregate are fewer, it holds back more than
--- the look read.
+-- the look read; and when the look began (`looked_at`, for the unpark to
+-- tell an operator's retry made since from the time the look read).
 --
 -- Only an aggregate's first held-back event carries a time (migration
 -- 37), so the due ones are found through the due index, any $4 of them:
@@ -30,7 +31,7 @@ WITH due AS MATERIALIZED (
 SELECT e.position, e.id::text AS id, e.aggregatetype::text AS aggregatetype,
        e.aggregateid::text AS aggregateid, e.type::text AS type,
        e.payload::text AS payload, e.headers,
-       e.publish_at, e.created_at, e.aggregate_hash, e.held
+       e.publish_at, e.created_at, e.aggregate_hash, e.held, now() AS looked_at
 FROM due AS d
 CROSS JOIN LATERAL (
     SELECT a.*, min(a.position) OVER () AS first, count(*) OVER () AS held,

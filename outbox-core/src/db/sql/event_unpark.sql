@@ -5,8 +5,9 @@
 -- in $7 (null: when an operator says so) with its error in $8. Each
 -- aggregate of $9/$10 (types and ids: its events were all published, but
 -- the look did not read them all) that has events left has its first one
--- tried now: only a first event carries a time (migration 37). Returns a
--- row when the holder still held it.
+-- tried now: only a first event carries a time (migration 37). $11 is
+-- when the look that read them began. Returns a row when the holder still
+-- held it.
 WITH fenced AS (
     -- Locked: a worker taking the partition over (a new fence) cannot
     -- while this runs (its acquire skips locked rows), so its sweep sees
@@ -30,10 +31,17 @@ WITH fenced AS (
     -- An event not due yet is tried at its time, or at the one an
     -- operator's `retry --now` gave it since the look read it (the
     -- row's publish_at, re-read under its lock): else this would put
-    -- back the delay the operator just cut short.
+    -- back the delay the operator just cut short. Likewise a refused one
+    -- keeps the time an operator's retry gave it since the look began
+    -- (a retry_at later than $11): else this attempt's refusal would
+    -- undo a retry the operator made after fixing the broker, and the
+    -- aggregate would wait for another.
     UPDATE outbox_event_parked AS p
     SET retry_at = CASE WHEN a.error IS NULL AND a.retry_at IS NOT NULL
-                        THEN least(a.retry_at, p.publish_at) ELSE a.retry_at END,
+                        THEN least(a.retry_at, p.publish_at)
+                        WHEN a.error IS NOT NULL AND p.retry_at > $11::timestamptz
+                        THEN p.retry_at
+                        ELSE a.retry_at END,
         error = a.error
     FROM unnest($6::bigint[], $7::timestamptz[], $8::text[]) AS a (position, retry_at, error)
     WHERE p.subscription = $1 AND p.position = a.position AND EXISTS (SELECT 1 FROM fenced)
