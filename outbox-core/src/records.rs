@@ -241,6 +241,9 @@ pub struct WorkerRecord {
     pub expires_at: DateTime<Utc>,
     /// Whether it is alive now (by the database clock).
     pub alive: bool,
+    /// Whether it leads maintenance now (recovery, cleanup, and the only
+    /// one that enqueues periodic ticks).
+    pub leader: bool,
 }
 
 /// One queue a worker serves.

@@ -293,7 +293,11 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
         println!(
             "{:<40} {:<6} {:<16} {:>7}  {:<20} {:<20} {}",
             w.id,
-            if w.alive { "alive" } else { "gone" },
+            match (w.alive, w.leader) {
+                (true, true) => "leader",
+                (true, false) => "alive",
+                (false, _) => "gone",
+            },
             w.host,
             w.pid,
             w.started_at.format("%Y-%m-%d %H:%M:%S"),

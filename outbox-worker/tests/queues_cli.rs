@@ -342,4 +342,17 @@ async fn ordered_submits_are_explained_and_workers_listed() {
         table.contains("h:1:a/1") && table.contains("alive") && table.contains("default=10"),
         "{table}"
     );
+    // The one holding the maintenance lease is marked the leader.
+    sqlx::query(
+        "INSERT INTO outbox_leases (name, holder, expires_at) \
+         VALUES ('maintenance', 'h:1:a/1', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let table = ok(&cli(&["workers", "list", "--database-url", url]).await);
+    assert!(
+        table.contains("h:1:a/1") && table.contains("leader"),
+        "{table}"
+    );
 }

@@ -99,6 +99,7 @@ fn worker(r: &PgRow) -> sqlx::Result<WorkerRecord> {
         last_seen_at: r.try_get("last_seen_at")?,
         expires_at: r.try_get("expires_at")?,
         alive: r.try_get("alive")?,
+        leader: r.try_get("leader")?,
     })
 }
 
