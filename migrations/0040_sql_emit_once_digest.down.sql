@@ -122,3 +122,5 @@ BEGIN
     END IF;
 END
 $$;
+
+DROP FUNCTION outbox_event_digest(text, text, text, jsonb);

@@ -8,6 +8,19 @@
 -- drop every later event given it. The function is otherwise migration
 -- 14's.
 
+-- What an event id is recorded for: its aggregate type, aggregate id, type
+-- and payload (as jsonb's text, so the order of its keys does not count,
+-- though the way a number is written does: 1.0 is not 1), the fields
+-- separated by a character none of them may hold. One definition for
+-- outbox_emit's `once` and outbox::events::emit_once
+-- (claim_event_id.sql, event_id_digest_differs.sql); the same expression
+-- as migration 38's digests, so those compare too.
+CREATE FUNCTION outbox_event_digest(aggregate_type text, aggregate_id text, event_type text,
+                                    payload jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT md5(concat_ws(chr(31), aggregate_type, aggregate_id, event_type, payload::text)) $$;
+
 -- Emits an event in the caller's transaction, after the aggregate's earlier
 -- events in commit order (emit_event.sql), and returns its id and
 -- position. Headers: a JSON object of text values, or null. Options (all
@@ -115,7 +128,7 @@ BEGIN
     -- first, so a retry finds it; an id recorded for another event is
     -- refused, not skipped.
     IF (options -> 'once') = 'true' THEN
-        event_digest := md5(concat_ws(chr(31), aggregate_type, aggregate_id, event_type, payload::text));
+        event_digest := outbox_event_digest(aggregate_type, aggregate_id, event_type, payload);
         INSERT INTO outbox_event_ids AS e (id, digest) VALUES (outbox_emit.id, event_digest)
         ON CONFLICT DO NOTHING;
         IF NOT FOUND THEN

@@ -118,10 +118,10 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
         let mut message = error.to_string();
         let mut source = error.source();
         while let Some(s) = source {
-            // Many errors (sqlx's among them) already write their source
-            // into their own message: saying it twice helps no one.
+            // Many errors (sqlx's among them) end their own message with
+            // their source's: saying it twice helps no one.
             let text = s.to_string();
-            if !message.contains(&text) {
+            if !message.ends_with(&text) {
                 message.push_str(": ");
                 message.push_str(&text);
             }

@@ -91,6 +91,12 @@ async fn connect_db_logging(
     Ok(pool)
 }
 
+/// A pooled session idle this long is pinged before it is handed out.
+const PING_IDLE: Duration = Duration::from_secs(1);
+
+/// How long that ping may take before the session is dropped instead.
+const PING_WITHIN: Duration = Duration::from_secs(2);
+
 /// How long the first connection may take before the server is reported
 /// unreachable.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -177,15 +183,26 @@ async fn open_checked(
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        // A ping on every acquire (but bench's): this is the handlers' pool
-        // (`ctx.pool()`) and the dashboard's, and after a restart or a
-        // failover every idle session in it is gone. Unchecked, each would
-        // be handed to a handler whose statement then fails, costing its
-        // task an attempt (two stale sessions in a row killed a task of
-        // two attempts) though the database is back. The round trip is
-        // the handlers' own statements'; the engine's are on its own
+        // The handlers' pool (`ctx.pool()`) and the dashboard's: after a
+        // restart or a failover every idle session in it is gone.
+        // Unchecked, each would be handed to a handler whose statement
+        // then fails, costing its task an attempt (two stale sessions in a
+        // row killed a task of two attempts) though the database is back.
+        // So a session idle a second or more is pinged first, within a
+        // deadline (a silent one is dropped, not waited on): a restart
+        // takes longer than that, and a busy pool's sessions, back within
+        // the second, pay nothing. The engine's statements are on its own
         // sessions (outbox-core's EnginePool).
-        .test_before_acquire(ping)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if !ping || meta.idle_for < PING_IDLE {
+                    return Ok(true);
+                }
+                let alive = tokio::time::timeout(PING_WITHIN, conn.ping()).await;
+                Ok(matches!(alive, Ok(Ok(()))))
+            })
+        })
         .connect_lazy_with(options))
 }
 
@@ -335,6 +352,9 @@ mod tests {
             .await
             .unwrap();
         assert!(ended);
+        // Sessions idle a second or more are checked (a restart takes
+        // longer): this one has been, when the next statement comes.
+        tokio::time::sleep(PING_IDLE + Duration::from_millis(200)).await;
         let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&pool)
             .await

@@ -270,9 +270,10 @@ async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
             Ok(())
         }
         outbox::relay::Deleted::Live => Err(Failure::runtime(format!(
-            "relay {name:?} is running (a worker is alive on it or holds a partition's \
-             lease): stop it first, or it creates the subscription again and publishes \
-             the log from the start"
+            "relay {name:?} is running (a worker is alive on it, or a partition's lease has \
+             not run out: after a rewind, a stopped worker's lease stays until its time, at \
+             most the relay's lease): stop it first and try again once the lease has run out, \
+             or it creates the subscription again and publishes the log from the start"
         ))),
         outbox::relay::Deleted::NotFound => Err(no_subscription(name)),
     }

@@ -121,6 +121,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
 struct AppState {
     handle: PrometheusHandle,
     pool: PgPool,
+    /// One session of its own for `/ready`: the handlers may hold every
+    /// session of `pool` for longer than the probe waits, which would make
+    /// a busy worker look cut off.
+    probe: PgPool,
     /// The relays of this worker, as (name, queue).
     relays: Vec<(String, String)>,
 }
@@ -140,6 +144,10 @@ pub async fn serve(
         .route("/ready", get(ready))
         .with_state(AppState {
             handle,
+            probe: sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(READY_WITHIN)
+                .connect_lazy_with(pool.connect_options().as_ref().clone()),
             pool,
             relays,
         });
@@ -150,17 +158,17 @@ pub async fn serve(
         .await
 }
 
+/// How long `/ready`'s query may take.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// 200 while a query reaches the database within 2 s, 503 otherwise.
 /// `/health` stays 200 through an outage (the worker rides it out and
 /// loses nothing, so restarting it would not help); `/ready` is for
 /// whoever wants to know the worker can do its work now: a readiness
 /// probe, a load balancer in front of the dashboard, an alert.
 async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    let ping = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        sqlx::query("SELECT 1").execute(&state.pool),
-    )
-    .await;
+    let ping =
+        tokio::time::timeout(READY_WITHIN, sqlx::query("SELECT 1").execute(&state.probe)).await;
     match ping {
         Ok(Ok(_)) => (StatusCode::OK, "ready\n"),
         Ok(Err(_)) | Err(_) => (

@@ -170,14 +170,9 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     if all.is_empty() {
         println!("(none: declare them with run --periodic, or on the worker builder)");
     }
-    // The leader enqueues each tick ahead of its time: a next tick a
-    // minute past means no leader enqueues it.
     let overdue: Vec<&str> = all
         .iter()
-        .filter(|p| {
-            p.next_run
-                .is_some_and(|t| t < chrono::Utc::now() - chrono::TimeDelta::minutes(1))
-        })
+        .filter(|p| p.overdue)
         .map(|p| p.name.as_str())
         .collect();
     if !overdue.is_empty() {

@@ -281,8 +281,8 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
         return Ok(());
     }
     println!(
-        "{:<40} {:<6} {:<16} {:>7}  {:<20} {:<20} queues",
-        "id", "state", "host", "pid", "started (UTC)", "last seen (UTC)"
+        "{:<40} {:<6} {:<6} {:<16} {:>7}  {:<20} {:<20} queues",
+        "id", "state", "leader", "host", "pid", "started (UTC)", "last seen (UTC)"
     );
     for w in &all {
         let queues: Vec<String> = w
@@ -291,13 +291,10 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
             .map(|q| format!("{}={}", q.queue, q.concurrency))
             .collect();
         println!(
-            "{:<40} {:<6} {:<16} {:>7}  {:<20} {:<20} {}",
+            "{:<40} {:<6} {:<6} {:<16} {:>7}  {:<20} {:<20} {}",
             w.id,
-            match (w.alive, w.leader) {
-                (true, true) => "leader",
-                (true, false) => "alive",
-                (false, _) => "gone",
-            },
+            if w.alive { "alive" } else { "gone" },
+            if w.leader { "yes" } else { "" },
             w.host,
             w.pid,
             w.started_at.format("%Y-%m-%d %H:%M:%S"),

@@ -849,8 +849,14 @@ async fn metrics_serve_the_documented_series_while_tasks_run() {
 #[tokio::test]
 async fn a_periodic_task_the_leader_does_not_declare_is_warned_about() {
     let db = TestDb::migrated().await;
-    let fast = ["--maintenance-interval", "1s"];
-    let leader = outbox_tests::process::WorkerProcess::spawn(BIN, &db.url, &fast);
+    // The leader renews every 5 s a lease of 10 s: a loaded machine does
+    // not hand leadership to the follower, which would then declare the
+    // task itself.
+    let leader = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &["--maintenance-interval", "5s"],
+    );
     outbox_tests::process::wait_until(
         &db.pool,
         "SELECT EXISTS (SELECT 1 FROM outbox_leases WHERE name = 'maintenance' AND expires_at > now())",

@@ -457,7 +457,7 @@ async fn served_under_a_base_path_every_link_stays_under_it() {
 }
 
 #[tokio::test]
-async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_one() {
+async fn the_events_page_shows_parked_aggregates_escaped_and_a_script_skips_a_named_one() {
     let db = TestDb::migrated().await;
     sqlx::raw_sql(
         "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('hooks', 'events', 1);

@@ -598,8 +598,9 @@ async fn a_rewound_subscription_publishes_again_from_there() {
     let db = TestDb::migrated().await;
     let emitted = emit_ten(&db.pool).await;
     let sink = Capture::default();
-    // A short lease: the partition is taken again once it has run out.
-    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(2));
+    // A lease of 20 s (renewed every 5 s, acquired every 5 s): a stall of
+    // the machine does not lose it.
+    let relay = Relay::new("capture", sink.clone()).lease(Duration::from_secs(20));
     let worker = RelayWorker::start(&db.pool, vec![relay]);
     sink.wait_until("all ten", |g| g.len() == 10).await;
     let at = outbox::relay::rewind_subscription(
@@ -610,6 +611,12 @@ async fn a_rewound_subscription_publishes_again_from_there() {
     .await
     .unwrap();
     assert_eq!(at, Some(emitted[4].position - 1));
+    // The partition is taken again once the old lease has run out: its
+    // time moved back here, as 20 s passing would.
+    sqlx::query("UPDATE outbox_event_cursors SET lease_until = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let got = sink.wait_until("six again", |g| g.len() == 16).await;
     worker.stop().await;
     let mut again: Vec<&str> = got[10..].iter().map(|m| m.event_id.as_str()).collect();
@@ -674,7 +681,20 @@ async fn a_rewound_partition_is_taken_again_only_once_the_old_lease_has_run_out(
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!((holder, lease_left), (None, true));
+    assert!(
+        holder.is_some() && lease_left,
+        "the old holder's lease stays"
+    );
+    // A relay of the build before keeps out too (its acquire took any
+    // partition without a holder, or whose lease ran out).
+    let old_rule: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event_cursors \
+         WHERE subscription = 'capture' AND (holder IS NULL OR lease_until < now())",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(old_rule, 0);
     // Once the lease has run out (its time moved back here, as a minute
     // passing would), the partition is taken again from the new cursor.
     sqlx::query("UPDATE outbox_event_cursors SET lease_until = now() - interval '1 second'")

@@ -187,6 +187,10 @@ pub struct PeriodicRecord {
     pub next_run: Option<DateTime<Utc>>,
     /// When a leader last recorded its declaration.
     pub declared_at: DateTime<Utc>,
+    /// Its next tick is over a minute past (on the database's clock): the
+    /// leader enqueues ticks ahead, so no leader enqueues this task (none
+    /// runs, or the leader does not declare it).
+    pub overdue: bool,
 }
 
 /// Every periodic task recorded in the database, by name.
@@ -210,6 +214,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<PeriodicRecord>> {
                 last_run: r.try_get("last_tick")?,
                 next_run: r.try_get("next_tick")?,
                 declared_at: r.try_get("updated_at")?,
+                overdue: r.try_get("overdue")?,
             })
         })
         .collect::<sqlx::Result<_>>()

@@ -395,8 +395,8 @@ pub async fn stream_has_subscription(pool: &PgPool, stream: &str) -> Result<bool
 pub enum Deleted {
     /// The subscription, its cursors and its held-back events are gone.
     Deleted,
-    /// A relay worker is on it (alive, or holding a partition's lease):
-    /// nothing was deleted. Stop that relay first; it would create the
+    /// A relay worker is on it (alive, or holding a partition's lease,
+    /// which a rewind leaves to run out): nothing was deleted. Stop that relay first; it would create the
     /// subscription again and publish the log from where a new one starts.
     Live,
     /// There is no subscription of that name.

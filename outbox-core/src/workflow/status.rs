@@ -47,7 +47,8 @@ pub struct StepStatus {
     pub after: Vec<String>,
     /// Its task, once released.
     pub task_id: Option<TaskId>,
-    /// The live task's state (pending, processing, failed) while it exists.
+    /// The live task's state (pending, processing, failed, or dead) while
+    /// it exists.
     pub task_state: Option<String>,
     /// Failed attempts of the live task.
     pub retry_count: Option<i32>,

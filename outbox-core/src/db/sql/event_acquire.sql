@@ -1,8 +1,8 @@
 -- Leases up to $4 partitions of subscription $1 whose lease ran out (on
 -- the database's clock) or was let go (no time: a holder that let go
 -- publishes nothing more), to holder $2 for $3 microseconds. A partition
--- a rewind took from its holder keeps the lease's time, and waits for
--- it. Each gets a new fence, which every later write of the holder names.
+-- a rewind took from its holder keeps that holder and its lease's time
+-- (event_rewind.sql), and waits for it. Each gets a new fence, which every later write of the holder names.
 -- Returns them with their cursors.
 UPDATE outbox_event_cursors AS c
 SET holder = $2,

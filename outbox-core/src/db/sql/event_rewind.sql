@@ -1,14 +1,15 @@
 -- An operator moves subscription $1's cursors, every partition's, to where
 -- $2 says, as event_subscribe.sql places a new subscription's: 'start',
 -- 'head', 'position' (after $3 - 1, at the head at most) or 'time' (after
--- the last event emitted before $4). Each partition gets a new fence and
--- no holder: a relay worker holding it writes nothing more (its renewal
--- and its cursor writes name the old fence), and it or another takes it
--- again from the new cursor once the old lease has run out. The lease
--- stays because the old holder may still be publishing from the old
--- cursor until then (it learns of the rewind at its next renewal): an
--- aggregate's events from the new cursor must not go out beside them. The
--- gaps at or below the new position stay (transactions
+-- the last event emitted before $4). Each partition gets a new fence: a
+-- relay worker holding it writes nothing more (its renewal and its cursor
+-- writes name the old fence), and it or another takes it again from the
+-- new cursor once the old lease has run out. Holder and lease stay
+-- because the old holder may still be publishing from the old cursor until
+-- then (it learns of the rewind at its next renewal): an aggregate's
+-- events from the new cursor must not go out beside them. (A holder kept,
+-- not cleared, also keeps out a relay of a build before this rule, whose
+-- acquire takes any partition without a holder.) The gaps at or below the new position stay (transactions
 -- still open there are still waited for); those above it go, and so do
 -- the held-back events above it, which are read again. Returns the new
 -- position, or no row when there is no such subscription.
@@ -32,7 +33,6 @@ WITH head AS (
             FROM unnest(c.gaps, c.gap_bounds) AS g (gap, bound)
             WHERE g.gap <= t.position),
         fence = c.fence + 1,
-        holder = NULL,
         advanced_at = now()
     FROM target AS t
     WHERE c.subscription = $1

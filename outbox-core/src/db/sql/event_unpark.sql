@@ -35,7 +35,9 @@ WITH fenced AS (
     -- keeps the time an operator's retry gave it since the look began
     -- (a retry_at later than $11): else this attempt's refusal would
     -- undo a retry the operator made after fixing the broker, and the
-    -- aggregate would wait for another.
+    -- aggregate would wait for another. (A retry whose transaction began
+    -- before the look and committed after it is not told apart by its
+    -- time: that one is still undone.)
     UPDATE outbox_event_parked AS p
     SET retry_at = CASE WHEN a.error IS NULL AND a.retry_at IS NOT NULL
                         THEN least(a.retry_at, p.publish_at)
