@@ -531,23 +531,13 @@ async fn operator_mistakes_fail_at_start_up_and_a_stuck_command_gives_up() {
     // says so at once.
     let mut misspelled =
         outbox_tests::process::WorkerProcess::spawn(BIN, &db.url, &["--queue", "mial=4"]);
-    let started = std::time::Instant::now();
-    while !misspelled
-        .log()
-        .contains("no task type this worker handles has this queue")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20) && misspelled.is_running(),
-            "no warning for a misspelled queue:\n{}",
-            misspelled.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        misspelled.log().contains("queue=mial"),
-        "{}",
-        misspelled.log()
-    );
+    let log = misspelled
+        .wait_for_log(
+            "no task type this worker handles has this queue",
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(log.contains("queue=mial"), "{log}");
     drop(misspelled);
 
     // A table lock holds `stats`: it gives up after --command-timeout. (The
@@ -873,19 +863,13 @@ async fn a_periodic_task_the_leader_does_not_declare_is_warned_about() {
             "tick=every 1s outbox.noop {}",
         ],
     );
-    let started = std::time::Instant::now();
-    while !follower
-        .log()
-        .contains("are not declared so by the maintenance leader")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(60) && follower.is_running(),
-            "no warning:\n{}",
-            follower.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(follower.log().contains("tick"), "{}", follower.log());
+    let log = follower
+        .wait_for_log(
+            "are not declared so by the maintenance leader",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(log.contains("tick"), "{log}");
     follower.signal("TERM");
     assert_eq!(follower.wait(Duration::from_secs(30)).await.code(), Some(0));
     drop(leader);

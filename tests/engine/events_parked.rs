@@ -170,11 +170,9 @@ async fn held_back_events_from_before_migration_37_and_a_first_without_a_time_ar
 #[tokio::test]
 async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
     let db = TestDb::migrated().await;
+    held_by_w(&db.pool).await;
     sqlx::raw_sql(
-        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1);
-         INSERT INTO outbox_event_cursors (subscription, part, position, holder, lease_until, fence)
-         VALUES ('s', 0, 10, 'w', now() + interval '1 minute', 3);
-         INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+        "INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
                                           payload, aggregate_hash, created_at, retry_at, error,
                                           publish_at)
          VALUES ('s', 7, '0193b9e0-0000-7000-8000-000000000007', 'order', '1', 'order.reminded', '{}',
@@ -201,25 +199,7 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
     assert!(cut.is_some());
     // The relay, which found it not due yet, holds it back until the time
     // it read.
-    let none: Vec<i64> = Vec::new();
-    let no_text: Vec<String> = Vec::new();
-    sqlx::query(include_str!(
-        "../../outbox-core/src/db/sql/event_unpark.sql"
-    ))
-    .bind("s")
-    .bind(0_i32)
-    .bind("w")
-    .bind(3_i64)
-    .bind(&none)
-    .bind(vec![7_i64])
-    .bind(vec![read_delay])
-    .bind(vec![None::<String>])
-    .bind(&no_text)
-    .bind(&no_text)
-    .bind(None::<chrono::DateTime<chrono::Utc>>)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    unpark_again(&db.pool, &[(7, Some(read_delay), None)], None).await;
     let due: bool =
         sqlx::query_scalar("SELECT retry_at <= now() FROM outbox_event_parked WHERE position = 7")
             .fetch_one(&db.pool)
@@ -299,11 +279,9 @@ async fn a_stale_or_repeated_publish_now_cuts_no_later_events_delay() {
 #[tokio::test]
 async fn a_retry_made_during_a_refused_attempt_is_kept() {
     let db = TestDb::migrated().await;
+    held_by_w(&db.pool).await;
     sqlx::raw_sql(
-        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1);
-         INSERT INTO outbox_event_cursors (subscription, part, position, holder, lease_until, fence)
-         VALUES ('s', 0, 10, 'w', now() + interval '1 minute', 3);
-         INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
+        "INSERT INTO outbox_event_parked (subscription, position, id, aggregatetype, aggregateid, type,
                                           payload, aggregate_hash, created_at, retry_at, error)
          VALUES ('s', 7, gen_random_uuid(), 'order', '1', 'order.placed', '{}', 1, now(),
                  now() - interval '1 second', 'refused'),
@@ -329,25 +307,13 @@ async fn a_retry_made_during_a_refused_attempt_is_kept() {
         .unwrap();
     assert!(retried.is_some());
     // The relay writes both refusals: wait for an operator.
-    let none: Vec<i64> = Vec::new();
-    let no_text: Vec<String> = Vec::new();
-    sqlx::query(include_str!(
-        "../../outbox-core/src/db/sql/event_unpark.sql"
-    ))
-    .bind("s")
-    .bind(0_i32)
-    .bind("w")
-    .bind(3_i64)
-    .bind(&none)
-    .bind(vec![7_i64, 8])
-    .bind(vec![None::<chrono::DateTime<chrono::Utc>>; 2])
-    .bind(vec![Some("refused again".to_owned()); 2])
-    .bind(&no_text)
-    .bind(&no_text)
-    .bind(Some(looked_at))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let refused = Some("refused again");
+    unpark_again(
+        &db.pool,
+        &[(7, None, refused), (8, None, refused)],
+        Some(looked_at),
+    )
+    .await;
     let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(
         "SELECT position, retry_at <= now(), error FROM outbox_event_parked ORDER BY position",
     )
@@ -360,4 +326,50 @@ async fn a_retry_made_during_a_refused_attempt_is_kept() {
         [(7, Some(true), again.clone()), (8, None, again)],
         "order/1 stays due, order/2 waits"
     );
+}
+
+/// Subscription `s` of one partition, held by relay worker `w` under fence
+/// 3, as the unpark statement's tests need it.
+async fn held_by_w(pool: &PgPool) {
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event_subscriptions (name, stream, partitions) VALUES ('s', 'events', 1);
+         INSERT INTO outbox_event_cursors (subscription, part, position, holder, lease_until, fence)
+         VALUES ('s', 0, 10, 'w', now() + interval '1 minute', 3);",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A held-back event tried and held back again: its position, when it is
+/// tried next, and the broker's refusal.
+type HeldAgain<'a> = (i64, Option<chrono::DateTime<chrono::Utc>>, Option<&'a str>);
+
+/// Runs the relay's unpark statement as `w` does for the held-back events
+/// it tried and holds back again, after a look begun at `looked_at`:
+/// nothing published, no aggregate cut.
+async fn unpark_again(
+    pool: &PgPool,
+    again: &[HeldAgain<'_>],
+    looked_at: Option<chrono::DateTime<chrono::Utc>>,
+) {
+    let none: Vec<i64> = Vec::new();
+    let no_text: Vec<String> = Vec::new();
+    sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/event_unpark.sql"
+    ))
+    .bind("s")
+    .bind(0_i32)
+    .bind("w")
+    .bind(3_i64)
+    .bind(&none)
+    .bind(again.iter().map(|a| a.0).collect::<Vec<_>>())
+    .bind(again.iter().map(|a| a.1).collect::<Vec<_>>())
+    .bind(again.iter().map(|a| a.2).collect::<Vec<_>>())
+    .bind(&no_text)
+    .bind(&no_text)
+    .bind(looked_at)
+    .execute(pool)
+    .await
+    .unwrap();
 }

@@ -73,16 +73,10 @@ async fn a_snapshot_held_open_elsewhere_is_reported_and_warned_about() {
             "100ms",
         ],
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !worker.log().contains("held a snapshot for longer") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no warning about the long transaction:\n{}",
-            worker.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(worker.log().contains("long-report"), "{}", worker.log());
+    let log = worker
+        .wait_for_log("held a snapshot for longer", Duration::from_secs(20))
+        .await;
+    assert!(log.contains("long-report"), "{log}");
     worker.signal("TERM");
     worker.wait(Duration::from_secs(30)).await;
 

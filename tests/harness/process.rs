@@ -149,6 +149,23 @@ impl WorkerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the process has logged `needle` (at most `within`, and
+    /// failing at once if it exits); returns the log.
+    pub async fn wait_for_log(&mut self, needle: &str, within: std::time::Duration) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline && self.is_running(),
+                "never logged {needle:?}:\n{log}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Asserts that the process logged, at exit, that it could not release
     /// exactly these tasks.
     #[track_caller]
