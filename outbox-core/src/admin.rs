@@ -28,13 +28,24 @@ pub async fn list_tasks(
     task_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    check_state(state)?;
     let filter = TaskFilter {
         state: state.map(str::to_owned),
         task_type: task_type.map(str::to_owned),
         ..TaskFilter::default()
     };
-    Ok(db::admin::search_tasks(pool, &filter, None, limit.max(0)).await?)
+    list_tasks_where(pool, &filter, limit).await
+}
+
+/// Lists at most `limit` tasks, newest first, that match `filter`: its
+/// state (see [`STATES`]), type, queue, id, text and `before` (its page
+/// size and `without_payload` are not used).
+pub async fn list_tasks_where(
+    pool: &PgPool,
+    filter: &TaskFilter,
+    limit: i64,
+) -> Result<Vec<TaskRecord>> {
+    check_state(filter.state.as_deref())?;
+    Ok(db::admin::search_tasks(pool, filter, None, limit.max(0)).await?)
 }
 
 /// One task, if it exists.

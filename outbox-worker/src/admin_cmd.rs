@@ -83,6 +83,9 @@ pub(crate) struct ListArgs {
     /// Only tasks of this type.
     #[arg(long = "type")]
     task_type: Option<String>,
+    /// Only tasks of this queue.
+    #[arg(long)]
+    queue: Option<String>,
     /// At most this many (1 to 100000).
     #[arg(long, default_value_t = 50, value_parser = flags::int_i64(1, 100_000))]
     limit: i64,
@@ -219,7 +222,13 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     } else {
         args.state.as_deref()
     };
-    let tasks = admin::list_tasks(&pool, state, args.task_type.as_deref(), args.limit).await?;
+    let filter = admin::TaskFilter {
+        state: state.map(str::to_owned),
+        task_type: args.task_type,
+        queue: args.queue,
+        ..admin::TaskFilter::default()
+    };
+    let tasks = admin::list_tasks_where(&pool, &filter, args.limit).await?;
     if args.json {
         println!(
             "{}",

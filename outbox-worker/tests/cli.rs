@@ -129,6 +129,21 @@ async fn submit_list_show_retry_cancel_round_trip() {
         table.contains(&later) && table.contains("pending") && !table.contains("outbox.fail"),
         "{table}"
     );
+    let list_queue = ["tasks", "list", "--json", "--database-url", url, "--queue"];
+    let default = json(&[&list_queue[..], &["default"]].concat()).await;
+    assert!(
+        default
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["queue"] == "default")
+            && default.as_array().unwrap().len() >= 2,
+        "{default}"
+    );
+    assert_eq!(
+        json(&[&list_queue[..], &["nosuch"]].concat()).await,
+        serde_json::json!([])
+    );
 
     let retried = ok(&cli(&["tasks", "retry", &doomed, "--database-url", url]).await);
     assert!(
