@@ -10,6 +10,7 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Why a private cluster could not be started.
@@ -88,11 +89,7 @@ impl LocalPostgres {
         } else {
             None
         };
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let root = std::env::temp_dir().join(format!("outbox-pg-{}-{nanos:x}", std::process::id()));
-        std::fs::create_dir_all(&root)?;
+        let root = new_root()?;
         let mut cluster = Self {
             root,
             bin,
@@ -375,6 +372,30 @@ fn append(path: &Path, text: &str) -> std::io::Result<()> {
         .write_all(text.as_bytes())
 }
 
+/// A new, empty directory for a cluster, of this process's: its name has
+/// the process id, a count of the clusters this process made and the
+/// time, and it is created only if it did not exist. Two clusters started
+/// at once by one process (a test's own beside the harness's) once got
+/// the same name from a clock read in the same tick, and two initdb runs
+/// raced in one directory.
+fn new_root() -> std::io::Result<PathBuf> {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let root =
+            std::env::temp_dir().join(format!("outbox-pg-{}-{n}-{nanos:x}", std::process::id()));
+        match std::fs::create_dir(&root) {
+            Ok(()) => return Ok(root),
+            // Left by an earlier process of the same id: take another.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -440,4 +461,27 @@ pub fn server_bin_dir() -> Option<PathBuf> {
         .collect();
     versions.sort();
     versions.pop().map(|(_, bin)| bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Roots made at once by threads of one process are distinct, new and
+    /// empty, however coarse the clock.
+    #[test]
+    fn roots_made_at_once_in_one_process_are_distinct() {
+        let made: Vec<PathBuf> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8).map(|_| s.spawn(|| new_root().unwrap())).collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut names: Vec<&PathBuf> = made.iter().collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), made.len(), "{made:?}");
+        for root in &made {
+            assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
+            std::fs::remove_dir(root).unwrap();
+        }
+    }
 }
