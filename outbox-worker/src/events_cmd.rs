@@ -252,16 +252,8 @@ async fn rewind(args: RewindArgs) -> Result<(), Failure> {
 async fn delete_subscription(args: DeleteArgs) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 2).await?;
     let name = &args.subscription;
-    // Counted first, to say what went with it (no relay runs it once the
-    // delete goes through, so nothing is held back in between).
-    let held_back: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_event_parked WHERE subscription = $1")
-            .bind(name)
-            .fetch_one(&pool)
-            .await
-            .map_err(outbox::Error::from)?;
     match outbox::relay::delete_subscription(&pool, name).await? {
-        outbox::relay::Deleted::Deleted => {
+        outbox::relay::Deleted::Deleted { held_back } => {
             let dropped = match held_back {
                 0 => String::new(),
                 n => format!(" and the {n} event(s) it held back (never published by it)"),

@@ -226,10 +226,9 @@ pub async fn delayed_until(
     subscription: &str,
     event_id: &str,
 ) -> Result<Option<DateTime<Utc>>> {
-    let Some(bytes) = crate::events::parse_uuid(event_id) else {
+    let Ok(id) = canonical_event_id(event_id) else {
         return Ok(None);
     };
-    let id = crate::events::format_uuid(&bytes);
     Ok(crate::pooler::on(pool, async |conn| {
         sqlx::query_scalar(
             "SELECT publish_at FROM outbox_event_parked \
@@ -297,7 +296,7 @@ pub async fn skip_parked_event(
 
 /// An event id an operator gave, in its canonical text: the parse takes
 /// some forms PostgreSQL's does not.
-fn canonical_event_id(event_id: &str) -> Result<String> {
+pub(super) fn canonical_event_id(event_id: &str) -> Result<String> {
     crate::events::parse_uuid(event_id)
         .map(|bytes| crate::events::format_uuid(&bytes))
         .ok_or_else(|| crate::Error::InvalidOption(format!("event id {event_id:?} is not a UUID")))
@@ -394,10 +393,15 @@ pub async fn stream_has_subscription(pool: &PgPool, stream: &str) -> Result<bool
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
     /// The subscription, its cursors and its held-back events are gone.
-    Deleted,
+    Deleted {
+        /// How many events it held back (never published by it), gone
+        /// with it.
+        held_back: i64,
+    },
     /// A relay worker is on it (alive, or holding a partition's lease,
-    /// which a rewind leaves to run out): nothing was deleted. Stop that relay first; it would create the
-    /// subscription again and publish the log from where a new one starts.
+    /// which a rewind leaves to run out): nothing was deleted. Stop that
+    /// relay first; it would create the subscription again and publish
+    /// the log from where a new one starts.
     Live,
     /// There is no subscription of that name.
     NotFound,
@@ -430,16 +434,16 @@ pub async fn rewind_subscription(
 /// for a relay taken out of service, or moved to Debezium. Refused while a
 /// relay worker is on it.
 pub async fn delete_subscription(pool: &PgPool, name: &str) -> Result<Deleted> {
-    let live: Option<bool> = crate::pooler::on(pool, async |conn| {
-        sqlx::query_scalar(include_str!("../db/sql/event_unsubscribe.sql"))
+    let found: Option<(bool, i64)> = crate::pooler::on(pool, async |conn| {
+        sqlx::query_as(include_str!("../db/sql/event_unsubscribe.sql"))
             .bind(name)
             .fetch_optional(conn)
             .await
     })
     .await?;
-    Ok(match live {
+    Ok(match found {
         None => Deleted::NotFound,
-        Some(true) => Deleted::Live,
-        Some(false) => Deleted::Deleted,
+        Some((true, _)) => Deleted::Live,
+        Some((false, held_back)) => Deleted::Deleted { held_back },
     })
 }

@@ -78,14 +78,10 @@ pub async fn event_status(pool: &PgPool, lookup: &EventLookup) -> Result<Option<
         EventLookup::Position(p) => return read(pool, Some(*p), None, None).await,
         EventLookup::Id { id, window } => (id, window),
     };
-    let Some(bytes) = crate::events::parse_uuid(id) else {
-        return Err(Error::InvalidOption(format!(
-            "event id {id:?} is not a UUID"
-        )));
-    };
+    let id = super::admin::canonical_event_id(id)?;
     let window = chrono::Duration::from_std(*window)
         .map_err(|e| Error::InvalidOption(format!("window: {e}")))?;
-    let id = crate::events::format_uuid(&bytes);
+    let bytes = crate::events::parse_uuid(&id).unwrap_or_default();
     if let Some(at) = uuid_v7_time(&bytes) {
         let found = read(pool, None, Some(&id), Some((at - window, at + window))).await?;
         if found.is_some() {
