@@ -56,6 +56,15 @@ async fn three_workers_enqueue_each_tick_once_and_a_killed_leader_is_replaced() 
     for w in &mut workers {
         w.signal("TERM");
         w.wait(Duration::from_secs(20)).await;
+        // Every worker declares the same task: a follower checking the
+        // leader's declarations, through the kill and the takeover, finds
+        // nothing to warn of.
+        assert!(
+            !w.log()
+                .contains("are not declared so by the maintenance leader"),
+            "{}",
+            w.log()
+        );
     }
     let all = ticks(&db).await;
     let duplicated: Vec<_> = all.iter().filter(|(_, n)| *n != 1).collect();

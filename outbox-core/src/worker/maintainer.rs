@@ -176,8 +176,10 @@ impl FollowerCheck {
         if shared.periodic.is_empty() || self.next.is_some_and(|t| Instant::now() < t) {
             return;
         }
-        // A new leadership declares in its first round: give it two.
-        let settle = shared.config.maintenance_interval * 2;
+        // A new leadership declares in its first round: give it two, and
+        // five seconds at least (a round of a loaded machine with short
+        // intervals can outlast two of them).
+        let settle = (shared.config.maintenance_interval * 2).max(Duration::from_secs(5));
         let names = call(&shared.engine, shared.deadline, "periodic", async |conn| {
             crate::periodic::undeclared(conn, &shared.periodic, settle).await
         })
