@@ -14,7 +14,7 @@ use outbox::relay::{Message, Relay};
 use outbox_tests::TestDb;
 use outbox_tests::sinks::Capture;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 
 use crate::events::{RelayWorker, wait_parked};
 
@@ -199,7 +199,7 @@ async fn a_delay_cut_short_while_the_relay_holds_the_event_back_stays_cut() {
     assert!(cut.is_some());
     // The relay, which found it not due yet, holds it back until the time
     // it read.
-    unpark_again(&db.pool, &[(7, Some(read_delay), None)], None).await;
+    unpark_again(&db.pool, &[(7, Some(read_delay), None)], &[]).await;
     let due: bool =
         sqlx::query_scalar("SELECT retry_at <= now() FROM outbox_event_parked WHERE position = 7")
             .fetch_one(&db.pool)
@@ -274,8 +274,10 @@ async fn a_stale_or_repeated_publish_now_cuts_no_later_events_delay() {
 /// An operator's retry made while the relay was trying a refused
 /// aggregate again (the broker refused that attempt; the operator has just
 /// fixed it) is not undone by the relay writing the refusal: the aggregate
-/// stays due. Without such a retry, a refused aggregate waits for the
-/// operator. The unpark statement itself, as the relay runs it.
+/// stays due. That holds for a retry whose transaction began before the
+/// relay's look and committed after it, which has the earlier time. Without
+/// such a retry, a refused aggregate waits for the operator. The look and
+/// unpark statements themselves, as the relay runs them.
 #[tokio::test]
 async fn a_retry_made_during_a_refused_attempt_is_kept() {
     let db = TestDb::migrated().await;
@@ -286,32 +288,55 @@ async fn a_retry_made_during_a_refused_attempt_is_kept() {
          VALUES ('s', 7, gen_random_uuid(), 'order', '1', 'order.placed', '{}', 1, now(),
                  now() - interval '1 second', 'refused'),
                 ('s', 8, gen_random_uuid(), 'order', '2', 'order.placed', '{}', 1, now(),
+                 now() - interval '1 second', 'refused'),
+                ('s', 9, gen_random_uuid(), 'order', '3', 'order.placed', '{}', 1, now(),
                  now() - interval '1 second', 'refused');",
     )
     .execute(&db.pool)
     .await
     .unwrap();
-    // The relay's look begins; then the operator retries order/1.
-    let looked_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    outbox_tests::process::wait_until(
-        &db.pool,
-        &format!("SELECT now() > '{}'::timestamptz", looked_at.to_rfc3339()),
-        Duration::from_secs(60),
-    )
-    .await;
+    // An operator's retry of order/3 begins (its time is now) and has not
+    // committed when the relay's look reads the rows.
+    let mut early = db.pool.begin().await.unwrap();
+    sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/event_parked_retry.sql"
+    ))
+    .bind("s")
+    .bind("order")
+    .bind("3")
+    .bind(false)
+    .bind(None::<String>)
+    .bind(false)
+    .fetch_optional(&mut *early)
+    .await
+    .unwrap()
+    .expect("order/3 is retried");
+    let seen: Vec<(i64, String)> = sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/event_parked_due.sql"
+    ))
+    .bind("s")
+    .bind(1_i32)
+    .bind(0_i32)
+    .bind(100_i64)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row: &sqlx::postgres::PgRow| (row.get("position"), row.get("seen")))
+    .collect();
+    assert_eq!(seen.len(), 3, "the look reads all three: {seen:?}");
+    early.commit().await.unwrap();
+    // Then the operator retries order/1, after the look.
     let retried = outbox::relay::retry_parked(&db.pool, "s", "order", "1")
         .await
         .unwrap();
     assert!(retried.is_some());
-    // The relay writes both refusals: wait for an operator.
+    // The relay writes the three refusals: wait for an operator.
     let refused = Some("refused again");
     unpark_again(
         &db.pool,
-        &[(7, None, refused), (8, None, refused)],
-        Some(looked_at),
+        &[(7, None, refused), (8, None, refused), (9, None, refused)],
+        &seen.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
     )
     .await;
     let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(
@@ -323,8 +348,12 @@ async fn a_retry_made_during_a_refused_attempt_is_kept() {
     let again = Some("refused again".to_owned());
     assert_eq!(
         rows,
-        [(7, Some(true), again.clone()), (8, None, again)],
-        "order/1 stays due, order/2 waits"
+        [
+            (7, Some(true), again.clone()),
+            (8, None, again.clone()),
+            (9, Some(true), again)
+        ],
+        "order/1 and order/3 stay due, order/2 waits"
     );
 }
 
@@ -346,13 +375,9 @@ async fn held_by_w(pool: &PgPool) {
 type HeldAgain<'a> = (i64, Option<chrono::DateTime<chrono::Utc>>, Option<&'a str>);
 
 /// Runs the relay's unpark statement as `w` does for the held-back events
-/// it tried and holds back again, after a look begun at `looked_at`:
-/// nothing published, no aggregate cut.
-async fn unpark_again(
-    pool: &PgPool,
-    again: &[HeldAgain<'_>],
-    looked_at: Option<chrono::DateTime<chrono::Utc>>,
-) {
+/// it tried and holds back again, whose rows the look read at versions
+/// `seen`: nothing published, no aggregate cut.
+async fn unpark_again(pool: &PgPool, again: &[HeldAgain<'_>], seen: &[String]) {
     let none: Vec<i64> = Vec::new();
     let no_text: Vec<String> = Vec::new();
     sqlx::query(include_str!(
@@ -368,7 +393,7 @@ async fn unpark_again(
     .bind(again.iter().map(|a| a.2).collect::<Vec<_>>())
     .bind(&no_text)
     .bind(&no_text)
-    .bind(looked_at)
+    .bind(seen)
     .execute(pool)
     .await
     .unwrap();

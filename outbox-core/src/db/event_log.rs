@@ -696,9 +696,9 @@ pub(crate) async fn parked_soonest(
 pub(crate) struct ParkedDue {
     pub(crate) events: Vec<LogEvent>,
     pub(crate) held: HashMap<(String, String), i64>,
-    /// When the look began on the database's clock (none when it found
-    /// nothing): an operator's retry since then is kept by the unpark.
-    pub(crate) looked_at: Option<DateTime<Utc>>,
+    /// The version (`xmin`) of each event's row the look read, by
+    /// position: an operator's retry since then is kept by the unpark.
+    pub(crate) seen: HashMap<i64, String>,
 }
 
 /// Reads a partition's held-back events due to be tried again.
@@ -719,25 +719,22 @@ pub(crate) async fn parked_due(
         .await?;
     let mut events = Vec::with_capacity(rows.len());
     let mut held = HashMap::new();
-    let mut looked_at = None;
+    let mut seen = HashMap::with_capacity(rows.len());
     if let Some(first) = rows.first() {
         let columns = EventColumns::of(first)?;
         let held_at = first.try_column("held")?.ordinal();
-        looked_at = Some(first.try_get("looked_at")?);
+        let seen_at = first.try_column("seen")?.ordinal();
         for row in &rows {
             let event = columns.event(row)?;
             held.insert(
                 (event.aggregatetype.clone(), event.aggregateid.clone()),
                 row.try_get::<i64, _>(held_at)?,
             );
+            seen.insert(event.position, row.try_get::<String, _>(seen_at)?);
             events.push(event);
         }
     }
-    Ok(ParkedDue {
-        events,
-        held,
-        looked_at,
-    })
+    Ok(ParkedDue { events, held, seen })
 }
 
 /// What became of held-back events tried again: those `published` went
@@ -752,8 +749,9 @@ pub(crate) struct Unparked {
     pub(crate) again: Vec<i64>,
     pub(crate) retry_at: Vec<Option<DateTime<Utc>>>,
     pub(crate) error: Vec<Option<String>>,
-    /// When the look that read them began ([`ParkedDue::looked_at`]).
-    pub(crate) looked_at: Option<DateTime<Utc>>,
+    /// The version of each `again` event's row the look read
+    /// ([`ParkedDue::seen`]; none when it did not read it).
+    pub(crate) seen: Vec<Option<String>>,
 }
 
 /// Writes what became of held-back events tried again, fenced. False when
@@ -779,7 +777,7 @@ pub(crate) async fn unpark(
         .bind(&outcome.error)
         .bind(cut_types)
         .bind(cut_ids)
-        .bind(outcome.looked_at)
+        .bind(&outcome.seen)
         .fetch_optional(conn)
         .await?;
     Ok(row.is_some())

@@ -544,7 +544,7 @@ impl Partition<'_> {
         let event_log::ParkedDue {
             events: due,
             held: found,
-            looked_at,
+            mut seen,
         } = look;
         // A whole batch due: more may be, to try at once.
         let full = due.len() as i64 >= env.batch;
@@ -580,10 +580,7 @@ impl Partition<'_> {
                 }
             }
         };
-        let mut outcome = event_log::Unparked {
-            looked_at,
-            ..event_log::Unparked::default()
-        };
+        let mut outcome = event_log::Unparked::default();
         let mut emptied = Vec::new();
         for ((key, positions), (published, rest)) in keys.into_iter().zip(&positions).zip(results) {
             outcome
@@ -604,6 +601,7 @@ impl Partition<'_> {
                 outcome.again.push(first.event.position);
                 outcome.retry_at.push(first.retry_at);
                 outcome.error.push(first.error.clone());
+                outcome.seen.push(seen.remove(&first.event.position));
             }
         }
         // The broker has them: as with a batch's cursor, retried through

@@ -3,8 +3,8 @@
 -- come), in order, at most $4, of at most $4 aggregates; with each, how
 -- many of its aggregate's held-back events the read found (`held`): when
 -- the rows returned for an aggregate are fewer, it holds back more than
--- the look read; and when the look began (`looked_at`, for the unpark to
--- tell an operator's retry made since from the time the look read).
+-- the look read; and the version of its row the look read (`seen`, its
+-- `xmin`, for the unpark to tell an operator's retry made since).
 --
 -- Only an aggregate's first held-back event carries a time (migration
 -- 37), so the due ones are found through the due index, any $4 of them:
@@ -31,12 +31,12 @@ WITH due AS MATERIALIZED (
 SELECT e.position, e.id::text AS id, e.aggregatetype::text AS aggregatetype,
        e.aggregateid::text AS aggregateid, e.type::text AS type,
        e.payload::text AS payload, e.headers,
-       e.publish_at, e.created_at, e.aggregate_hash, e.held, now() AS looked_at
+       e.publish_at, e.created_at, e.aggregate_hash, e.held, e.seen
 FROM due AS d
 CROSS JOIN LATERAL (
     SELECT a.*, min(a.position) OVER () AS first, count(*) OVER () AS held,
            row_number() OVER (ORDER BY a.position) AS nth
-    FROM (SELECT * FROM outbox_event_parked AS p
+    FROM (SELECT p.*, p.xmin::text AS seen FROM outbox_event_parked AS p
           WHERE p.subscription = $1 AND p.aggregatetype = d.aggregatetype
             AND p.aggregateid = d.aggregateid
           ORDER BY p.position

@@ -5,9 +5,9 @@
 -- in $7 (null: when an operator says so) with its error in $8. Each
 -- aggregate of $9/$10 (types and ids: its events were all published, but
 -- the look did not read them all) that has events left has its first one
--- tried now: only a first event carries a time (migration 37). $11 is
--- when the look that read them began. Returns a row when the holder still
--- held it.
+-- tried now: only a first event carries a time (migration 37). $11 has,
+-- for each event of $6, its row's version (`xmin`) as the look read it.
+-- Returns a row when the holder still held it.
 WITH fenced AS (
     -- Locked: a worker taking the partition over (a new fence) cannot
     -- while this runs (its acquire skips locked rows), so its sweep sees
@@ -32,20 +32,24 @@ WITH fenced AS (
     -- operator's `retry --now` gave it since the look read it (the
     -- row's publish_at, re-read under its lock): else this would put
     -- back the delay the operator just cut short. Likewise a refused one
-    -- keeps the time an operator's retry gave it since the look began
-    -- (a retry_at later than $11): else this attempt's refusal would
-    -- undo a retry the operator made after fixing the broker, and the
-    -- aggregate would wait for another. (A retry whose transaction began
-    -- before the look and committed after it is not told apart by its
-    -- time: that one is still undone.)
+    -- keeps the time an operator's retry gave it since the look read it
+    -- (the row is another version than the look read: only an
+    -- operator writes a first event that has a time; the sweep writes
+    -- first events without one, and later ones): else
+    -- this attempt's refusal would undo a retry the operator made after
+    -- fixing the broker, and the aggregate would wait for another. By
+    -- the version, not by the retry's time: a retry whose transaction
+    -- began before the look and committed after it has an earlier time.
     UPDATE outbox_event_parked AS p
     SET retry_at = CASE WHEN a.error IS NULL AND a.retry_at IS NOT NULL
                         THEN least(a.retry_at, p.publish_at)
-                        WHEN a.error IS NOT NULL AND p.retry_at > $11::timestamptz
+                        WHEN a.error IS NOT NULL AND p.retry_at IS NOT NULL
+                             AND p.xmin::text <> a.seen
                         THEN p.retry_at
                         ELSE a.retry_at END,
         error = a.error
-    FROM unnest($6::bigint[], $7::timestamptz[], $8::text[]) AS a (position, retry_at, error)
+    FROM unnest($6::bigint[], $7::timestamptz[], $8::text[], $11::text[])
+         AS a (position, retry_at, error, seen)
     WHERE p.subscription = $1 AND p.position = a.position AND EXISTS (SELECT 1 FROM fenced)
 ), firsts AS (
     -- By the aggregate, not by an event the look read: an operator's skip
