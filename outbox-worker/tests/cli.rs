@@ -1785,6 +1785,18 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "relay \"w\": option route= names a broker's subject",
     )
     .await;
+    // A stream made over subjects the route's are not among: its events
+    // would find no stream, retried for ever.
+    refused(
+        &with_db(&[
+            "run",
+            "--relay",
+            "n=nats://127.0.0.1:1?stream=EVENTS&stream_subjects=orders.>",
+        ]),
+        2,
+        "relay \"n\": stream \"EVENTS\" would listen on [\"orders.>\"], which do not take the route \"outbox.event.{aggregate_type}\"",
+    )
+    .await;
     let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
         .fetch_one(&db.pool)
         .await

@@ -34,6 +34,10 @@ impl Sink for Counting {
         self.inner.check(message)
     }
 
+    fn check_route(&self, route: &outbox::relay::Route) -> Result<(), String> {
+        self.inner.check_route(route)
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;

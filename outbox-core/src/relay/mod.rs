@@ -328,6 +328,15 @@ impl Relay {
         &self.queue
     }
 
+    /// What the sink says of the route ([`Sink::check_route`]), once the
+    /// relay is built: not in [`Relay::from_url`], as a route set after it
+    /// ([`Relay::route`]) replaces the URL's.
+    pub(crate) fn route_problem(&self) -> Option<String> {
+        let route = self.route.as_ref().ok()?;
+        let refused = self.sink.check_route(route).err()?;
+        Some(format!("relay {:?}: {refused}", self.name))
+    }
+
     /// What is wrong with it, if anything.
     pub(crate) fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();

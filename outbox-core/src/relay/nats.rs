@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use tokio::sync::Mutex;
 
-use super::sink::{Message, PublishError, PublishFuture, Sink};
+use super::sink::{Message, PublishError, PublishFuture, Route, Sink};
 
 /// A NATS JetStream sink.
 pub struct NatsSink {
@@ -141,11 +141,23 @@ impl NatsSink {
             // A duplicate within the window: the stream has it already.
             Ok(_ack) => Ok(()),
             Err(e) => {
-                if e.kind() == PublishErrorKind::StreamNotFound && self.stream.is_some() {
-                    // Deleted under us: make it again on the next try.
-                    self.stream_ready.store(false, Ordering::Release);
+                match &self.stream {
+                    Some(spec) if e.kind() == PublishErrorKind::StreamNotFound => {
+                        // Deleted under us: make it again on the next try.
+                        // Or it was there before the relay, listening on
+                        // other subjects: say so, as no retry changes that.
+                        self.stream_ready.store(false, Ordering::Release);
+                        Err(PublishError::transient(
+                            "no_stream",
+                            format!(
+                                "{e}: subject {:?}; if stream {:?} exists, its subjects do not \
+                                 take it (it was made before, not from stream_subjects=)",
+                                message.destination, spec.name
+                            ),
+                        ))
+                    }
+                    _ => Err(classify(e)),
                 }
-                Err(classify(e))
             }
         }
     }
@@ -193,6 +205,40 @@ fn relay_header(name: &str) -> Option<async_nats::HeaderName> {
         .map(|own| async_nats::HeaderName::from_static(own))
 }
 
+/// Whether NATS subject pattern `pattern` (`*` one token, a last `>` one
+/// or more) takes `subject`.
+fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut subject = subject.split('.');
+    let mut pattern = pattern.split('.').peekable();
+    while let Some(p) = pattern.next() {
+        if p == ">" && pattern.peek().is_none() {
+            return subject.next().is_some();
+        }
+        match subject.next() {
+            Some(s) if p == "*" || p == s => {}
+            _ => return false,
+        }
+    }
+    subject.next().is_none()
+}
+
+/// Refuses a stream (`stream=`) whose subjects cannot take the route's
+/// subjects, judged on the subject of an event whose aggregate type and
+/// type are one token each: its events would find no stream, and the
+/// relay would retry them for ever as a broker outage.
+fn refuse_uncovered_route(stream: &str, subjects: &[String], route: &Route) -> Result<(), String> {
+    let sample = route.destination("order", "placed");
+    let route = route.template();
+    if subjects.iter().any(|p| subject_matches(p, &sample)) {
+        return Ok(());
+    }
+    Err(format!(
+        "stream {stream:?} would listen on {subjects:?}, which do not take the route {route:?} \
+         (an event \"placed\" of aggregate type \"order\" goes to {sample:?}): set \
+         stream_subjects= to cover the route, or the route to a subject of the stream"
+    ))
+}
+
 /// Transient unless the message itself is at fault.
 fn classify(e: jetstream::context::PublishError) -> PublishError {
     use std::error::Error as _;
@@ -230,6 +276,13 @@ impl Sink for NatsSink {
 
     fn check(&self, message: &Message) -> Result<(), PublishError> {
         refuse_control_headers(message)
+    }
+
+    fn check_route(&self, route: &Route) -> Result<(), String> {
+        match &self.stream {
+            Some(spec) => refuse_uncovered_route(&spec.name, &spec.subjects, route),
+            None => Ok(()),
+        }
     }
 }
 
@@ -305,6 +358,48 @@ mod tests {
         assert!(refuse_control_headers(&message(&[("tenant", "a"), ("natsy", "b")])).is_ok());
         // Not cut inside a character.
         assert!(refuse_control_headers(&message(&[("natéé", "b")])).is_ok());
+    }
+
+    #[test]
+    fn subject_patterns_match_as_nats_matches_them() {
+        for (pattern, subject, takes) in [
+            ("outbox.event.>", "outbox.event.order", true),
+            ("outbox.event.>", "outbox.event.order.placed", true),
+            ("outbox.event.>", "outbox.event", false),
+            ("outbox.*.order", "outbox.event.order", true),
+            ("outbox.*", "outbox.event.order", false),
+            ("outbox.event.order", "outbox.event.order", true),
+            ("outbox.event.order", "outbox.event.orders", false),
+            (">", "a", true),
+            ("a.>.b", "a.x.b", false),
+        ] {
+            assert_eq!(
+                subject_matches(pattern, subject),
+                takes,
+                "{pattern} {subject}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_that_cannot_take_the_route_is_refused() {
+        let subjects = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let check = |patterns: &[&str], route: &str| {
+            refuse_uncovered_route("EVENTS", &subjects(patterns), &Route::parse(route).unwrap())
+        };
+        let refused = check(&["orders.>"], "outbox.event.{aggregate_type}").unwrap_err();
+        assert!(refused.contains("\"outbox.event.order\""), "{refused}");
+        assert!(refused.contains("stream_subjects="), "{refused}");
+        for (patterns, route) in [
+            (
+                &["orders.>", "outbox.event.*"][..],
+                "outbox.event.{aggregate_type}",
+            ),
+            (&["outbox.>"][..], "outbox.{aggregate_type}.{event_type}"),
+            (&["fixed"][..], "fixed"),
+        ] {
+            assert!(check(patterns, route).is_ok(), "{route}");
+        }
     }
 
     #[test]

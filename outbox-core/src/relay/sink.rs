@@ -144,6 +144,16 @@ pub trait Sink: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Refuses a route whose destinations this sink cannot take whatever
+    /// happens (a NATS stream it makes that listens on other subjects),
+    /// when the relay is checked before it starts: its events would
+    /// otherwise be retried for ever as an outage. Accepts every route
+    /// unless the sink says otherwise; a sink wrapping another forwards it.
+    fn check_route(&self, route: &Route) -> Result<(), String> {
+        let _ = route;
+        Ok(())
+    }
+
     /// The relay's concurrency unless one is set: how many aggregates
     /// publish at once. One aggregate's events go one after another, each
     /// waiting for its acknowledgement, so a sink whose acknowledgements

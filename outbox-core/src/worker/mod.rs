@@ -175,6 +175,7 @@ impl WorkerBuilder {
         let mut seen_names = std::collections::BTreeSet::new();
         for r in &self.relays {
             problems.extend(r.problems());
+            problems.extend(r.route_problem());
             if !seen_names.insert(r.name.clone()) {
                 problems.push(format!("two relays are named {:?}", r.name));
             }

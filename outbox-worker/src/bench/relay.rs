@@ -191,6 +191,10 @@ impl Sink for Timed {
         self.inner.check(message)
     }
 
+    fn check_route(&self, route: &outbox::relay::Route) -> Result<(), String> {
+        self.inner.check_route(route)
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;
@@ -826,6 +830,10 @@ impl Sink for Counted {
 
     fn check(&self, message: &Message) -> Result<(), PublishError> {
         self.inner.check(message)
+    }
+
+    fn check_route(&self, route: &outbox::relay::Route) -> Result<(), String> {
+        self.inner.check_route(route)
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
