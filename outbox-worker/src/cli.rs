@@ -270,6 +270,29 @@ pub fn main() -> ExitCode {
     main_with(|builder| builder)
 }
 
+/// Ends the process with success, saying nothing, when what it prints has
+/// no reader any more (`events parked | head`): Rust ignores SIGPIPE, so
+/// `println!` panics on the closed pipe instead, with exit code 101 and a
+/// panic message in the middle of the reader's output. The reader asked
+/// for no more; that is not the command's failure. Every other panic is
+/// reported as before.
+fn end_quietly_when_stdout_is_closed() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // EPIPE's number, not its text, which the C library may translate.
+        if message.starts_with("failed printing to stdout") && message.ends_with("(os error 32)") {
+            std::process::exit(0);
+        }
+        report(info)
+    }));
+}
+
 /// The command line, with negative numbers read as values everywhere: a
 /// flag given `-1` then hears it and names its range, where clap would say
 /// `-1` is an unknown argument and suggest `-- -1`.
@@ -308,6 +331,7 @@ pub fn main_with(
     register: impl Fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder + Send + Sync + 'static,
 ) -> ExitCode {
     let register: Register = std::sync::Arc::new(register);
+    end_quietly_when_stdout_is_closed();
     let cli = parse();
     let default_log = if matches!(cli.command, Command::Demo(_)) {
         "error"

@@ -54,6 +54,37 @@ async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time()
     );
 }
 
+/// A listing whose reader has gone (`tasks list | head -1`) ends with
+/// success and says nothing, not with a panic and exit code 101.
+#[tokio::test]
+async fn a_listing_whose_reader_went_away_ends_quietly() {
+    let db = TestDb::migrated().await;
+    for _ in 0..3 {
+        ok(&cli(&[
+            "tasks",
+            "submit",
+            "outbox.noop",
+            "{}",
+            "--database-url",
+            &db.url,
+        ])
+        .await);
+    }
+    let mut listing = tokio::process::Command::new(BIN)
+        .args(["tasks", "list", "--database-url", &db.url])
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before it prints: it connects to the database first.
+    drop(listing.stdout.take());
+    let out = listing.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+}
+
 #[tokio::test]
 async fn submit_list_show_retry_cancel_round_trip() {
     let db = TestDb::migrated().await;
