@@ -1816,6 +1816,21 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "relay \"w\": option route= names a broker's subject",
     )
     .await;
+    // A bad name is refused before the sink is built: a webhook's warning
+    // that its requests go unsigned would name a variable that cannot be.
+    let badly_named = cli(&with_db(&["run", "--relay", "a.b=http://127.0.0.1:1/hook"])).await;
+    assert_eq!(
+        badly_named.status.code(),
+        Some(2),
+        "{}",
+        stderr(&badly_named)
+    );
+    assert!(
+        stderr(&badly_named).contains("relay name \"a.b\": use 1 to 64")
+            && !stderr(&badly_named).contains("SECRET"),
+        "{}",
+        stderr(&badly_named)
+    );
     // A stream made over subjects the route's are not among: its events
     // would find no stream, retried for ever.
     refused(

@@ -178,6 +178,18 @@ impl std::fmt::Debug for Relay {
     }
 }
 
+/// What is wrong with a relay's name, if anything: it names the
+/// subscription, the metrics' label and its secret's variable
+/// (`OUTBOX_RELAY_<NAME>_SECRET`).
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+    (!valid).then(|| format!("relay name {name:?}: use 1 to 64 ASCII letters, digits, '-' or '_'"))
+}
+
 impl Relay {
     /// A relay named `name` publishing through `sink`, serving the
     /// `events` queue, routing by aggregate type.
@@ -340,18 +352,7 @@ impl Relay {
     /// What is wrong with it, if anything.
     pub(crate) fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let valid_name = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
-        if !valid_name {
-            out.push(format!(
-                "relay name {:?}: use 1 to 64 ASCII letters, digits, '-' or '_'",
-                self.name
-            ));
-        }
+        out.extend(name_problem(&self.name));
         if let Err(e) = &self.route {
             out.push(format!("relay {:?}: {e}", self.name));
         }

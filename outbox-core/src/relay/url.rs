@@ -89,6 +89,11 @@ pub(crate) async fn relay_from_url(
 }
 
 async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, String> {
+    // First: a sink may name the secret's variable after it (a webhook's
+    // warning that its requests go unsigned).
+    if let Some(problem) = super::name_problem(name) {
+        return Err(problem);
+    }
     let (url, hosts) = split_host_list(url);
     let parsed = ::url::Url::parse(&url).map_err(|e| format!("relay {name:?}: bad URL: {e}"))?;
     if hosts.is_some() && parsed.scheme() != "kafka" {
