@@ -398,7 +398,10 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     }
     for s in &e.subscriptions {
         let detail = match s.state.as_str() {
-            "passed" => " (published, or passed over by a skip, a rewind or its start)".to_owned(),
+            "passed" => " (published, or passed over by a skip, a rewind or its start; or emitted \
+                          below the cursor while the position sequence was behind, never \
+                          published: see the guide's \"Leave the position sequence alone\")"
+                .to_owned(),
             "held back" => {
                 let why = s.error.as_deref().map_or_else(
                     || "its aggregate waits (a delay, or an event before it)".to_owned(),
