@@ -24,6 +24,8 @@ use super::sink::{Message, PublishError, PublishFuture, Route, Sink};
 /// A NATS JetStream sink.
 pub struct NatsSink {
     js: jetstream::Context,
+    /// The client under `js`, for its connection's state.
+    client: async_nats::Client,
     /// The stream to create when the subject has none (`stream=NAME`), with
     /// the subjects it listens on and its duplicate window.
     stream: Option<StreamSpec>,
@@ -34,6 +36,15 @@ pub struct NatsSink {
     /// once.
     making_stream: Mutex<()>,
 }
+
+/// How long a publish waits for a client that is not connected (starting,
+/// or reconnecting after the server went away) before it fails as an
+/// outage: a start on a reachable server connects well within it.
+const CONNECT_WAIT: Duration = Duration::from_secs(1);
+
+/// How often that wait looks at the client's state (it has no signal a
+/// publish can wait on).
+const CONNECT_POLL: Duration = Duration::from_millis(20);
 
 /// A stream the sink makes when it is missing.
 #[derive(Debug, Clone)]
@@ -67,15 +78,39 @@ impl NatsSink {
             .connect(url)
             .await
             .map_err(|e| format!("NATS URL {url:?}: {e}"))?;
-        let mut js = jetstream::new(client);
+        let mut js = jetstream::new(client.clone());
         // The relay's own publish timeout bounds the wait; this is a floor.
         js.set_timeout(Duration::from_secs(30));
         Ok(Self {
             js,
+            client,
             stream,
             stream_ready: AtomicBool::new(false),
             making_stream: Mutex::new(()),
         })
+    }
+
+    /// Waits a little for the client to be connected. A publish made while
+    /// it is not would sit in the client's buffer until the relay's
+    /// timeout and be reported as an acknowledgement that did not come
+    /// (ten seconds later, for a server that is down or a host mistyped);
+    /// this says what it is, at once, and the relay backs off.
+    async fn connected(&self) -> Result<(), PublishError> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let state = self.client.connection_state();
+            if state == async_nats::connection::State::Connected {
+                return Ok(());
+            }
+            if waited >= CONNECT_WAIT {
+                return Err(PublishError::transient(
+                    "connection",
+                    format!("not connected to the NATS server (the client is {state})"),
+                ));
+            }
+            tokio::time::sleep(CONNECT_POLL).await;
+            waited += CONNECT_POLL;
+        }
     }
 
     /// Finds or creates the configured stream (once).
@@ -119,6 +154,7 @@ impl NatsSink {
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         // Also here: a wrapper (Relay::wrap_sink) may not forward `check`.
         refuse_control_headers(message)?;
+        self.connected().await?;
         self.ensure_stream().await?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
@@ -400,6 +436,19 @@ mod tests {
         ] {
             assert!(check(patterns, route).is_ok(), "{route}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_publish_without_a_server_fails_at_once_as_a_connection_failure() {
+        // Nothing listens on port 1: the client tries in the background.
+        // Before, the publish waited in the client's buffer for an
+        // acknowledgement, and failed as a "timeout" once JetStream's own
+        // (30 s) or the relay's (10 s) ran out.
+        let sink = NatsSink::connect("nats://127.0.0.1:1", None).await.unwrap();
+        let failed = sink.publish_one(&message(&[])).await.unwrap_err();
+        assert!(failed.is_transient(), "{failed}");
+        assert_eq!(failed.kind(), "connection", "{failed}");
+        assert!(failed.to_string().contains("not connected"), "{failed}");
     }
 
     #[test]
