@@ -270,13 +270,21 @@ pub fn main() -> ExitCode {
     main_with(|builder| builder)
 }
 
-/// Ends the process with success, saying nothing, when what it prints has
-/// no reader any more (`events parked | head`): Rust ignores SIGPIPE, so
-/// `println!` panics on the closed pipe instead, with exit code 101 and a
-/// panic message in the middle of the reader's output. The reader asked
-/// for no more; that is not the command's failure. Every other panic is
-/// reported as before.
-fn end_quietly_when_stdout_is_closed() {
+/// Set by the hook of [`quiet_when_the_reader_is_gone`] when a command's
+/// `println!` found its reader gone.
+static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Lets an operator command whose output has no reader any more (`events
+/// parked | head`) end with success, saying nothing: Rust ignores
+/// SIGPIPE, so `println!` panics on the closed pipe instead, with exit code
+/// 101 and a panic message among the reader's lines. The reader asked for
+/// no more; that is not the command's failure. Only that panic, and only
+/// on the main thread (where the command runs and prints): it still
+/// unwinds, so everything is dropped as after any panic, and
+/// [`main_with`] turns it into success. Not for `run`, `demo`, `bench`
+/// or `dashboard`, whose handlers may print and whose processes must stop
+/// as they always do.
+fn quiet_when_the_reader_is_gone() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let payload = info.payload();
@@ -286,10 +294,14 @@ fn end_quietly_when_stdout_is_closed() {
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
         // EPIPE's number, not its text, which the C library may translate.
-        if message.starts_with("failed printing to stdout") && message.ends_with("(os error 32)") {
-            std::process::exit(0);
+        if message.starts_with("failed printing to stdout")
+            && message.ends_with("(os error 32)")
+            && std::thread::current().name() == Some("main")
+        {
+            READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
         }
-        report(info)
+        report(info);
     }));
 }
 
@@ -331,8 +343,13 @@ pub fn main_with(
     register: impl Fn(outbox::WorkerBuilder) -> outbox::WorkerBuilder + Send + Sync + 'static,
 ) -> ExitCode {
     let register: Register = std::sync::Arc::new(register);
-    end_quietly_when_stdout_is_closed();
     let cli = parse();
+    if !matches!(
+        cli.command,
+        Command::Run(_) | Command::Demo(_) | Command::Bench(_) | Command::Dashboard(_)
+    ) {
+        quiet_when_the_reader_is_gone();
+    }
     let default_log = if matches!(cli.command, Command::Demo(_)) {
         "error"
     } else {
@@ -356,22 +373,35 @@ pub fn main_with(
         }
     };
     let limit = cli.command_timeout;
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Run(args) => run(args, &register).await,
-            Command::Migrate(args) => within(limit, migrate(args)).await,
-            Command::Tasks(command) => within(limit, crate::admin_cmd::tasks(command)).await,
-            Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
-            Command::Demo(args) => crate::demo::run(args, &register).await,
-            Command::Bench(args) => crate::bench::run(args, register.clone()).await,
-            Command::Dashboard(args) => crate::dashboard_cmd::run(args).await,
-            Command::Periodic(command) => within(limit, crate::periodic_cmd::run(command)).await,
-            Command::Queues(command) => within(limit, crate::queues_cmd::queues(command)).await,
-            Command::Workers(command) => within(limit, crate::queues_cmd::workers(command)).await,
-            Command::Events(command) => within(limit, crate::events_cmd::run(command)).await,
-            Command::Workflows(command) => within(limit, crate::workflows_cmd::run(command)).await,
-        }
-    });
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async move {
+            match cli.command {
+                Command::Run(args) => run(args, &register).await,
+                Command::Migrate(args) => within(limit, migrate(args)).await,
+                Command::Tasks(command) => within(limit, crate::admin_cmd::tasks(command)).await,
+                Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
+                Command::Demo(args) => crate::demo::run(args, &register).await,
+                Command::Bench(args) => crate::bench::run(args, register.clone()).await,
+                Command::Dashboard(args) => crate::dashboard_cmd::run(args).await,
+                Command::Periodic(command) => {
+                    within(limit, crate::periodic_cmd::run(command)).await
+                }
+                Command::Queues(command) => within(limit, crate::queues_cmd::queues(command)).await,
+                Command::Workers(command) => {
+                    within(limit, crate::queues_cmd::workers(command)).await
+                }
+                Command::Events(command) => within(limit, crate::events_cmd::run(command)).await,
+                Command::Workflows(command) => {
+                    within(limit, crate::workflows_cmd::run(command)).await
+                }
+            }
+        })
+    }));
+    let result = match result {
+        Ok(result) => result,
+        Err(_) if READER_GONE.load(std::sync::atomic::Ordering::Relaxed) => Ok(()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
     // Whatever is still running (a handler that never yields, a connection
     // stuck in a silent network) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_secs(1));
