@@ -38,6 +38,10 @@ impl Sink for Counting {
         self.inner.check_route(route)
     }
 
+    fn unreachable(&self) -> Option<String> {
+        self.inner.unreachable()
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;

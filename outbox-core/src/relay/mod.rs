@@ -318,7 +318,9 @@ impl Relay {
 
     /// Replaces the sink with what `wrap` makes of it (a decorator that
     /// times or counts publishes, say). The decorator forwards
-    /// [`Sink::check`] to the sink it wraps.
+    /// [`Sink::check`], [`Sink::check_route`], [`Sink::unreachable`] and
+    /// [`Sink::default_concurrency`] to the sink it wraps: the trait's
+    /// defaults would silently turn off what the wrapped sink checks.
     pub fn wrap_sink(mut self, wrap: impl FnOnce(Arc<dyn Sink>) -> Arc<dyn Sink>) -> Self {
         self.sink = wrap(self.sink);
         self

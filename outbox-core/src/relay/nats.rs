@@ -37,15 +37,6 @@ pub struct NatsSink {
     making_stream: Mutex<()>,
 }
 
-/// How long a publish waits for a client that is not connected (starting,
-/// or reconnecting after the server went away) before it fails as an
-/// outage: a start on a reachable server connects well within it.
-const CONNECT_WAIT: Duration = Duration::from_secs(1);
-
-/// How often that wait looks at the client's state (it has no signal a
-/// publish can wait on).
-const CONNECT_POLL: Duration = Duration::from_millis(20);
-
 /// A stream the sink makes when it is missing.
 #[derive(Debug, Clone)]
 pub struct StreamSpec {
@@ -90,29 +81,6 @@ impl NatsSink {
         })
     }
 
-    /// Waits a little for the client to be connected. A publish made while
-    /// it is not would sit in the client's buffer until the relay's
-    /// timeout and be reported as an acknowledgement that did not come
-    /// (ten seconds later, for a server that is down or a host mistyped);
-    /// this says what it is, at once, and the relay backs off.
-    async fn connected(&self) -> Result<(), PublishError> {
-        let mut waited = Duration::ZERO;
-        loop {
-            let state = self.client.connection_state();
-            if state == async_nats::connection::State::Connected {
-                return Ok(());
-            }
-            if waited >= CONNECT_WAIT {
-                return Err(PublishError::transient(
-                    "connection",
-                    format!("not connected to the NATS server (the client is {state})"),
-                ));
-            }
-            tokio::time::sleep(CONNECT_POLL).await;
-            waited += CONNECT_POLL;
-        }
-    }
-
     /// Finds or creates the configured stream (once).
     async fn ensure_stream(&self) -> Result<(), PublishError> {
         match &self.stream {
@@ -154,7 +122,6 @@ impl NatsSink {
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
         // Also here: a wrapper (Relay::wrap_sink) may not forward `check`.
         refuse_control_headers(message)?;
-        self.connected().await?;
         self.ensure_stream().await?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id(message));
@@ -181,7 +148,8 @@ impl NatsSink {
                     Some(spec) if e.kind() == PublishErrorKind::StreamNotFound => {
                         // Deleted under us: make it again on the next try.
                         // Or it was there before the relay, listening on
-                        // other subjects: say so, as no retry changes that.
+                        // other subjects: then retries go on failing
+                        // until an operator changes it, so say so.
                         self.stream_ready.store(false, Ordering::Release);
                         Err(PublishError::transient(
                             "no_stream",
@@ -258,20 +226,57 @@ fn subject_matches(pattern: &str, subject: &str) -> bool {
     subject.next().is_none()
 }
 
-/// Refuses a stream (`stream=`) whose subjects cannot take the route's
-/// subjects, judged on the subject of an event whose aggregate type and
-/// type are one token each: its events would find no stream, and the
-/// relay would retry them for ever as a broker outage.
+/// Whether some pattern of `subjects` takes every subject `route` can
+/// make. A field may fill one token or several (an event type
+/// `order.placed`), so only a `>` at or before the token where the route's
+/// first field begins takes them all; a route without a field is one
+/// subject.
+fn covers_route(subjects: &[String], route: &Route) -> bool {
+    let tokens: Vec<&str> = route.template().split('.').collect();
+    let Some(field_at) = tokens.iter().position(|t| t.contains('{')) else {
+        return subjects
+            .iter()
+            .any(|p| subject_matches(p, route.template()));
+    };
+    subjects.iter().any(|pattern| {
+        let pattern: Vec<&str> = pattern.split('.').collect();
+        let Some((last, before)) = pattern.split_last() else {
+            return false;
+        };
+        *last == ">"
+            && before.len() <= field_at
+            && before.iter().zip(&tokens).all(|(p, t)| *p == "*" || p == t)
+    })
+}
+
+/// Checks a stream (`stream=`) against the route's subjects. Refused when
+/// it cannot take even an event whose aggregate type and type are one
+/// token each: its events would find no stream, and the relay would retry
+/// them for ever as a broker outage. A warning when it takes that one but
+/// not every subject the route can make (a pattern with `*` where a field
+/// is, or a subject of one aggregate type): events it does not take are
+/// retried the same way, until a stream listens on their subject.
 fn refuse_uncovered_route(stream: &str, subjects: &[String], route: &Route) -> Result<(), String> {
+    if covers_route(subjects, route) {
+        return Ok(());
+    }
     let sample = route.destination("order", "placed");
-    let route = route.template();
+    let template = route.template();
     if subjects.iter().any(|p| subject_matches(p, &sample)) {
+        tracing::warn!(
+            stream,
+            ?subjects,
+            route = template,
+            "the stream takes only some of the route's subjects (a field may fill several \
+             tokens: use > where the first one begins); events whose subject it does not take \
+             are retried until a stream does"
+        );
         return Ok(());
     }
     Err(format!(
-        "stream {stream:?} would listen on {subjects:?}, which do not take the route {route:?} \
-         (an event \"placed\" of aggregate type \"order\" goes to {sample:?}): set \
-         stream_subjects= to cover the route, or the route to a subject of the stream"
+        "stream {stream:?} would listen on {subjects:?}, which do not take the route \
+         {template:?} (an event \"placed\" of aggregate type \"order\" goes to {sample:?}): \
+         set stream_subjects= to cover the route, or the route to a subject of the stream"
     ))
 }
 
@@ -312,6 +317,14 @@ impl Sink for NatsSink {
 
     fn check(&self, message: &Message) -> Result<(), PublishError> {
         refuse_control_headers(message)
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        // A publish made meanwhile waits in the client's buffer, and goes
+        // out if it reconnects in time (a server restarting).
+        let state = self.client.connection_state();
+        (state != async_nats::connection::State::Connected)
+            .then(|| format!("not connected to the NATS server (the client is {state})"))
     }
 
     fn check_route(&self, route: &Route) -> Result<(), String> {
@@ -420,35 +433,56 @@ mod tests {
     #[test]
     fn a_stream_that_cannot_take_the_route_is_refused() {
         let subjects = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let check = |patterns: &[&str], route: &str| {
-            refuse_uncovered_route("EVENTS", &subjects(patterns), &Route::parse(route).unwrap())
+        let route = |r: &str| Route::parse(r).unwrap();
+        let check = |patterns: &[&str], r: &str| {
+            refuse_uncovered_route("EVENTS", &subjects(patterns), &route(r))
         };
         let refused = check(&["orders.>"], "outbox.event.{aggregate_type}").unwrap_err();
         assert!(refused.contains("\"outbox.event.order\""), "{refused}");
         assert!(refused.contains("stream_subjects="), "{refused}");
-        for (patterns, route) in [
+        // Taken whole, or (with a warning) in part.
+        for (patterns, r) in [
             (
-                &["orders.>", "outbox.event.*"][..],
+                &["orders.>", "outbox.event.>"][..],
                 "outbox.event.{aggregate_type}",
             ),
             (&["outbox.>"][..], "outbox.{aggregate_type}.{event_type}"),
             (&["fixed"][..], "fixed"),
+            (&["outbox.event.order"][..], "outbox.event.{aggregate_type}"),
+            (&["outbox.*.*"][..], "outbox.{aggregate_type}.{event_type}"),
         ] {
-            assert!(check(patterns, route).is_ok(), "{route}");
+            assert!(check(patterns, r).is_ok(), "{r}");
+        }
+        // Whole: a > where the first field begins, or before.
+        for (pattern, r, whole) in [
+            ("outbox.event.>", "outbox.event.{aggregate_type}", true),
+            ("outbox.>", "outbox.event.{aggregate_type}", true),
+            ("*.event.>", "outbox.event.{aggregate_type}", true),
+            (">", "outbox.event.{aggregate_type}", true),
+            ("outbox.event.*", "outbox.event.{aggregate_type}", false),
+            ("outbox.event.order", "outbox.event.{aggregate_type}", false),
+            ("outbox.event.x.>", "outbox.event.{aggregate_type}", false),
+            ("other.event.>", "outbox.event.{aggregate_type}", false),
+            ("x.>", "x.{aggregate_type}.events", true),
+            ("x.*.events", "x.{aggregate_type}.events", false),
+            ("x.>", "x.pre{event_type}", true),
+            ("fixed", "fixed", true),
+            ("fixed.>", "fixed", false),
+        ] {
+            assert_eq!(
+                covers_route(&subjects(&[pattern]), &route(r)),
+                whole,
+                "{pattern} {r}"
+            );
         }
     }
 
     #[tokio::test]
-    async fn a_publish_without_a_server_fails_at_once_as_a_connection_failure() {
+    async fn a_client_without_a_server_says_it_is_not_connected() {
         // Nothing listens on port 1: the client tries in the background.
-        // Before, the publish waited in the client's buffer for an
-        // acknowledgement, and failed as a "timeout" once JetStream's own
-        // (30 s) or the relay's (10 s) ran out.
         let sink = NatsSink::connect("nats://127.0.0.1:1", None).await.unwrap();
-        let failed = sink.publish_one(&message(&[])).await.unwrap_err();
-        assert!(failed.is_transient(), "{failed}");
-        assert_eq!(failed.kind(), "connection", "{failed}");
-        assert!(failed.to_string().contains("not connected"), "{failed}");
+        let why = sink.unreachable().expect("not connected");
+        assert!(why.contains("not connected to the NATS server"), "{why}");
     }
 
     #[test]

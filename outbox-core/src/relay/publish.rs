@@ -244,10 +244,16 @@ async fn one(
         let result = tokio::select! {
             r = tokio::time::timeout(relay.publish_timeout, relay.sink.publish(&message)) => match r {
                 Ok(result) => result,
-                Err(_) => Err(PublishError::transient(
-                    "timeout",
-                    format!("no acknowledgement within {:?}", relay.publish_timeout),
-                )),
+                Err(_) => Err(match relay.sink.unreachable() {
+                    Some(why) => PublishError::transient(
+                        "connection",
+                        format!("no acknowledgement within {:?}: {why}", relay.publish_timeout),
+                    ),
+                    None => PublishError::transient(
+                        "timeout",
+                        format!("no acknowledgement within {:?}", relay.publish_timeout),
+                    ),
+                }),
             },
             () = halt.abandon.cancelled() => return Err(Interrupted::Abandoned),
         };

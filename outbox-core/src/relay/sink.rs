@@ -144,6 +144,15 @@ pub trait Sink: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Why a publish that got no acknowledgement in time may never have
+    /// reached the broker (a client that is not connected), for the
+    /// relay's report of the timeout: a "connection" failure naming this,
+    /// rather than a missing acknowledgement. None when it cannot tell (the
+    /// default); a sink wrapping another forwards it.
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+
     /// Refuses a route whose destinations this sink cannot take whatever
     /// happens (a NATS stream it makes that listens on other subjects),
     /// when the relay is checked before it starts: its events would

@@ -195,6 +195,10 @@ impl Sink for Timed {
         self.inner.check_route(route)
     }
 
+    fn unreachable(&self) -> Option<String> {
+        self.inner.unreachable()
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;
@@ -834,6 +838,10 @@ impl Sink for Counted {
 
     fn check_route(&self, route: &outbox::relay::Route) -> Result<(), String> {
         self.inner.check_route(route)
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        self.inner.unreachable()
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
