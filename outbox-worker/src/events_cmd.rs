@@ -399,7 +399,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     for s in &e.subscriptions {
         let detail = match s.state.as_str() {
             "passed" => " (published, or passed over by a skip, a rewind or its start; or emitted \
-                          below the cursor while the position sequence was behind, never \
+                          below the cursor while the position sequence was behind or cached, never \
                           published: see the guide's \"Leave the position sequence alone\")"
                 .to_owned(),
             "held back" => {

@@ -601,7 +601,11 @@ impl Partition<'_> {
                 outcome.again.push(first.event.position);
                 outcome.retry_at.push(first.retry_at);
                 outcome.error.push(first.error.clone());
-                outcome.seen.push(seen.remove(&first.event.position));
+                let version = seen.remove(&first.event.position);
+                // The look read it: without its version, an operator's retry
+                // made meanwhile would be undone.
+                debug_assert!(version.is_some(), "position {}", first.event.position);
+                outcome.seen.push(version);
             }
         }
         // The broker has them: as with a batch's cursor, retried through

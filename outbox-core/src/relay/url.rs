@@ -80,7 +80,8 @@ pub(crate) async fn relay_from_url(
 ) -> Result<Relay, String> {
     let named = format!("relay {name:?}");
     build(name, url, secret).await.map_err(|e| {
-        if e.starts_with(&named) {
+        // A bad name's own message names it already.
+        if e.starts_with(&named) || e.starts_with("relay name ") {
             e
         } else {
             format!("{named}: {e}")

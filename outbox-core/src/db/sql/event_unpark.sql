@@ -33,9 +33,11 @@ WITH fenced AS (
     -- row's publish_at, re-read under its lock): else this would put
     -- back the delay the operator just cut short. Likewise a refused one
     -- keeps the time an operator's retry gave it since the look read it
-    -- (the row is another version than the look read: only an
-    -- operator writes a first event that has a time; the sweep writes
-    -- first events without one, and later ones): else
+    -- (the row is another version than the look read: between the look
+    -- and this statement, only an operator's retry or skip writes a
+    -- first event that has a time; this holder's own writes come in
+    -- turn, and a sweep writes only a first event without a time, or a
+    -- later one): else
     -- this attempt's refusal would undo a retry the operator made after
     -- fixing the broker, and the aggregate would wait for another. By
     -- the version, not by the retry's time: a retry whose transaction
