@@ -59,8 +59,8 @@ pub struct EventAt {
     pub subscription: String,
     /// `passed` (published, or passed over by a skip, a rewind forward or
     /// a subscription started at the head; or emitted below the cursor
-    /// while the position sequence was behind or cached, which is never published:
-    /// the cursor cannot tell), `held back` (its aggregate is
+    /// while the position sequence was behind or cached, which is never
+    /// published: the cursor cannot tell), `held back` (its aggregate is
     /// parked: `error` says why when the broker refused it, `retry_at`
     /// when it is tried again) or `waiting` (not read yet, or its
     /// transaction was open when the cursor passed it).

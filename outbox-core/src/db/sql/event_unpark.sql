@@ -37,11 +37,11 @@ WITH fenced AS (
     -- and this statement, only an operator's retry or skip writes a
     -- first event that has a time; this holder's own writes come in
     -- turn, and a sweep writes only a first event without a time, or a
-    -- later one): else
-    -- this attempt's refusal would undo a retry the operator made after
-    -- fixing the broker, and the aggregate would wait for another. By
-    -- the version, not by the retry's time: a retry whose transaction
-    -- began before the look and committed after it has an earlier time.
+    -- later one): else this attempt's refusal would undo a retry the
+    -- operator made after fixing the broker, and the aggregate would wait
+    -- for another. By the version, not by the retry's time: a retry whose
+    -- transaction began before the look and committed after it has an
+    -- earlier time.
     UPDATE outbox_event_parked AS p
     SET retry_at = CASE WHEN a.error IS NULL AND a.retry_at IS NOT NULL
                         THEN least(a.retry_at, p.publish_at)
