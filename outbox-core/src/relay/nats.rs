@@ -35,6 +35,10 @@ pub struct NatsSink {
     /// Held while the stream is being found or made, so that it is made
     /// once.
     making_stream: Mutex<()>,
+    /// The subjects of a stream given none ([`StreamSpec::subjects`]
+    /// empty): those of the relay's route, set when the worker checks it
+    /// ([`Sink::check_route`]).
+    route_subjects: std::sync::OnceLock<Vec<String>>,
 }
 
 /// A stream the sink makes when it is missing.
@@ -42,7 +46,10 @@ pub struct NatsSink {
 pub struct StreamSpec {
     /// Its name.
     pub name: String,
-    /// The subjects it listens on (`events.>`).
+    /// The subjects it listens on (`events.>`). Empty: the relay's
+    /// route's fixed part and `>` (`outbox.event.>` for the default route),
+    /// from the route the relay has when the worker is built, so a route
+    /// set after [`super::Relay::from_url`] counts.
     pub subjects: Vec<String>,
     /// JetStream's dedup window for `Nats-Msg-Id`.
     pub duplicate_window: Duration,
@@ -78,6 +85,7 @@ impl NatsSink {
             stream,
             stream_ready: AtomicBool::new(false),
             making_stream: Mutex::new(()),
+            route_subjects: std::sync::OnceLock::new(),
         })
     }
 
@@ -95,6 +103,18 @@ impl NatsSink {
         }
     }
 
+    /// The subjects stream `spec` listens on: its own, or else the relay's
+    /// route's (the default route's, for a sink no worker checked).
+    fn subjects_of(&self, spec: &StreamSpec) -> Vec<String> {
+        if !spec.subjects.is_empty() {
+            return spec.subjects.clone();
+        }
+        self.route_subjects
+            .get()
+            .cloned()
+            .unwrap_or_else(|| route_subjects(super::DEFAULT_ROUTE))
+    }
+
     /// Finds or creates the stream `spec`, once among concurrent publishes.
     async fn make_stream(&self, spec: &StreamSpec) -> Result<(), PublishError> {
         let _making = self.making_stream.lock().await;
@@ -104,7 +124,7 @@ impl NatsSink {
         self.js
             .get_or_create_stream(jetstream::stream::Config {
                 name: spec.name.clone(),
-                subjects: spec.subjects.clone(),
+                subjects: self.subjects_of(spec),
                 duplicate_window: spec.duplicate_window,
                 ..Default::default()
             })
@@ -226,6 +246,18 @@ fn subject_matches(pattern: &str, subject: &str) -> bool {
     subject.next().is_none()
 }
 
+/// The subjects a stream given none listens on for `route`: its fixed
+/// part up to the first field, and `>` (`outbox.event.>`); a route without
+/// a field is its one subject. A route whose first field is not preceded
+/// by a dot gives the route itself, which takes no event: the check
+/// refuses it and asks for `stream_subjects`.
+fn route_subjects(route: &str) -> Vec<String> {
+    match route.find('{') {
+        Some(at) if route[..at].ends_with('.') => vec![format!("{}>", &route[..at])],
+        _ => vec![route.to_owned()],
+    }
+}
+
 /// Whether some pattern of `subjects` takes every subject `route` can
 /// make. A field may fill one token or several (an event type
 /// `order.placed`), so only a `>` at or before the token where the route's
@@ -329,6 +361,13 @@ impl Sink for NatsSink {
 
     fn check_route(&self, route: &Route) -> Result<(), String> {
         match &self.stream {
+            Some(spec) if spec.subjects.is_empty() => {
+                // The first relay's route decides, should a sink be shared.
+                let subjects = self
+                    .route_subjects
+                    .get_or_init(|| route_subjects(route.template()));
+                refuse_uncovered_route(&spec.name, subjects, route)
+            }
             Some(spec) => refuse_uncovered_route(&spec.name, &spec.subjects, route),
             None => Ok(()),
         }
@@ -336,15 +375,14 @@ impl Sink for NatsSink {
 }
 
 /// Builds the sink for a `nats://` URL: `stream=NAME` makes the stream when
-/// missing, over `stream_subjects` (comma-separated; default: the route's
-/// fixed prefix and `>`, so `outbox.event.>`) with `duplicate_window_s`
+/// missing, over `stream_subjects` (comma-separated; default: the relay's
+/// route's fixed prefix and `>`, so `outbox.event.>`) with `duplicate_window_s`
 /// (default 600: longer than a partition's lease plus the longest
 /// backoff, with room to spare). A password or token comes from
 /// `OUTBOX_RELAY_<NAME>_SECRET`.
 pub(crate) async fn from_url(
     url: &::url::Url,
     params: &mut super::url::Params,
-    route: &str,
     name: &str,
 ) -> Result<Arc<dyn Sink>, String> {
     let stream = match params.take("stream") {
@@ -353,10 +391,8 @@ pub(crate) async fn from_url(
             let subjects = params
                 .take("stream_subjects")
                 .map(|s| s.split(',').map(str::to_owned).collect())
-                .unwrap_or_else(|| match route.find('{') {
-                    Some(at) if route[..at].ends_with('.') => vec![format!("{}>", &route[..at])],
-                    _ => vec![route.to_owned()],
-                });
+                // The relay's route's, once the worker checks it.
+                .unwrap_or_default();
             let window = params.parse_range("duplicate_window_s", 600, 1, 86_400 * 7)?;
             Some(StreamSpec {
                 name,
@@ -475,6 +511,35 @@ mod tests {
                 "{pattern} {r}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_stream_given_no_subjects_takes_those_of_the_relays_route() {
+        let spec = StreamSpec {
+            name: "EVENTS".to_owned(),
+            subjects: Vec::new(),
+            duplicate_window: Duration::from_secs(600),
+        };
+        // Nothing listens on port 1: nothing here needs the server.
+        let sink = NatsSink::connect("nats://127.0.0.1:1", Some(spec.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            sink.subjects_of(&spec),
+            ["outbox.event.>"],
+            "before a check"
+        );
+        let route = Route::parse("orders.{aggregate_type}.{event_type}").unwrap();
+        sink.check_route(&route).unwrap();
+        assert_eq!(sink.subjects_of(&spec), ["orders.>"]);
+        // A route whose subjects have no fixed part to listen under.
+        let sink = NatsSink::connect("nats://127.0.0.1:1", Some(spec.clone()))
+            .await
+            .unwrap();
+        let refused = sink
+            .check_route(&Route::parse("{aggregate_type}.events").unwrap())
+            .unwrap_err();
+        assert!(refused.contains("stream_subjects="), "{refused}");
     }
 
     #[tokio::test]

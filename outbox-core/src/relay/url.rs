@@ -156,7 +156,7 @@ async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, S
     };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
-        "nats" | "tls" => super::nats::from_url(&parsed, &mut params, &route, name).await,
+        "nats" | "tls" => super::nats::from_url(&parsed, &mut params, name).await,
         #[cfg(feature = "redis")]
         "redis" | "rediss" => super::redis::from_url(&parsed, &mut params, name),
         #[cfg(feature = "rabbitmq")]
