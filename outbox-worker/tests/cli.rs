@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
 
-use common::{BIN, cli, ok, stderr, stdout};
+use common::{BIN, cli, ok, stderr, stdout, submit_noop};
 
 /// Runs a command that prints JSON and parses it.
 async fn json(args: &[&str]) -> Value {
@@ -60,15 +60,7 @@ async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time()
 async fn a_listing_whose_reader_went_away_ends_quietly() {
     let db = TestDb::migrated().await;
     for _ in 0..3 {
-        ok(&cli(&[
-            "tasks",
-            "submit",
-            "outbox.noop",
-            "{}",
-            "--database-url",
-            &db.url,
-        ])
-        .await);
+        submit_noop(&db.url).await;
     }
     let mut listing = tokio::process::Command::new(BIN)
         .args(["tasks", "list", "--database-url", &db.url])
@@ -693,15 +685,7 @@ async fn an_unreachable_or_foreign_server_is_named_within_seconds_with_exit_3() 
 #[tokio::test]
 async fn stats_json_has_the_documented_fields() {
     let db = TestDb::migrated().await;
-    ok(&cli(&[
-        "tasks",
-        "submit",
-        "outbox.noop",
-        "{}",
-        "--database-url",
-        &db.url,
-    ])
-    .await);
+    submit_noop(&db.url).await;
     ok(&cli(&[
         "tasks",
         "submit",

@@ -432,6 +432,14 @@ mod tests {
         Message::for_test("outbox.event.order", headers)
     }
 
+    /// A sink whose server is not there: nothing listens on port 1, and
+    /// the client goes on trying in the background.
+    async fn offline(stream: Option<StreamSpec>) -> NatsSink {
+        NatsSink::connect("nats://127.0.0.1:1", stream)
+            .await
+            .unwrap()
+    }
+
     #[test]
     fn jetstreams_control_headers_are_refused_for_good() {
         for name in ["Nats-Rollup", "nats-ttl", "NATS-Expected-Stream"] {
@@ -520,10 +528,7 @@ mod tests {
             subjects: Vec::new(),
             duplicate_window: Duration::from_secs(600),
         };
-        // Nothing listens on port 1: nothing here needs the server.
-        let sink = NatsSink::connect("nats://127.0.0.1:1", Some(spec.clone()))
-            .await
-            .unwrap();
+        let sink = offline(Some(spec.clone())).await;
         assert_eq!(
             sink.subjects_of(&spec),
             ["outbox.event.>"],
@@ -533,9 +538,7 @@ mod tests {
         sink.check_route(&route).unwrap();
         assert_eq!(sink.subjects_of(&spec), ["orders.>"]);
         // A route whose subjects have no fixed part to listen under.
-        let sink = NatsSink::connect("nats://127.0.0.1:1", Some(spec.clone()))
-            .await
-            .unwrap();
+        let sink = offline(Some(spec)).await;
         let refused = sink
             .check_route(&Route::parse("{aggregate_type}.events").unwrap())
             .unwrap_err();
@@ -544,8 +547,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_without_a_server_says_it_is_not_connected() {
-        // Nothing listens on port 1: the client tries in the background.
-        let sink = NatsSink::connect("nats://127.0.0.1:1", None).await.unwrap();
+        let sink = offline(None).await;
         let why = sink.unreachable().expect("not connected");
         assert!(why.contains("not connected to the NATS server"), "{why}");
     }

@@ -43,3 +43,18 @@ pub(crate) fn ok(o: &Output) -> String {
     );
     stdout(o)
 }
+
+/// Submits an `outbox.noop` task through the CLI to the database at `url`;
+/// returns its id.
+pub(crate) async fn submit_noop(url: &str) -> String {
+    let out = cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--database-url",
+        url,
+    ])
+    .await;
+    ok(&out).trim().to_owned()
+}
