@@ -53,6 +53,7 @@ impl Sink for Counting {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_holed_broker_connection_loses_nothing_and_keeps_order() {
+    let _turn = crate::heavy_turn().await;
     let Some(server) = brokers::start(Kind::Nats).await else {
         return;
     };

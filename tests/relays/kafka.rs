@@ -231,6 +231,7 @@ fn murmur2_matches_the_java_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_relay_survives_kills_restarts_and_poison() {
+    let _turn = crate::heavy_turn().await;
     let mut kafka = KafkaMock::start().await;
     scenario::run("kafka", &mut kafka).await;
 }

@@ -15,5 +15,23 @@ mod scenario;
 mod two_sinks;
 mod webhook;
 
+/// Waits for a turn to run one of the heavy tests (a broker, two relay
+/// workers and thousands of events), as many at once as the machine has
+/// cores. Unlike the other suites this one keeps the cores busy (3% idle
+/// with two tests on two cores), so when CI gives the test binaries more
+/// threads than cores (.ci/run) more of these at once would only stretch
+/// each one towards its deadlines.
+async fn heavy_turn() -> tokio::sync::SemaphorePermit<'static> {
+    static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    TURNS
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(2, usize::from);
+            tokio::sync::Semaphore::new(cores.max(2))
+        })
+        .acquire()
+        .await
+        .expect("the semaphore is never closed")
+}
+
 /// The worker binary with the harness's task types linked in.
 const WORKER: &str = env!("CARGO_BIN_EXE_outbox-test-worker");

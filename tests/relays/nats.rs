@@ -95,6 +95,7 @@ impl Broker for Nats {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_relay_survives_kills_restarts_and_poison() {
+    let _turn = crate::heavy_turn().await;
     let Some(mut nats) = Nats::start().await else {
         return;
     };

@@ -179,6 +179,7 @@ impl Broker for Rabbit {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_relay_survives_kills_restarts_and_poison() {
+    let _turn = crate::heavy_turn().await;
     let Some(mut rabbit) = Rabbit::start().await else {
         return;
     };

@@ -93,6 +93,7 @@ impl Broker for Redis {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_relay_survives_kills_restarts_and_poison() {
+    let _turn = crate::heavy_turn().await;
     let Some(mut redis) = Redis::start().await else {
         return;
     };

@@ -127,6 +127,7 @@ impl Broker for Receiver {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhook_relay_survives_kills_restarts_and_poison() {
+    let _turn = crate::heavy_turn().await;
     let mut receiver = Receiver::start().await;
     scenario::run("webhook", &mut receiver).await;
 }
