@@ -613,7 +613,8 @@ async fn a_cancel_that_loses_a_deadlock_runs_again() {
     });
     wait_until(
         &db.pool,
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                        AND wait_event_type = 'Lock' \
                         AND query LIKE '%first statement of an operator cancel%')",
         Duration::from_secs(30),
     )

@@ -420,7 +420,8 @@ async fn a_delete_takes_back_the_ticks_enqueued_while_it_waited() {
     });
     wait_until(
         &db.pool,
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                        AND wait_event_type = 'Lock' \
                         AND query LIKE '%first statement of `periodic delete`%')",
         Duration::from_secs(30),
     )

@@ -17,7 +17,7 @@ mod webhook;
 
 /// Waits for a turn to run one of the heavy tests (a broker, two relay
 /// workers and thousands of events), as many at once as the machine has
-/// cores. Unlike the other suites this one keeps the cores busy (3% idle
+/// cores (at least two). Unlike the other suites this one keeps the cores busy (3% idle
 /// with two tests on two cores), so when CI gives the test binaries more
 /// threads than cores (.ci/run) more of these at once would only stretch
 /// each one towards its deadlines.
