@@ -17,10 +17,10 @@ mod webhook;
 
 /// Waits for a turn to run one of the heavy tests (a broker, two relay
 /// workers and thousands of events), as many at once as the machine has
-/// cores (at least two). Unlike the other suites this one keeps the cores busy (3% idle
-/// with two tests on two cores), so when CI gives the test binaries more
-/// threads than cores (.ci/run) more of these at once would only stretch
-/// each one towards its deadlines.
+/// cores (at least two). Unlike the other suites this one keeps the cores
+/// busy (3% idle with two tests on two cores), so when CI gives the test
+/// binaries more threads than cores (.ci/run) more of these at once would
+/// only stretch each one towards its deadlines.
 async fn heavy_turn() -> tokio::sync::SemaphorePermit<'static> {
     static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
     TURNS
