@@ -360,17 +360,17 @@ impl Sink for NatsSink {
     }
 
     fn check_route(&self, route: &Route) -> Result<(), String> {
-        match &self.stream {
-            Some(spec) if spec.subjects.is_empty() => {
-                // The first relay's route decides, should a sink be shared.
-                let subjects = self
-                    .route_subjects
-                    .get_or_init(|| route_subjects(route.template()));
-                refuse_uncovered_route(&spec.name, subjects, route)
-            }
-            Some(spec) => refuse_uncovered_route(&spec.name, &spec.subjects, route),
-            None => Ok(()),
-        }
+        let Some(spec) = &self.stream else {
+            return Ok(());
+        };
+        let subjects = if spec.subjects.is_empty() {
+            // The first relay's route decides, should a sink be shared.
+            self.route_subjects
+                .get_or_init(|| route_subjects(route.template()))
+        } else {
+            &spec.subjects
+        };
+        refuse_uncovered_route(&spec.name, subjects, route)
     }
 }
 
