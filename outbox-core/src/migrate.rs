@@ -265,6 +265,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0040_sql_emit_once_digest.up.sql"),
         down: include_str!("../../migrations/0040_sql_emit_once_digest.down.sql"),
     },
+    Migration {
+        version: 41,
+        name: "plain_outcomes",
+        up: include_str!("../../migrations/0041_plain_outcomes.up.sql"),
+        down: include_str!("../../migrations/0041_plain_outcomes.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

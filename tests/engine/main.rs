@@ -20,6 +20,7 @@ mod ordering;
 mod outcome_lanes;
 mod outcome_plans;
 mod periodic;
+mod plain_outcomes;
 mod poison;
 mod results;
 mod sql_api;
