@@ -328,10 +328,8 @@ impl Drop for BrokerProcess {
     }
 }
 
-/// A port free on loopback now.
+/// A port free on loopback now, never one this process handed out before
+/// (to a broker, a private PostgreSQL or anything else).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    crate::local_postgres::free_port().expect("a free loopback port")
 }

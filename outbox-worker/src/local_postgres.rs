@@ -396,8 +396,23 @@ fn new_root() -> std::io::Result<PathBuf> {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A port free on loopback now, and never one this process handed out
+/// before. The port is free only until someone binds it: two servers of
+/// one process (a test binary starts many at once) given the same port
+/// would have the second one's readiness check answered by the first.
+pub(crate) fn free_port() -> std::io::Result<u16> {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port)
+        {
+            return Ok(port);
+        }
+    }
 }
 
 fn shell_quote(s: &str) -> String {

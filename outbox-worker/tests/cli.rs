@@ -648,10 +648,11 @@ async fn fake_server(reply: Option<&'static [u8]>) -> (u16, tokio::task::JoinHan
 async fn an_unreachable_or_foreign_server_is_named_within_seconds_with_exit_3() {
     let (http, http_task) = fake_server(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await;
     let (silent, silent_task) = fake_server(None).await;
-    let refused_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // Bound but not listening: connections are refused, and no other
+    // process can take the port while the test runs.
+    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let refused_port = refusing.local_addr().unwrap().port();
     // Each bound includes starting the binary on a possibly loaded
     // machine: the quick answers stay under the 5 s connect timeout (they
     // did not wait for it), the silent server's goes little past it.

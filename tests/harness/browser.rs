@@ -14,6 +14,7 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use outbox_worker::dashboard::{self, DashboardConfig};
+use outbox_worker::local_broker::free_port;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -105,13 +106,6 @@ impl Drop for Driver {
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// Runs `body` with a fresh browser; on a panic, saves a screenshot named
