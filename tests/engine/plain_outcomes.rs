@@ -119,6 +119,15 @@ fn processing_by(token: &str) -> Option<(String, Option<String>, Option<String>)
     Some(("processing".to_owned(), Some(token.to_owned()), None))
 }
 
+/// Dead, as an operator's cancel leaves a task that was running.
+fn cancelled_dead() -> Option<(String, Option<String>, Option<String>)> {
+    Some((
+        "failed".to_owned(),
+        None,
+        Some("cancelled by an operator".to_owned()),
+    ))
+}
+
 #[tokio::test]
 async fn plain_special_and_mixed_batches_of_successes_leave_the_same_rows_behind() {
     let db = TestDb::migrated().await;
@@ -170,14 +179,7 @@ async fn plain_special_and_mixed_batches_of_successes_leave_the_same_rows_behind
     );
     assert_eq!(
         whereabouts(&mut conn, cancelled).await,
-        (
-            Some((
-                "failed".to_owned(),
-                None,
-                Some("cancelled by an operator".to_owned())
-            )),
-            false
-        )
+        (cancelled_dead(), false)
     );
     assert_eq!(
         whereabouts(&mut conn, covered).await,
@@ -262,13 +264,6 @@ async fn with_retention_zero_plain_successes_are_deleted_and_a_cancelled_one_end
     assert_eq!(whereabouts(&mut conn, alone).await, (None, false));
     assert_eq!(
         whereabouts(&mut conn, cancelled).await,
-        (
-            Some((
-                "failed".to_owned(),
-                None,
-                Some("cancelled by an operator".to_owned())
-            )),
-            false
-        )
+        (cancelled_dead(), false)
     );
 }
