@@ -17,6 +17,17 @@
 -- some task let go of one. Any special row takes the whole statement as
 -- before, which finds the rows already locked by this transaction.
 -- outbox_finish_tasks (failures, snoozes, results) is unchanged.
+--
+-- One order changes on the plain path: the delete's statement trigger (a
+-- workflow's next steps, migration 21) now fires when the delete ends,
+-- before the keys are handed on, where it fired after them. A next step
+-- with the ordering key of a task waiting for it is then inserted behind
+-- that task, in line, instead of beside the task just handed the key
+-- (the same wherever a key runs one task at a time). Its key locks are
+-- taken, waiting, before the hand-over's, which only tries its locks. A
+-- single statement keeping the old order measured +9% on a hot key
+-- against this form's +28% (PERFORMANCE.md, "A hot key's outcome in
+-- small statements").
 
 CREATE OR REPLACE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integer[],
                                       attempt_tokens text[], clock timestamptz,
@@ -98,6 +109,10 @@ BEGIN
         OFFSET 0
         FOR UPDATE OF t) AS t;
     IF NOT any_special THEN
+        -- Every attempt stale: nothing to write.
+        IF cardinality(plain_ids) = 0 THEN
+            RETURN;
+        END IF;
         -- The usual batch: every attempt found leaves the table. Statements
         -- as small as that needs (migration 41 says why).
         IF delete_all THEN
@@ -146,7 +161,7 @@ BEGIN
         -- on after every row above is written, as below.
         -- (Most often every keyed task's run goes on: nothing to look at.)
         IF cardinality(array_remove(gone_keys, NULL)) > 0
-           AND (cardinality(halted) > 0 OR NOT gone_ids <@ running_on) THEN
+           AND (gone_queues && halted OR NOT gone_ids <@ running_on) THEN
             SELECT array_agg(g.queue), array_agg(g.k)
             INTO released_queues, released_keys
             FROM unnest(gone_ids, gone_queues, gone_keys) AS g(id, queue, k)

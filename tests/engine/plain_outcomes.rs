@@ -1,10 +1,11 @@
 //! A success's outcome takes one of two paths (migration 41): a batch whose
-//! tasks all simply leave the table runs a delete (with its history
-//! insert) and lets go of keys on its own; a batch holding a task an
-//! operator asked to cancel, or one whose unique key covers COMPLETED, runs
-//! the statement that covers every case. Each path, and a batch mixing
-//! plain and special tasks, with history kept and with retention zero,
-//! must leave the same rows behind.
+//! tasks all simply leave the table runs a statement with only the delete
+//! (and its history insert) and the keys let go of; a batch holding a task
+//! an operator asked to cancel, or one whose unique key covers COMPLETED,
+//! runs the statement that covers every case. What each path writes and
+//! returns is pinned here: plain, special and mixed batches, stale
+//! attempts, a key handed on by either path, a run whose queue was paused
+//! after its claim, with history kept and with retention zero.
 
 use outbox_tests::TestDb;
 use sqlx::{PgConnection, Row};
@@ -33,9 +34,9 @@ async fn insert(conn: &mut PgConnection, key: Option<&str>, unique: Option<(&str
     .unwrap()
 }
 
-/// Claims every claimable task of `QUEUE` (each key's head alone): id ->
-/// claims.
-async fn claim(conn: &mut PgConnection) -> std::collections::HashMap<i64, i32> {
+/// Claims every claimable task of `QUEUE`, each key's head with up to
+/// `key_run - 1` tasks behind it: id -> claims.
+async fn claim(conn: &mut PgConnection, key_run: i32) -> std::collections::HashMap<i64, i32> {
     sqlx::query(CLAIM)
         .bind(QUEUE)
         .bind(100_i64)
@@ -46,7 +47,7 @@ async fn claim(conn: &mut PgConnection) -> std::collections::HashMap<i64, i32> {
         .bind(0_i64)
         .bind(None::<chrono::DateTime<chrono::Utc>>)
         .bind(None::<i64>)
-        .bind(1_i32)
+        .bind(key_run)
         .bind(0_i64)
         .fetch_all(conn)
         .await
@@ -138,12 +139,14 @@ async fn plain_special_and_mixed_batches_of_successes_leave_the_same_rows_behind
     let cancelled = insert(&mut conn, None, None).await;
     let covered = insert(&mut conn, None, Some(("plain-outcomes-u", 1 | 2 | 4 | 8))).await;
     let mixed_plain = insert(&mut conn, Some("m"), None).await;
+    let behind_mixed = insert(&mut conn, Some("m"), None).await;
     let mixed_cancelled = insert(&mut conn, None, None).await;
-    let claims = claim(&mut conn).await;
-    assert_eq!(claims.len(), 6, "every task but the one behind its key");
-    assert!(!claims.contains_key(&behind));
+    let late_cancelled = insert(&mut conn, None, None).await;
+    let claims = claim(&mut conn, 1).await;
+    assert_eq!(claims.len(), 7, "every task but the two behind their keys");
+    assert!(!claims.contains_key(&behind) && !claims.contains_key(&behind_mixed));
     sqlx::query("UPDATE outbox_tasks SET cancel_requested_at = now() WHERE id = ANY ($1)")
-        .bind(vec![cancelled, mixed_cancelled])
+        .bind(vec![cancelled, mixed_cancelled, late_cancelled])
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -186,8 +189,8 @@ async fn plain_special_and_mixed_batches_of_successes_leave_the_same_rows_behind
         (Some(("completed".to_owned(), None, None)), false)
     );
 
-    // Mixed: one special task takes the whole batch down the full path,
-    // and the plain one still leaves with its key let go of.
+    // Mixed: one special task takes the whole batch down the full path;
+    // the plain one still leaves, and its key goes on to the task behind.
     let rows = complete(
         &mut conn,
         COMPLETE,
@@ -199,22 +202,27 @@ async fn plain_special_and_mixed_batches_of_successes_leave_the_same_rows_behind
         rows,
         vec![
             (Some(mixed_plain), false, None, Some(false)),
+            (Some(behind_mixed), true, Some(true), None),
             (Some(mixed_cancelled), false, None, Some(true)),
         ]
     );
     assert_eq!(whereabouts(&mut conn, mixed_plain).await, (None, true));
-    let key_held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_tasks WHERE queue = $1 AND ordering_key = 'm'",
-    )
-    .bind(QUEUE)
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    assert_eq!(key_held, 0);
+    assert_eq!(
+        whereabouts(&mut conn, behind_mixed).await,
+        (processing_by("handed"), false)
+    );
 
-    // A stale claim is not written, on either path.
-    let stale: std::collections::HashMap<i64, i32> = [(behind, 99)].into();
+    // A stale claim is not written, on either path: alone (plain), and
+    // beside a special task.
+    let mut stale = claims.clone();
+    stale.insert(behind, 99);
     assert_eq!(complete(&mut conn, COMPLETE, &[behind], &stale).await, []);
+    let rows = complete(&mut conn, COMPLETE, &[behind, late_cancelled], &stale).await;
+    assert_eq!(rows, vec![(Some(late_cancelled), false, None, Some(true))]);
+    assert_eq!(
+        whereabouts(&mut conn, behind).await,
+        (processing_by("handed"), false)
+    );
 }
 
 #[tokio::test]
@@ -226,7 +234,7 @@ async fn with_retention_zero_plain_successes_are_deleted_and_a_cancelled_one_end
     let covered = insert(&mut conn, None, Some(("plain-outcomes-z", 1 | 2 | 4 | 8))).await;
     let cancelled = insert(&mut conn, None, None).await;
     let alone = insert(&mut conn, None, None).await;
-    let claims = claim(&mut conn).await;
+    let claims = claim(&mut conn, 1).await;
     sqlx::query("UPDATE outbox_tasks SET cancel_requested_at = now() WHERE id = $1")
         .bind(cancelled)
         .execute(&mut *conn)
@@ -265,5 +273,53 @@ async fn with_retention_zero_plain_successes_are_deleted_and_a_cancelled_one_end
     assert_eq!(
         whereabouts(&mut conn, cancelled).await,
         (cancelled_dead(), false)
+    );
+}
+
+#[tokio::test]
+async fn a_run_in_a_queue_paused_after_its_claim_ends_at_its_tasks_outcome() {
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    let head = insert(&mut conn, Some("r"), None).await;
+    let next = insert(&mut conn, Some("r"), None).await;
+    let claims = claim(&mut conn, 8).await;
+    assert!(
+        claims.contains_key(&head) && claims.contains_key(&next),
+        "one run of two"
+    );
+    sqlx::query(
+        "INSERT INTO outbox_queues (name, paused_at) VALUES ($1, now()) \
+         ON CONFLICT (name) DO UPDATE SET paused_at = now()",
+    )
+    .bind(QUEUE)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    // The head's outcome, its run going on with `next`: a plain batch.
+    let rows: Vec<(Option<i64>, bool, Option<bool>)> = sqlx::query(COMPLETE)
+        .bind(vec![head])
+        .bind(vec![claims[&head]])
+        .bind(vec![TOKEN])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(Vec::<String>::new())
+        .bind(Vec::<i32>::new())
+        .bind(None::<String>)
+        .bind(vec![head])
+        .bind(vec![None::<chrono::DateTime<chrono::Utc>>])
+        .bind(vec![next])
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("id"), r.get("handed"), r.get("run_halted")))
+        .collect();
+    // The run ends here (the worker gives `next` back), and the key is let
+    // go of: nothing is handed on, `next` being its run's and still held.
+    assert_eq!(rows, vec![(Some(head), false, Some(true))]);
+    assert_eq!(whereabouts(&mut conn, head).await, (None, true));
+    assert_eq!(
+        whereabouts(&mut conn, next).await,
+        (processing_by(TOKEN), false)
     );
 }
