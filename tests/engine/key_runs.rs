@@ -131,7 +131,6 @@ async fn a_key_run_of_one_claims_each_task_alone() {
     assert_eq!(counters.snapshot().tasks_run_on, 0);
 }
 
-const CLAIM: &str = include_str!("../../outbox-core/src/db/sql/claim_tasks.sql");
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
 const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
@@ -140,21 +139,7 @@ const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run
 /// (id, claims) in key order.
 async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)> {
     use sqlx::Row;
-    let rows = sqlx::query(CLAIM)
-        .bind("ordered")
-        .bind(1_i64)
-        .bind(token)
-        .bind(None::<chrono::DateTime<chrono::Utc>>)
-        .bind(-1_i16)
-        .bind(chrono::DateTime::UNIX_EPOCH)
-        .bind(0_i64)
-        .bind(None::<chrono::DateTime<chrono::Utc>>)
-        .bind(None::<i64>)
-        .bind(8_i32)
-        .bind(0_i64)
-        .fetch_all(conn)
-        .await
-        .unwrap();
+    let rows = crate::claim_sql::claim(conn, "ordered", 1, token, 8).await;
     let mut run: Vec<(i64, i64, i32)> = rows
         .iter()
         .map(|r| (r.get("key_seq"), r.get("id"), r.get("claims")))

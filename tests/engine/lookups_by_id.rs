@@ -18,7 +18,6 @@ use chrono::{DateTime, Duration, Utc};
 use outbox_tests::TestDb;
 use sqlx::{PgConnection, Row};
 
-const CLAIM: &str = include_str!("../../outbox-core/src/db/sql/claim_tasks.sql");
 const HEARTBEAT: &str = include_str!("../../outbox-core/src/db/sql/heartbeat.sql");
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 const FINISH: &str = include_str!("../../outbox-core/src/db/sql/finish_tasks.sql");
@@ -48,21 +47,8 @@ async fn key_reads(conn: &mut PgConnection) -> i64 {
 /// Claims up to `n` tasks of queue `lookups` under `token`, as the worker
 /// does: their ids and claim counts.
 async fn claim(conn: &mut PgConnection, n: i64, token: &str) -> Vec<(i64, i32)> {
-    sqlx::query(CLAIM)
-        .bind("lookups")
-        .bind(n)
-        .bind(token)
-        .bind(None::<DateTime<Utc>>)
-        .bind(-1_i16)
-        .bind(DateTime::UNIX_EPOCH)
-        .bind(0_i64)
-        .bind(None::<DateTime<Utc>>)
-        .bind(None::<i64>)
-        .bind(1_i32)
-        .bind(0_i64)
-        .fetch_all(conn)
+    crate::claim_sql::claim(conn, "lookups", n, token, 1)
         .await
-        .unwrap()
         .iter()
         .map(|r| (r.get::<i64, _>("id"), r.get::<i32, _>("claims")))
         .collect()

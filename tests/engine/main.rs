@@ -2,6 +2,7 @@
 
 mod cancel;
 mod claim_floor;
+mod claim_sql;
 mod crash_safety;
 mod dispatch;
 mod durable;

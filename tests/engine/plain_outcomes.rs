@@ -10,7 +10,6 @@
 use outbox_tests::TestDb;
 use sqlx::{PgConnection, Row};
 
-const CLAIM: &str = include_str!("../../outbox-core/src/db/sql/claim_tasks.sql");
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 const DELETE: &str = include_str!("../../outbox-core/src/db/sql/delete_completed_tasks.sql");
 
@@ -37,21 +36,8 @@ async fn insert(conn: &mut PgConnection, key: Option<&str>, unique: Option<(&str
 /// Claims every claimable task of `QUEUE`, each key's head with up to
 /// `key_run - 1` tasks behind it: id -> claims.
 async fn claim(conn: &mut PgConnection, key_run: i32) -> std::collections::HashMap<i64, i32> {
-    sqlx::query(CLAIM)
-        .bind(QUEUE)
-        .bind(100_i64)
-        .bind(TOKEN)
-        .bind(None::<chrono::DateTime<chrono::Utc>>)
-        .bind(-1_i16)
-        .bind(chrono::DateTime::UNIX_EPOCH)
-        .bind(0_i64)
-        .bind(None::<chrono::DateTime<chrono::Utc>>)
-        .bind(None::<i64>)
-        .bind(key_run)
-        .bind(0_i64)
-        .fetch_all(conn)
+    crate::claim_sql::claim(conn, QUEUE, 100, TOKEN, key_run)
         .await
-        .unwrap()
         .iter()
         .map(|r| (r.get("id"), r.get("claims")))
         .collect()
