@@ -15,7 +15,7 @@ use proc_macro::TokenStream;
 
 /// Declares a payload struct as an outbox task type and registers it.
 ///
-/// ```
+/// ```ignore
 /// use outbox::{Task, outbox_task};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -27,6 +27,9 @@ use proc_macro::TokenStream;
 /// assert_eq!(GenerateReport::QUEUE, "reports");
 /// assert_eq!(GenerateReport::RETRY_DELAYS.len(), 3); // three attempts
 /// ```
+///
+/// (This crate cannot compile the example: it would need the engine as a
+/// dev-dependency. `outbox-core/tests/task_attribute.rs` runs it verbatim.)
 ///
 /// Options: `task_type` (required, unique in the binary), `queue` (default
 /// `"default"`), `priority` (0 first to 9 last; default 0), `retry_delays`

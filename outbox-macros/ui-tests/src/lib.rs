@@ -8,4 +8,4 @@
 //! mistake it emits the error and the user's item unchanged, with no
 //! reference to the engine. So the tests see the macro's crate under the
 //! name `outbox` (see Cargo.toml). Code that compiles is checked against
-//! the real crate, in outbox-macros/tests/expansion.rs.
+//! the real crate, in outbox-core/tests/task_attribute.rs.

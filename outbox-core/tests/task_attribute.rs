@@ -1,6 +1,9 @@
 //! What `#[outbox_task]` generates compiles against the real `outbox` crate
 //! and carries every option through. (Its error messages are checked by
-//! the compile-fail tests in ui-tests/.)
+//! the compile-fail tests in outbox-macros/ui-tests/.) These tests live
+//! here, not in outbox-macros: a proc-macro crate's dev-dependencies are
+//! built for the host with features of their own, so depending on the
+//! engine there compiled it and its whole tree twice in every test build.
 
 use outbox::{Task, outbox_task};
 use serde::{Deserialize, Serialize};
@@ -71,4 +74,23 @@ fn the_ordering_key_and_its_dead_policy_are_carried() {
     const { assert!(PostEntry::DEAD_SKIPS_KEY) };
     const { assert!(!GenerateReport::DEAD_SKIPS_KEY) };
     assert_eq!(GenerateReport { month: 1 }.ordering_key(), None);
+}
+
+/// The attribute's documented example (outbox-macros/src/lib.rs), verbatim:
+/// that crate cannot compile it.
+#[test]
+fn the_documented_example_compiles_and_holds() {
+    use outbox::{Task, outbox_task};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    #[outbox_task(task_type = "report.generate", queue = "reports", priority = 3,
+                  retry_delays = ["30s", "5m", "1h"])]
+    struct GenerateReport {
+        month: u32,
+    }
+
+    assert_eq!(GenerateReport::QUEUE, "reports");
+    assert_eq!(GenerateReport::RETRY_DELAYS.len(), 3); // three attempts
+    let _ = GenerateReport { month: 1 }.month;
 }
