@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// How long a broker gets to listen after it is started or restarted.
+const START_DEADLINE: Duration = Duration::from_secs(180);
+
 /// Sends `signal` (a name: `KILL`, `TERM`) to the process `target`, or to
 /// the process group `-target` when it is negative, through kill(1) (the
 /// workspace forbids `unsafe`, so no libc::kill).
@@ -258,7 +261,11 @@ impl BrokerProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
         self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        // Generous: RabbitMQ restarted after a SIGKILL recovers its message
+        // store before it listens, and on a loaded two-core machine that
+        // once took more than a minute (the relay scenario's restart, with
+        // some 5,000 persistent messages queued).
+        let deadline = tokio::time::Instant::now() + START_DEADLINE;
         while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
             .is_err()
@@ -276,7 +283,7 @@ impl BrokerProcess {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{} did not listen on {} within 60s:\n{}",
+                "{} did not listen on {} within {START_DEADLINE:?}:\n{}",
                 self.binary.display(),
                 self.port,
                 self.log()
