@@ -37,6 +37,10 @@ pub struct Message {
 #[cfg(test)]
 impl Message {
     /// A message to `destination` with `headers`, for the sinks' unit tests.
+    #[allow(
+        dead_code,
+        reason = "the sinks' tests use it, each behind its cargo feature"
+    )]
     pub(crate) fn for_test(destination: &str, headers: &[(&str, &str)]) -> Self {
         Self {
             event_id: "0190a0b0-0000-7000-8000-000000000001".to_owned(),

@@ -116,7 +116,7 @@ impl WebhookSink {
                     format!("{} did not answer within {:?}", self.url, self.timeout),
                 ));
             }
-            Ok(Err(e)) => return Err(PublishError::transient("connection", e)),
+            Ok(Err(e)) => return Err(PublishError::transient("connection", with_causes(&e))),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
@@ -235,9 +235,36 @@ pub(crate) fn from_url(
     ))
 }
 
+/// An error with its causes: hyper's client says "client error
+/// (Connect)" for a refused connection, a failed name lookup and a TLS
+/// handshake alike, and names the cause only in its source.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_says_so() {
+        let sink = WebhookSink::new("http://127.0.0.1:1/hook", None, Duration::from_secs(5))
+            .expect("an http client");
+        let message = Message::for_test("", &[]);
+        let error = sink.publish(&message).await.unwrap_err().to_string();
+        // hyper's own text is "client error (Connect)" whatever went wrong.
+        assert!(error.contains("refused"), "{error}");
+    }
 
     #[test]
     fn signature_matches_the_standard_webhooks_example() {
