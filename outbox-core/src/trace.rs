@@ -69,8 +69,8 @@ pub(crate) fn continue_trace(span: &tracing::Span, traceparent: &str) {
 }
 
 /// The trace id, span id and flags of a version-00 `traceparent`; None
-/// for anything else, or for the all-zero ids the format reserves.
-#[cfg(any(feature = "otel", test))]
+/// for anything else, or for the all-zero ids the format reserves. Emit
+/// refuses a `traceparent` header it cannot parse.
 pub(crate) fn parse(traceparent: &str) -> Option<([u8; 16], [u8; 8], u8)> {
     let mut parts = traceparent.trim().split('-');
     let (version, trace, span, flags) =
@@ -87,7 +87,6 @@ pub(crate) fn parse(traceparent: &str) -> Option<([u8; 16], [u8; 8], u8)> {
     Some((trace, span, flags))
 }
 
-#[cfg(any(feature = "otel", test))]
 fn hex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2)
         || !text

@@ -86,7 +86,7 @@ enum Command {
     /// List the workers of the cluster.
     #[command(subcommand)]
     Workers(crate::queues_cmd::WorkersCommand),
-    /// Emit an event; show, retry and skip what relays hold back; list and delete subscriptions.
+    /// Emit an event; show, retry and skip what relays hold back; list, rewind and delete subscriptions.
     #[command(subcommand)]
     Events(crate::events_cmd::EventsCommand),
     /// List, show and cancel workflows.
@@ -531,11 +531,12 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     for (name, url) in &args.relays {
         let relay = outbox::relay::Relay::from_url(name, url)
             .await
-            .map_err(Failure::config)?;
+            .map_err(|e| Failure::config(with_build_hint(e, url)))?;
         builder = builder.relay(relay);
     }
     let worker = builder.build()?;
     let relays = worker.relays().to_vec();
+    refuse_relays_of_other_streams(&pool, &relays).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let server = match metrics {
@@ -551,6 +552,51 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
             Ok(Err(e)) => return Err(Failure::runtime(format!("metrics server: {e}"))),
             Err(e) => return Err(Failure::runtime(e)),
             Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}
+
+/// `error` with the command that builds this binary with the sink `url`
+/// needs, when the sink's feature is what is missing.
+fn with_build_hint(error: String, url: &str) -> String {
+    let scheme = url.split("://").next().unwrap_or_default();
+    let missing = outbox::relay::sink_kinds()
+        .into_iter()
+        .find(|(schemes, _, built)| {
+            !built
+                && schemes
+                    .split('/')
+                    .any(|s| s == scheme || format!("{s}s") == scheme)
+        });
+    match missing {
+        Some((_, feature, _)) if error.contains("no sink for URL scheme") => format!(
+            "{error}\n  build the worker with it: cargo build --release -p outbox-worker \
+             --features {feature} (or --features all-sinks)"
+        ),
+        _ => error,
+    }
+}
+
+/// Refuses a relay that names another stream than its existing
+/// subscription's: it would publish events its sink was not set up for (a
+/// subscription's stream is set when it is created, and the relay itself
+/// would log an error and not run).
+async fn refuse_relays_of_other_streams(
+    pool: &sqlx::PgPool,
+    relays: &[(String, String)],
+) -> Result<(), Failure> {
+    for (name, stream) in relays {
+        match outbox::relay::subscription_stream(pool, name).await? {
+            Some(subscribed) if &subscribed != stream => {
+                return Err(Failure::config(format!(
+                    "relay {name:?} reads stream {stream:?}, but its subscription reads \
+                     {subscribed:?} (set when it was created): give the relay queue={subscribed}, \
+                     or delete the subscription with `outbox-worker events delete-subscription \
+                     {name}` (a new one starts where the relay's start= says)"
+                )));
+            }
+            _ => {}
         }
     }
     Ok(())

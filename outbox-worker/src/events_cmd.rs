@@ -19,7 +19,7 @@ pub(crate) enum EventsCommand {
     /// relay workers, and the events it holds back. Exits 1 when relays
     /// read nothing (the listing says why and the fix), so scripts and
     /// health checks see it.
-    #[command(alias = "backlog")]
+    #[command(visible_alias = "backlog")]
     Subscriptions(ListArgs),
     /// One event (by position or id) and where each subscription reading
     /// its stream stands with it: passed (published), held back (and
@@ -351,7 +351,12 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
         Ok(p) if p > 0 => EventLookup::Position(p),
         Ok(_) => return Err(Failure::config("a position is 1 or more")),
         Err(_) => EventLookup::Id {
-            id: event_id(&args.event).map_err(Failure::config)?,
+            id: event_id(&args.event).map_err(|_| {
+                Failure::config(format!(
+                    "{:?} is neither a position (1 or more) nor an event id (a UUID)",
+                    args.event
+                ))
+            })?,
             window: args.within,
         },
     };
@@ -361,7 +366,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
             EventLookup::Position(p) => format!("at position {p}"),
             EventLookup::Id { id, .. } => format!(
                 "with id {id} within {} of its time (--within looks further)",
-                humantime::format_duration(args.within)
+                flags::short(args.within)
             ),
         };
         return Err(Failure::runtime(format!(

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
-
 /// A millisecond.
 pub(crate) const MS: Duration = Duration::from_millis(1);
 /// A second.
@@ -45,7 +43,7 @@ pub(crate) fn duration(
 }
 
 /// A duration as an operator writes it: `3650d`, `1h`, `100ms`.
-fn short(d: Duration) -> String {
+pub(crate) fn short(d: Duration) -> String {
     let (secs, ms) = (d.as_secs(), d.subsec_millis());
     match (secs, ms) {
         (0, 0) => "0s".to_owned(),
@@ -58,29 +56,64 @@ fn short(d: Duration) -> String {
     }
 }
 
+/// A whole number in `min..=max`, as `T`. Out of range, negative where
+/// the flag cannot be, or not a number at all, the message names the range
+/// ("-1 is not in 0..=9"; clap's own unsigned parsers said "invalid digit
+/// found in string" for a minus sign).
+fn whole<T>(
+    min: i128,
+    max: i128,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<i128>,
+{
+    move |s: &str| match s.trim().parse::<i128>() {
+        Ok(n) if (min..=max).contains(&n) => {
+            T::try_from(n).map_err(|_| format!("{n} is not in {min}..={max}"))
+        }
+        Ok(n) => Err(format!("{n} is not in {min}..={max}")),
+        Err(_) => Err(format!("{s:?} is not a whole number in {min}..={max}")),
+    }
+}
+
 /// A whole number in `min..=max`, as usize.
-pub(crate) fn count(min: u64, max: u64) -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::<usize>::new().range(min..=max)
+pub(crate) fn count(
+    min: u64,
+    max: u64,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    whole(min.into(), max.into())
 }
 
 /// A whole number in `min..=max`, as u32.
-pub(crate) fn count_u32(min: u64, max: u64) -> RangedU64ValueParser<u32> {
-    RangedU64ValueParser::<u32>::new().range(min..=max)
+pub(crate) fn count_u32(
+    min: u64,
+    max: u64,
+) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
+    whole(min.into(), max.into())
 }
 
 /// A whole number in `min..=max`, as u64.
-pub(crate) fn count_u64(min: u64, max: u64) -> RangedU64ValueParser<u64> {
-    RangedU64ValueParser::<u64>::new().range(min..=max)
+pub(crate) fn count_u64(
+    min: u64,
+    max: u64,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    whole(min.into(), max.into())
 }
 
 /// A whole number in `min..=max`, as i64.
-pub(crate) fn int_i64(min: i64, max: i64) -> RangedI64ValueParser<i64> {
-    RangedI64ValueParser::<i64>::new().range(min..=max)
+pub(crate) fn int_i64(
+    min: i64,
+    max: i64,
+) -> impl Fn(&str) -> Result<i64, String> + Clone + Send + Sync + 'static {
+    whole(min.into(), max.into())
 }
 
 /// A whole number in `min..=max`, as i16.
-pub(crate) fn int_i16(min: i64, max: i64) -> RangedI64ValueParser<i16> {
-    RangedI64ValueParser::<i16>::new().range(min..=max)
+pub(crate) fn int_i16(
+    min: i64,
+    max: i64,
+) -> impl Fn(&str) -> Result<i16, String> + Clone + Send + Sync + 'static {
+    whole(min.into(), max.into())
 }
 
 /// A whole number in `min..=max`, as i32, with a message naming the range.

@@ -340,10 +340,10 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["run", "--claim-ahead", "100001"],
             "100001 is not in 0..=100000",
         ),
-        (&["run", "--claim-ahead=-1"], "invalid digit"),
+        (&["run", "--claim-ahead=-1"], "-1 is not in 0..=100000"),
         // A negative number is the flag's value, refused by its range
         // (not taken for an unknown argument).
-        (&["run", "--key-run", "-1"], "invalid digit"),
+        (&["run", "--key-run", "-1"], "-1 is not in 1..=10000"),
         (
             &["tasks", "list", "--limit", "-1"],
             "-1 is not in 1..=100000",
@@ -364,7 +364,10 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["bench", "--relay-delayed-events", "10000001"],
             "10000001 is not in 0..=10000000",
         ),
-        (&["bench", "--claim-ahead", "1e9"], "invalid digit"),
+        (
+            &["bench", "--claim-ahead", "1e9"],
+            "\"1e9\" is not a whole number in 0..=",
+        ),
         (
             &["bench", "--fan-in", "100000"],
             "100000 is not in 0..=99999",
@@ -414,10 +417,11 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "-1 is not in 0..=9",
         ),
         (&["demo", "--concurrency", "0"], "0 is not in 1..=100000"),
+        (&["demo", "--tasks", "-1"], "-1 is not in 0..=10000000"),
         (&["bench", "--tasks", "0"], "0 is not in 1..=100000000"),
         (
             &["bench", "--submitters", "18446744073709551616"],
-            "number too large",
+            "18446744073709551616 is not in 1..=1000",
         ),
     ];
     for (args, needle) in cases {
@@ -1702,6 +1706,14 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "{}",
         stderr(&read)
     );
+    // A relay of that name reading another stream would publish what its
+    // sink was not set up for: refused at start.
+    refused(
+        &with_db(&["run", "--relay", "auditor=nats://127.0.0.1:1"]),
+        2,
+        "relay \"auditor\" reads stream \"events\", but its subscription reads \"audit\"",
+    )
+    .await;
     sqlx::query("DELETE FROM outbox_event_subscriptions WHERE name = 'auditor'")
         .execute(&db.pool)
         .await
@@ -1756,6 +1768,21 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "set by the relay itself",
     )
     .await;
+    refused(
+        &with_db(&[
+            "events",
+            "emit",
+            "order",
+            "1",
+            "t",
+            "{}",
+            "--header",
+            "traceparent=garbage",
+        ]),
+        2,
+        "is not a W3C trace context",
+    )
+    .await;
     refused(&with_db(&["run", "--relay", "nats"]), 2, "is not NAME=URL").await;
     refused(
         &with_db(&["run", "--relay", "k=ftp://127.0.0.1:1"]),
@@ -1771,6 +1798,12 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         ]),
         2,
         "is out of range",
+    )
+    .await;
+    refused(
+        &with_db(&["run", "--relay", "n=nats://127.0.0.1:1?timeout_ms=abc"]),
+        2,
+        "option timeout_ms=\"abc\" is not a whole number",
     )
     .await;
     refused(
@@ -1985,6 +2018,13 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     let missing = show("999999".to_owned()).await;
     assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
     assert!(stderr(&missing).contains("the log has no event at position 999999"));
+    let missing_id = show("0190a0b0-0000-4000-8000-0000000000ff".to_owned()).await;
+    assert_eq!(missing_id.status.code(), Some(1), "{}", stderr(&missing_id));
+    assert!(
+        stderr(&missing_id).contains("within 1d of its time"),
+        "{}",
+        stderr(&missing_id)
+    );
     assert!(parked.contains("http_refused"), "{parked}");
     // The event behind the refused one waits for it, not for a time.
     assert!(parked.contains("(behind "), "{parked}");
@@ -2425,7 +2465,10 @@ async fn an_event_id_given_again_for_another_event_is_refused() {
     );
     for (event, says) in [
         ("0", "a position is 1 or more"),
-        ("nope", "is not an event id"),
+        (
+            "nope",
+            "\"nope\" is neither a position (1 or more) nor an event id",
+        ),
     ] {
         refused(
             &["events", "show", event, "--database-url", db.url.as_str()],

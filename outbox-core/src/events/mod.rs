@@ -253,6 +253,17 @@ impl Event {
                     "header {name:?}: its value must be at most 4096 bytes with no control characters"
                 )));
             }
+            // Relays pass it on as the message's trace context, which
+            // consumers' tracers parse: a malformed one is the emitter's
+            // mistake, caught here rather than ignored downstream.
+            if name.eq_ignore_ascii_case("traceparent")
+                && (value.trim() != value || crate::trace::parse(value).is_none())
+            {
+                return Err(bad(format!(
+                    "header traceparent {value:?} is not a W3C trace context \
+                     (00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, lowercase, ids not all zero)"
+                )));
+            }
         }
         Ok(())
     }
@@ -548,6 +559,34 @@ mod tests {
         assert_ne!(new_event_id(), id);
         assert!(parse_uuid("not-a-uuid").is_none());
         assert!(parse_uuid("01234567-89ab-8def-8000-00000000002").is_none());
+    }
+
+    #[test]
+    fn traceparent_headers_must_be_w3c_trace_contexts() {
+        // The forms trace::parse refuses are its own test's; here, that
+        // emit asks it, whatever the header name's case.
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let with = |name: &str, value: &str| {
+            Event::new("order", "1", "placed", 1)
+                .header(name, value)
+                .validate()
+        };
+        assert!(with("traceparent", good).is_ok());
+        for (name, value) in [
+            ("traceparent", "garbage"),
+            ("TraceParent", "garbage"),
+            (
+                "traceparent",
+                " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            (
+                "traceparent",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            ),
+        ] {
+            let error = with(name, value).unwrap_err().to_string();
+            assert!(error.contains("not a W3C trace context"), "{error}");
+        }
     }
 
     #[test]

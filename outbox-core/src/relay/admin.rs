@@ -389,6 +389,19 @@ pub async fn stream_has_subscription(pool: &PgPool, stream: &str) -> Result<bool
     .await?)
 }
 
+/// The stream subscription `name` reads; none when there is no such
+/// subscription. Set when it is created: a relay of that name naming
+/// another stream does not run.
+pub async fn subscription_stream(pool: &PgPool, name: &str) -> Result<Option<String>> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar("SELECT stream FROM outbox_event_subscriptions WHERE name = $1")
+            .bind(name)
+            .fetch_optional(conn)
+            .await
+    })
+    .await?)
+}
+
 /// What [`delete_subscription`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

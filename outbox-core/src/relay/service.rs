@@ -92,10 +92,19 @@ pub(crate) async fn run(
                 "the start position is past the log's head: the subscription starts at the head");
         }
     }
-    if stream != relay.queue || partitions != relay.partitions {
-        tracing::warn!(relay = %relay.name, stream = %stream, partitions,
-            "the subscription exists with this stream and partition count, which it keeps \
-             (a subscription's are set when it is created)");
+    if stream != relay.queue {
+        // Publishing the recorded stream would send this sink events it was
+        // not configured for; the CLI refuses at start (exit 2) instead.
+        tracing::error!(relay = %relay.name, subscribed = %stream, configured = %relay.queue,
+            "the subscription reads another stream than this relay names: the relay does not \
+             run (give it the subscription's stream, or delete the subscription, losing its \
+             place, with `outbox-worker events delete-subscription`)");
+        return;
+    }
+    if partitions != relay.partitions {
+        tracing::warn!(relay = %relay.name, partitions,
+            "the subscription exists with this partition count, which it keeps \
+             (a subscription's is set when it is created)");
     }
     let name: Arc<str> = Arc::from(relay.name.as_str());
     let env = Arc::new(Env {

@@ -62,10 +62,13 @@ impl Params {
         let Some(text) = self.take(name) else {
             return Ok(default);
         };
-        match text.parse::<u64>() {
-            Ok(v) if (min..=max).contains(&v) => Ok(v),
-            _ => Err(format!(
+        match text.parse::<i128>() {
+            Ok(v) if (i128::from(min)..=i128::from(max)).contains(&v) => Ok(v as u64),
+            Ok(_) => Err(format!(
                 "option {name}={text:?} is out of range: use a whole number from {min} to {max}"
+            )),
+            Err(_) => Err(format!(
+                "option {name}={text:?} is not a whole number: use one from {min} to {max}"
             )),
         }
     }
