@@ -90,3 +90,23 @@ impl fmt::Display for StartupProblems {
         Ok(())
     }
 }
+
+/// `error`'s message followed by each of its causes' (`: cause`), for
+/// errors whose own message leaves the cause out (hyper's client says
+/// "client error (Connect)" for a refused connection, a failed name lookup
+/// and a TLS handshake alike). A cause whose text the message already ends
+/// with is not said twice (many errors, sqlx's among them, end their own
+/// message with their source's).
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}

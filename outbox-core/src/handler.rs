@@ -115,20 +115,8 @@ impl HandlerError {
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        let mut message = error.to_string();
-        let mut source = error.source();
-        while let Some(s) = source {
-            // Many errors (sqlx's among them) end their own message with
-            // their source's: saying it twice helps no one.
-            let text = s.to_string();
-            if !message.ends_with(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = s.source();
-        }
         Self {
-            message,
+            message: crate::error::with_causes(&error),
             suspend_for: None,
         }
     }

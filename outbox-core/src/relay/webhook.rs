@@ -116,7 +116,12 @@ impl WebhookSink {
                     format!("{} did not answer within {:?}", self.url, self.timeout),
                 ));
             }
-            Ok(Err(e)) => return Err(PublishError::transient("connection", with_causes(&e))),
+            Ok(Err(e)) => {
+                return Err(PublishError::transient(
+                    "connection",
+                    crate::error::with_causes(&e),
+                ));
+            }
             Ok(Ok(response)) => response,
         };
         let status = response.status();
@@ -233,23 +238,6 @@ pub(crate) fn from_url(
             )
         })?,
     ))
-}
-
-/// An error with its causes: hyper's client says "client error
-/// (Connect)" for a refused connection, a failed name lookup and a TLS
-/// handshake alike, and names the cause only in its source.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
