@@ -316,7 +316,18 @@ impl BrokerProcess {
 
     /// What the server logged.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let mut text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        // RabbitMQ says little on its console once it has started booting:
+        // what it is doing is in the log files of its own log directory.
+        let own = std::fs::read_dir(self.dir.join("log"))
+            .into_iter()
+            .flatten();
+        for file in own.flatten() {
+            if let Ok(own_text) = std::fs::read_to_string(file.path()) {
+                text.push_str(&format!("\n---- {}\n{own_text}", file.path().display()));
+            }
+        }
+        text
     }
 }
 
