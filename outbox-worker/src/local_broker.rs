@@ -136,7 +136,7 @@ impl Kind {
                 // broker. Its epmd (a daemon) is stopped at drop.
                 let epmd = free_port().to_string();
                 let dist = free_port().to_string();
-                let mut server = BrokerProcess::start_with_env(
+                let mut server = BrokerProcess::prepare(
                     "rabbitmq",
                     binary,
                     &[],
@@ -164,9 +164,11 @@ impl Kind {
                         ("HOME", "{dir}"),
                     ],
                     free_port(),
-                )
-                .await;
+                );
+                // Set before the start, so that a start that panics (and
+                // drops the server) stops the epmd it launched too.
                 server.cleanup = Some(vec!["epmd".into(), "-port".into(), epmd, "-kill".into()]);
+                server.spawn().await;
                 server
             }
         }
@@ -199,6 +201,13 @@ impl BrokerProcess {
         envs: &[(&str, &str)],
         port: u16,
     ) -> Self {
+        let mut broker = Self::prepare(name, binary, args, envs, port);
+        broker.spawn().await;
+        broker
+    }
+
+    /// Its directory and command line, not started yet.
+    fn prepare(name: &str, binary: &Path, args: &[&str], envs: &[(&str, &str)], port: u16) -> Self {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("outbox-{name}-{}-{n}", std::process::id()));
@@ -221,7 +230,7 @@ impl BrokerProcess {
                 .expect("run chown");
             assert!(status.success(), "chown the broker's directory");
         }
-        let mut broker = Self {
+        Self {
             binary: binary.to_owned(),
             args,
             log: dir.with_extension("log"),
@@ -230,9 +239,7 @@ impl BrokerProcess {
             envs,
             child: None,
             cleanup: None,
-        };
-        broker.spawn().await;
-        broker
+        }
     }
 
     async fn spawn(&mut self) {
