@@ -528,6 +528,12 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     for spec in &args.periodic {
         builder = builder.periodic(crate::periodic_cmd::resolve(spec)?);
     }
+    // Before any relay is built, so that a refusal is all it prints (a
+    // webhook relay's build warns when unsigned).
+    let mut names = std::collections::HashSet::new();
+    if let Some((name, _)) = args.relays.iter().find(|(n, _)| !names.insert(n)) {
+        return Err(Failure::config(format!("two relays are named {name:?}")));
+    }
     for (name, url) in &args.relays {
         let relay = outbox::relay::Relay::from_url(name, url)
             .await

@@ -1818,6 +1818,21 @@ async fn events_are_emitted_listed_and_handled_from_the_command_line_and_bad_rel
         "two relays are named \"a\"",
     )
     .await;
+    // Refused before either is built: no warning that they are unsigned.
+    let out = cli(&with_db(&[
+        "run",
+        "--relay",
+        "w=http://127.0.0.1:1/hook",
+        "--relay",
+        "w=http://127.0.0.1:1/other",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("two relays are named \"w\"") && !stderr(&out).contains("not signed"),
+        "{}",
+        stderr(&out)
+    );
     refused(
         &with_db(&["run", "--relay", "n=nats://127.0.0.1:1?partitions=0"]),
         2,
