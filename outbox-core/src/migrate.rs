@@ -271,6 +271,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0041_plain_outcomes.up.sql"),
         down: include_str!("../../migrations/0041_plain_outcomes.down.sql"),
     },
+    Migration {
+        version: 42,
+        name: "sql_emit_traceparent",
+        up: include_str!("../../migrations/0042_sql_emit_traceparent.up.sql"),
+        down: include_str!("../../migrations/0042_sql_emit_traceparent.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -680,6 +680,41 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
         (
             "order",
             "1",
+            json!({"traceparent": "garbage"}),
+            json!({}),
+            "header traceparent \"garbage\" is not a W3C trace context",
+        ),
+        (
+            "order",
+            "1",
+            json!({"TraceParent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"}),
+            json!({}),
+            "is not a W3C trace context",
+        ),
+        (
+            "order",
+            "1",
+            json!({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}),
+            json!({}),
+            "is not a W3C trace context",
+        ),
+        (
+            "order",
+            "1",
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"}),
+            json!({}),
+            "is not a W3C trace context",
+        ),
+        (
+            "order",
+            "1",
+            json!({"traceparent": " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+            json!({}),
+            "is not a W3C trace context",
+        ),
+        (
+            "order",
+            "1",
             json!(null),
             json!({"once": "yes"}),
             "must be true or false",
@@ -714,6 +749,19 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+
+    // A valid one, in any case of its name, is kept as given.
+    let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    sqlx::query("SELECT outbox_emit('order', '1', 'order.placed', '{}', $1)")
+        .bind(json!({ "Traceparent": valid }))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let kept: String = sqlx::query_scalar("SELECT headers ->> 'Traceparent' FROM outbox_event_log")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, valid);
 }
 
 #[tokio::test]
