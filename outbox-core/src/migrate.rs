@@ -277,6 +277,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0042_sql_emit_traceparent.up.sql"),
         down: include_str!("../../migrations/0042_sql_emit_traceparent.down.sql"),
     },
+    Migration {
+        version: 43,
+        name: "runs_held_in_place",
+        up: include_str!("../../migrations/0043_runs_held_in_place.up.sql"),
+        down: include_str!("../../migrations/0043_runs_held_in_place.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -219,8 +219,9 @@ async fn submit_three(db: &TestDb) {
 
 /// Stuck-task recovery returns a run's waiting tasks only with every other
 /// PROCESSING task of their claim and key: not while the outcome of the
-/// run's current task is in flight (it holds that task's row), nor when
-/// its batch limit cuts the run. So an outcome that keeps the key for the
+/// run's current task is in flight (it holds that task's row). The tasks
+/// held in place between a run's head and its last task go back with the
+/// last. So an outcome that keeps the key for the
 /// run's next task never does so for a task recovery took back, and a
 /// whole run that is recovered leaves the key to the first in its line.
 #[tokio::test]
@@ -257,11 +258,11 @@ async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome()
         "the key kept for the run"
     );
 
-    // A limit that cuts the run: nothing of it goes back.
+    // Whole, even under a limit of one task: the run's last task is its
+    // only PROCESSING one now, and the task held in place between them
+    // (migration 43) goes back with it. Both back in line, without an
+    // attempt, the key to the first.
     recover(&mut worker, 1).await;
-    assert_eq!(line(&db.pool, &ids[1..]).await, held());
-    // Whole: both back in line, without an attempt, the key to the first.
-    recover(&mut worker, 100).await;
     assert_eq!(
         line(&db.pool, &ids[1..]).await,
         vec![
@@ -397,4 +398,176 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
         "one run's outcome fetched {outcome_fetched} rows through indexes with {running} tasks \
          running"
     );
+}
+
+const HEARTBEAT: &str = include_str!("../../outbox-core/src/db/sql/heartbeat.sql");
+const RELEASE_CLAIMS: &str = include_str!("../../outbox-core/src/db/sql/release_claims.sql");
+
+/// (state, blocked, claimed_by, heartbeat set, cancel asked) of each task
+/// as the table holds it, in key order.
+async fn rows(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<String>, bool, bool)> {
+    sqlx::query_as(
+        "SELECT state::text, blocked, claimed_by, heartbeat_at IS NOT NULL, \
+                cancel_requested_at IS NOT NULL \
+         FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A run's head and last task are claimed PROCESSING; the tasks between
+/// them are held in place (migration 43): PENDING and blocked under the
+/// claim's token, written without a new index entry, shown as running.
+/// The heartbeat confirms them without writing them, an operator's
+/// cancel marks one as it marks a running task, and a worker's release at
+/// shutdown puts them back in line with the rest of their run.
+#[tokio::test]
+async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=4 {
+        batch.push(&Step::new("r", n, 0)).unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.len(), 4, "the head and three behind it");
+    let claimed = |state: &str, blocked, heartbeat, cancel| {
+        (
+            state.to_owned(),
+            blocked,
+            Some("w/1".to_owned()),
+            heartbeat,
+            cancel,
+        )
+    };
+    assert_eq!(
+        rows(&db.pool, &ids).await,
+        vec![
+            claimed("processing", false, true, false),
+            claimed("pending", true, false, false),
+            claimed("pending", true, false, false),
+            claimed("processing", true, true, false),
+        ]
+    );
+    let shown: Vec<String> = sqlx::query_scalar(
+        "SELECT state::text FROM outbox_all_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(&ids)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(shown, vec!["processing"; 4], "all four shown as running");
+
+    // The two in the middle were updated on their page, with no index
+    // entry (HOT); the statistics reach the view once flushed.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *worker)
+        .await
+        .unwrap();
+    wait_until(
+        &db.pool,
+        "SELECT n_tup_hot_upd >= 2 FROM pg_stat_user_tables WHERE relname = 'outbox_tasks'",
+        Duration::from_secs(120),
+    )
+    .await;
+
+    // The heartbeat confirms all four and writes only the two running.
+    let confirmed: Vec<i64> = sqlx::query_scalar(HEARTBEAT)
+        .bind(&ids)
+        .bind(vec!["w/1"])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
+    let mut confirmed = confirmed;
+    confirmed.sort_unstable();
+    let mut all = ids.clone();
+    all.sort_unstable();
+    assert_eq!(confirmed, all, "every task of the run is still held");
+    assert_eq!(
+        rows(&db.pool, &ids).await[1],
+        claimed("pending", true, false, false)
+    );
+
+    // An operator's cancel of a held task marks it; it is not dead yet.
+    let asked = outbox::admin::cancel_tasks(&db.pool, &[outbox::TaskId(ids[1])])
+        .await
+        .unwrap();
+    assert_eq!(asked, vec![outbox::TaskId(ids[1])]);
+    assert_eq!(
+        rows(&db.pool, &ids).await[1],
+        claimed("pending", true, false, true)
+    );
+
+    // Shutdown: the worker gives back everything held under its token.
+    sqlx::query(RELEASE_CLAIMS)
+        .bind(vec!["w/1"])
+        .bind(None::<Vec<i64>>)
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
+    let back: Vec<(String, bool, Option<String>, bool)> = sqlx::query_as(
+        "SELECT state::text, blocked, claimed_by, dead_at IS NOT NULL \
+         FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(&ids)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        back,
+        vec![
+            ("pending".to_owned(), false, None, false),
+            ("failed".to_owned(), false, None, true),
+            ("pending".to_owned(), true, None, false),
+            ("pending".to_owned(), true, None, false),
+        ],
+        "the head holds its key again, the cancelled one is dead, the rest wait"
+    );
+}
+
+/// Raising a queue's per-key concurrency during a run hands the new place
+/// to the first task in line that is not claimed, never to one held in
+/// place (which would then be claimable while its run goes on).
+#[tokio::test]
+async fn a_place_handed_out_during_a_run_skips_its_held_tasks() {
+    let db = TestDb::migrated().await;
+    let mut batch = outbox::Batch::new();
+    for n in 1..=10 {
+        batch.push(&Step::new("r", n, 0)).unwrap();
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    assert_eq!(run.len(), 8, "the head and a run of 8 in all");
+    outbox::admin::set_queue(
+        &db.pool,
+        "ordered",
+        // The head and the run's last task hold two places: a third is free.
+        &outbox::admin::QueueChange::new().per_key_concurrency(3),
+    )
+    .await
+    .unwrap();
+    let line: Vec<(i64, String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT (payload->>'n')::bigint, state::text, blocked, claimed_by \
+         FROM outbox_tasks ORDER BY key_seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let held: Vec<_> = line[1..7]
+        .iter()
+        .map(|(_, state, blocked, by)| (state.as_str(), *blocked, by.as_deref()))
+        .collect();
+    assert_eq!(held, vec![("pending", true, Some("w/1")); 6], "{line:?}");
+    assert_eq!(
+        (line[8].0, line[8].2, line[8].3.is_none()),
+        (9, false, true),
+        "the ninth has the new place: {line:?}"
+    );
+    assert_eq!((line[9].0, line[9].2), (10, true), "{line:?}");
 }

@@ -1128,6 +1128,45 @@ async fn finished_workflows_leave_after_the_retention_and_running_ones_stay() {
     assert_eq!(status.workflow.state, "running");
 }
 
+/// Steps that share an ordering key and are released together run as one
+/// key run, whose middle tasks are held in place while claimed (migration
+/// 43); each one's completion still counts for its workflow, which
+/// completes (it would wait forever for a step deleted while PENDING).
+#[tokio::test]
+async fn steps_of_one_key_completed_in_a_run_complete_their_workflow() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    let mut w = Workflow::new("keyed-run");
+    for n in 1..=5 {
+        w.add_step(
+            &format!("s{n}"),
+            &work(&format!("s{n}"), n),
+            Step::new().options(outbox::TaskOptions::new().ordering_key("acct-9")),
+        )
+        .unwrap();
+    }
+    let id = submit(&db, w).await;
+    let worker = Worker::builder(db.pool.clone())
+        .handler::<Work>(Worker_(shared.clone()))
+        .build()
+        .unwrap();
+    let counters = worker.counters();
+    let running = RunningWorker::start(worker);
+    let status = wait_state(&db.pool, id, "completed").await;
+    running.stop().await;
+    assert_eq!(status.workflow.open_steps, 0);
+    assert!(
+        counters.snapshot().tasks_run_on >= 3,
+        "the steps ran as a run: {:?}",
+        counters.snapshot()
+    );
+    assert_eq!(
+        shared.labels(),
+        vec!["s1", "s2", "s3", "s4", "s5"],
+        "in key order"
+    );
+}
+
 /// A step's task options apply from its release: a delay counts from then,
 /// and an ordering key queues the step behind the key's other tasks.
 #[tokio::test]

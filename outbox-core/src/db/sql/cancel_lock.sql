@@ -20,7 +20,7 @@ WITH keys AS (
         WHERE (o.queue, o.ordering_key) IN (
             SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
             WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL
-              AND t.state <> 'processing')
+              AND t.state <> 'processing' AND t.claimed_by IS NULL)
         ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE OF o) AS l
 )

@@ -1,8 +1,9 @@
 -- Operator cancel. Tasks that are not running (PENDING, or FAILED and
 -- waiting to retry) become dead at once (FAILED, never claimed again, kept
--- for the record). Running (PROCESSING) tasks are marked, and the worker
--- holding each is told on the control channel; whatever their attempt
--- writes afterwards, they end dead. A cancelled task lets its ordering key
+-- for the record). Running tasks (PROCESSING, or held in place in a run:
+-- migration 43) are marked, and the worker holding each is told on the
+-- control channel; whatever their attempt writes afterwards, they end
+-- dead. A cancelled task lets its ordering key
 -- go on (skip_dead), and so does a dead task with an ordering key that an
 -- operator cancels: that is how a dead head is skipped. Finished tasks are
 -- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
@@ -32,6 +33,9 @@ WITH waiting AS (
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
       AND dead_at IS NULL
+      -- Not a task of a run held in place (migration 43): that one is
+      -- claimed, and is marked below like a running task.
+      AND claimed_by IS NULL
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -45,7 +49,7 @@ running AS (
     WHERE id = ANY($1::bigint[])
       -- IS TRUE: by primary key, never the running tasks' index read
       -- whole (heartbeat.sql says why).
-      AND (state = 'processing') IS TRUE
+      AND (state = 'processing' OR claimed_by IS NOT NULL) IS TRUE
       AND cancel_requested_at IS NULL
     RETURNING id
 ),

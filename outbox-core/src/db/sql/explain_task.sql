@@ -22,7 +22,9 @@ SELECT
         AND h.id <> t.id
       ORDER BY h.key_seq LIMIT 1) AS key_holder,
     (SELECT count(*) FROM outbox_tasks AS w
-      WHERE w.queue = t.queue AND w.ordering_key = t.ordering_key AND w.blocked) AS key_waiting,
+      WHERE w.queue = t.queue AND w.ordering_key = t.ordering_key AND w.blocked
+        -- Not the tasks of a run held in place (migration 43): claimed.
+        AND w.claimed_by IS NULL) AS key_waiting,
     q.paused_at,
     q.global_concurrency,
     q.rate_per_second,

@@ -23,6 +23,10 @@
 -- found by primary key even under statistics that took the index of
 -- running tasks for empty (a table analyzed while nothing ran), which
 -- would otherwise be read whole (migration 34 says more).
+--
+-- The tasks of a run held in place (migration 43) are confirmed, not
+-- written: the run's last task, PROCESSING, carries the run's heartbeat,
+-- and recovery takes them back with it.
 WITH held AS (
     SELECT id
     FROM outbox_tasks
@@ -31,8 +35,17 @@ WITH held AS (
       AND (state = 'processing') IS TRUE
     ORDER BY id
     FOR UPDATE
+),
+beat AS (
+    UPDATE outbox_tasks AS t
+    SET heartbeat_at = coalesce($3::timestamptz, now())
+    WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
+    RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel
 )
-UPDATE outbox_tasks AS t
-SET heartbeat_at = coalesce($3::timestamptz, now())
-WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
-RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel
+SELECT id, cancel FROM beat
+UNION ALL
+SELECT id, cancel_requested_at IS NOT NULL
+FROM outbox_tasks
+WHERE id = ANY($1::bigint[])
+  AND claimed_by = ANY($2::text[])
+  AND (state = 'pending') IS TRUE

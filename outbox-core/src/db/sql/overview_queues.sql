@@ -17,7 +17,10 @@ WITH live AS (
           SELECT queue, created_at, 'pending' FROM outbox_intake) AS t
     GROUP BY queue
 ), waiting AS (
-    SELECT queue, count(*) AS blocked
+    -- The tasks of a run held in place (migration 43) are blocked and
+    -- PENDING but claimed: they count as processing.
+    SELECT queue, count(*) AS blocked,
+           count(*) FILTER (WHERE state = 'pending' AND claimed_by IS NOT NULL) AS held
     FROM outbox_tasks WHERE blocked
     GROUP BY queue
 ), running AS (
@@ -42,8 +45,8 @@ SELECT q.queue,
        coalesce(l.available, 0) AS available,
        coalesce(l.scheduled, 0) AS scheduled,
        coalesce(l.retrying, 0) AS retrying,
-       coalesce(w.blocked, 0) - coalesce(r.in_runs, 0) AS blocked,
-       coalesce(r.processing, 0) AS processing,
+       coalesce(w.blocked, 0) - coalesce(r.in_runs, 0) - coalesce(w.held, 0) AS blocked,
+       coalesce(r.processing, 0) + coalesce(w.held, 0) AS processing,
        coalesce(d.dead, 0) AS dead,
        coalesce(h.completed, 0) AS completed_last_hour,
        coalesce(h.failed, 0) AS failed_last_hour,

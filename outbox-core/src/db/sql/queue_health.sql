@@ -8,10 +8,12 @@ SELECT
     (SELECT count(*) FROM outbox_tasks
       WHERE state IN ('pending', 'failed') AND dead_at IS NULL AND NOT blocked AND execute_at > now()) AS scheduled,
     -- Tasks claimed in a run (migration 28) stay blocked: they count as
-    -- processing, not as waiting.
-    (SELECT count(*) FROM outbox_tasks WHERE blocked)
-      - (SELECT count(*) FROM outbox_tasks WHERE state = 'processing' AND blocked) AS blocked,
-    (SELECT count(*) FROM outbox_tasks WHERE state = 'processing') AS processing,
+    -- processing, not as waiting, and so do those held in place
+    -- (migration 43: PENDING, claimed).
+    (SELECT count(*) FILTER (WHERE claimed_by IS NULL) FROM outbox_tasks WHERE blocked) AS blocked,
+    (SELECT count(*) FROM outbox_tasks WHERE state = 'processing')
+      + (SELECT count(*) FILTER (WHERE state = 'pending' AND claimed_by IS NOT NULL)
+         FROM outbox_tasks WHERE blocked) AS processing,
     (SELECT count(*) FROM outbox_tasks WHERE dead_at IS NOT NULL) AS dead,
     (SELECT coalesce(extract(epoch FROM now() - least(
          (SELECT min(execute_at) FROM outbox_tasks

@@ -24,6 +24,10 @@ WITH candidates AS (
 -- out (its outcome in flight holds it, or this batch's limit cut the run)
 -- may still be done with the key by its worker, whose outcome then keeps
 -- it for the run's next task, or lets it go on. The next round takes it.
+-- The tasks of a run held in place (PENDING, blocked, under the run's
+-- claim: migration 43) go back to their line with the run's last task,
+-- which is PROCESSING under the same claim and key and carries the run's
+-- heartbeat; none of them counts an attempt.
 stuck AS (
     SELECT c.id FROM candidates AS c
     WHERE NOT c.blocked
@@ -66,11 +70,31 @@ done AS (
     WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck))
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
 ),
+held AS (
+    UPDATE outbox_tasks AS w
+    SET state = CASE WHEN w.cancel_requested_at IS NULL THEN 'pending'
+                     ELSE 'failed' END::outbox_task_state,
+        dead_at = CASE WHEN w.cancel_requested_at IS NOT NULL
+                       THEN coalesce($3::timestamptz, now()) END,
+        finished_at = CASE WHEN w.cancel_requested_at IS NOT NULL
+                           THEN coalesce($3::timestamptz, now()) END,
+        last_error = CASE WHEN w.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
+                          ELSE w.last_error END,
+        blocked = w.cancel_requested_at IS NULL,
+        claimed_by = NULL,
+        updated_at = coalesce($3::timestamptz, now())
+    FROM candidates AS c
+    WHERE c.id IN (SELECT stuck.id FROM stuck) AND c.blocked
+      AND w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
+      AND w.state = 'pending' AND w.claimed_by = c.claimed_by
+    RETURNING w.id, w.dead_at IS NOT NULL AS dead, w.queue, w.ordering_key, w.state, w.dead_at,
+              w.skip_dead, w.blocked
+),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
     -- above is written: the aggregate reads them all first).
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM done
+    FROM (SELECT * FROM done UNION ALL SELECT * FROM held) AS done
     WHERE ordering_key IS NOT NULL
       AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
            -- A task of a run (migration 28): its key goes to the first
@@ -79,3 +103,5 @@ handed AS (
     HAVING count(*) > 0
 )
 SELECT id, dead FROM done WHERE (SELECT count(*) FROM handed) >= 0
+UNION ALL
+SELECT id, dead FROM held

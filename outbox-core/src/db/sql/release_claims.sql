@@ -5,8 +5,30 @@
 -- $1 claim tokens text[]. With $2 (task ids, bigint[], parallel to $1),
 -- only those (id, token) pairs: claimed-ahead tasks whose handlers never
 -- started, given back at shutdown while other tasks of their claims still
--- run. Reads only PROCESSING rows (outbox_tasks_processing_idx).
-WITH done AS (
+-- run. Reads PROCESSING rows (outbox_tasks_processing_idx), and the tasks
+-- of a run held in place (migration 43) by id, or with all of a claim's
+-- tasks by their run's last task, which is PROCESSING under the same
+-- claim and key.
+WITH targets AS (
+    SELECT t.id FROM outbox_tasks AS t
+    WHERE t.state = 'processing'
+      AND t.claimed_by = ANY($1::text[])
+      AND ($2::bigint[] IS NULL
+           OR (t.id, t.claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[])))
+    UNION ALL
+    SELECT w.id
+    FROM (SELECT DISTINCT r.queue, r.ordering_key, r.claimed_by FROM outbox_tasks AS r
+          WHERE $2::bigint[] IS NULL AND r.state = 'processing' AND r.blocked
+            AND r.claimed_by = ANY($1::text[])) AS k
+    JOIN outbox_tasks AS w
+      ON w.queue = k.queue AND w.ordering_key = k.ordering_key AND w.blocked
+     AND w.state = 'pending' AND w.claimed_by = k.claimed_by
+    UNION ALL
+    SELECT w.id FROM outbox_tasks AS w
+    WHERE $2::bigint[] IS NOT NULL AND w.id = ANY($2::bigint[]) AND w.state = 'pending'
+      AND (w.id, w.claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[]))
+),
+done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
         -- An operator asked to cancel it: dead, not released.
@@ -20,10 +42,9 @@ WITH done AS (
         heartbeat_at = NULL,
         execute_at = least(execute_at, now()),
         updated_at = now()
-    WHERE state = 'processing'
+    -- By primary key; the claim checked again once the row is locked.
+    WHERE id = ANY (ARRAY(SELECT targets.id FROM targets))
       AND claimed_by = ANY($1::text[])
-      AND ($2::bigint[] IS NULL
-           OR (id, claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[])))
     RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
 ),
 handed AS (

@@ -1,7 +1,8 @@
 -- Gives back the rest of a run (migration 28) whose task did not complete
--- here: the given (task id, claim token) pairs still PROCESSING go back to
--- PENDING without counting an attempt, still in their key's line, and
--- each key goes to the first task in its line if nothing holds it. Unlike
+-- here: the given (task id, claim token) pairs still held (PROCESSING, or
+-- held in place: migration 43) go back to PENDING without counting an
+-- attempt, still in their key's line, and each key goes to the first task
+-- in its line if nothing holds it. Unlike
 -- release_claims.sql (shutdown), the keys are taken as outcomes take them:
 -- a key whose row another transaction holds for more than 50 ms (an
 -- application's open submit) comes back as `deferred_key`, owed a
@@ -26,7 +27,8 @@ WITH done AS (
     WHERE id = ANY ($1::bigint[])
       -- IS TRUE: by primary key, never the running tasks' index read
       -- whole (heartbeat.sql says why).
-      AND (state = 'processing') IS TRUE
+      -- (PROCESSING, or held in place: migration 43).
+      AND (state = 'processing' OR (state = 'pending' AND blocked)) IS TRUE
       AND (id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
     RETURNING id, queue, ordering_key
 ),
