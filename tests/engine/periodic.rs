@@ -91,6 +91,18 @@ async fn a_periodic_task_is_enqueued_every_tick_with_its_payload() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].schedule, "every 1s");
     assert!(listed[0].next_run > listed[0].last_run);
+    // When the leader recorded the declaration, not when it last ticked.
+    let first_tick: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT min(created_at) FROM outbox_all_tasks WHERE task_type = 'test.periodic.sweep'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        listed[0].declared_at <= first_tick,
+        "declared at {} after the first tick's enqueue at {first_tick}",
+        listed[0].declared_at
+    );
 }
 
 /// Waits until the database clock is a minute or more from either end of

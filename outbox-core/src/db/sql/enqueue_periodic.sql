@@ -14,7 +14,7 @@
 -- nothing.)
 WITH moved AS (
     UPDATE outbox_periodic AS p
-    SET last_tick = $2, next_tick = $3, updated_at = now()
+    SET last_tick = $2, next_tick = $3
     FROM (SELECT name, last_tick FROM outbox_periodic WHERE name = $1 FOR UPDATE) AS old
     WHERE p.name = old.name
       AND (p.last_tick IS NULL OR p.last_tick < $2)

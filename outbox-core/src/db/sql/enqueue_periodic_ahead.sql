@@ -22,7 +22,7 @@ new AS (
 ),
 moved AS (
     UPDATE outbox_periodic
-    SET last_tick = (SELECT max(t) FROM new), next_tick = $3, updated_at = now()
+    SET last_tick = (SELECT max(t) FROM new), next_tick = $3
     WHERE name = $1 AND EXISTS (SELECT 1 FROM new)
 )
 INSERT INTO outbox_tasks (task_type, queue, payload, priority, max_attempts, execute_at,
