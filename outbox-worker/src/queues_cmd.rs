@@ -158,8 +158,7 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
     }
 }
 
-/// Refuses a queue the cluster has never heard of (no settings, which a
-/// worker writes for each of its queues when it starts, and no tasks)
+/// Refuses a queue the cluster has never heard of (see [`unknown_queue`])
 /// unless `create`: a mistyped name would otherwise be paused or limited
 /// silently, and listed from then on.
 async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Failure> {
@@ -167,6 +166,23 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
     if create {
         return Ok(());
     }
+    match unknown_queue(pool, name).await? {
+        None => Ok(()),
+        Some(names) => Err(Failure::config(format!(
+            "no queue named {name:?}: no worker serves it and it has no tasks (queues: {}); \
+             pass --create to set it before its workers start",
+            names_or(names, "none yet")
+        ))),
+    }
+}
+
+/// None when the cluster knows queue `name`: it has settings (which a
+/// worker writes for each of its queues when it starts) or tasks. Else the
+/// names it knows, sorted, for the refusal (the CLI's and the dashboard's).
+pub(crate) async fn unknown_queue(
+    pool: &sqlx::PgPool,
+    name: &str,
+) -> outbox::Result<Option<Vec<String>>> {
     let mut names: Vec<String> = admin::list_queues(pool)
         .await?
         .into_iter()
@@ -175,7 +191,7 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
     // Every queue a worker serves has its row: the counts (a look at every
     // live task's queue) only for a name without one.
     if names.iter().any(|n| n == name) {
-        return Ok(());
+        return Ok(None);
     }
     names.extend(
         admin::overview(pool)
@@ -185,15 +201,11 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
             .map(|q| q.queue),
     );
     if names.iter().any(|n| n == name) {
-        return Ok(());
+        return Ok(None);
     }
     names.sort();
     names.dedup();
-    Err(Failure::config(format!(
-        "no queue named {name:?}: no worker serves it and it has no tasks (queues: {}); \
-         pass --create to set it before its workers start",
-        names_or(names, "none yet")
-    )))
+    Ok(Some(names))
 }
 
 fn limits(q: &QueueSettings) -> String {
@@ -207,7 +219,7 @@ fn limits(q: &QueueSettings) -> String {
         q.global_concurrency
             .map_or("none".to_owned(), |n| n.to_string()),
         q.rate_per_second
-            .map_or("none".to_owned(), flags::show_rate),
+            .map_or("none".to_owned(), outbox::admin::show_rate),
         q.per_key_concurrency
     )
 }
@@ -247,7 +259,8 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
             },
             q.global_concurrency
                 .map_or("-".to_owned(), |n| n.to_string()),
-            q.rate_per_second.map_or("-".to_owned(), flags::show_rate),
+            q.rate_per_second
+                .map_or("-".to_owned(), outbox::admin::show_rate),
             q.per_key_concurrency,
             count(|o| o.available),
             count(|o| o.blocked),

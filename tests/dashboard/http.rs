@@ -208,6 +208,20 @@ async fn a_script_pauses_and_resumes_a_queue_and_a_foreign_page_cannot() {
                 .is_some_and(|q| q.paused_at.is_some())
         }
     };
+    // A queue the cluster has never heard of is not paused (a typo would
+    // be listed, paused, from then on).
+    let typo = send(
+        Method::POST,
+        &format!("{}/queues/mail/pause", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(typo.status, StatusCode::NOT_FOUND, "{}", typo.body);
+    assert!(typo.body.contains("no queue named"), "{}", typo.body);
+    assert!(admin::list_queues(&db.pool).await.unwrap().is_empty());
+    // Known once a task waits on it.
+    super::submit(&db, Mail { to: "a@b".into() }).await;
     let reply = send(
         Method::POST,
         &format!("{}/queues/mail/pause", served.url),

@@ -313,7 +313,7 @@ pub(crate) async fn queues(
                         .map_or("-".to_owned(), |n| n.to_string()),
                     rate: q
                         .rate_per_second
-                        .map_or("-".to_owned(), crate::flags::show_rate),
+                        .map_or("-".to_owned(), outbox::admin::show_rate),
                     per_key: q.per_key_concurrency,
                     available: count(|o| o.available),
                     blocked: count(|o| o.blocked),
@@ -350,7 +350,22 @@ pub(crate) async fn queue_action(
         writable(&d)?;
         check_csrf(identity, &headers, &form.csrf)?;
         match action.as_str() {
-            "pause" => query("pause", admin::pause_queue(&d.pool, &name)).await?,
+            "pause" => {
+                // As the CLI: a mistyped name is refused, not paused (and
+                // listed from then on).
+                admin::check_queue_name(&name)
+                    .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+                if query("pause", crate::queues_cmd::unknown_queue(&d.pool, &name))
+                    .await?
+                    .is_some()
+                {
+                    return Err(Refusal::new(
+                        StatusCode::NOT_FOUND,
+                        format!("no queue named {name:?}: no worker serves it and it has no tasks"),
+                    ));
+                }
+                query("pause", admin::pause_queue(&d.pool, &name)).await?
+            }
             "resume" => query("resume", admin::resume_queue(&d.pool, &name)).await?,
             _ => return Err(Refusal::new(StatusCode::NOT_FOUND, "no such action")),
         };
