@@ -234,6 +234,34 @@ pub async fn overview(pool: &PgPool) -> Result<Overview> {
     Ok(db::admin::overview(pool).await?)
 }
 
+/// A rate, read back for the operator in the unit that makes it whole, as
+/// it was most likely given (`--rate 5/m` is stored as 0.0833.../s): N/s,
+/// N/m or N/h; else three significant digits in the first of those units
+/// where it is at least 1, or per hour.
+pub fn show_rate(per_second: f64) -> String {
+    let units = [("s", 1.0), ("m", 60.0), ("h", 3600.0)];
+    for (unit, seconds) in units {
+        let n = per_second * seconds;
+        if (n - n.round()).abs() < 1e-6 && n.round() >= 1.0 {
+            return format!("{}/{unit}", n.round());
+        }
+    }
+    let (unit, seconds) = units
+        .into_iter()
+        .find(|(_, seconds)| per_second * seconds >= 1.0)
+        .unwrap_or(("h", 3600.0));
+    let n = per_second * seconds;
+    // Three significant digits, trailing zeros cut.
+    let decimals = (2 - n.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let text = format!("{n:.decimals$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text}/{unit}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +270,24 @@ mod tests {
     fn like_wildcards_are_matched_literally() {
         assert_eq!(like_escaped("50%_off\\"), "50\\%\\_off\\\\");
         assert_eq!(like_escaped("plain"), "plain");
+    }
+
+    #[test]
+    fn a_rate_is_shown_in_the_unit_that_makes_it_whole() {
+        assert_eq!(show_rate(2.0), "2/s");
+        assert_eq!(show_rate(5.0 / 60.0), "5/m");
+        assert_eq!(show_rate(1.0 / 3600.0), "1/h");
+        assert_eq!(show_rate(1.5), "90/m");
+        assert_eq!(show_rate(1.0 / 7.0), "8.57/m");
+        assert_eq!(show_rate(2.5 / 3600.0 / 7.0), "0.357/h");
+        assert_eq!(show_rate(1_000_000.0), "1000000/s");
+        // Whatever the stored value, never a zero or a panic.
+        for r in [1e-12, 1e-6, 0.3, 1.0 / 3.0, 123_456.7, 999_999.99] {
+            let shown = show_rate(r);
+            assert!(
+                !shown.starts_with("0/") && !shown.is_empty(),
+                "{r}: {shown}"
+            );
+        }
     }
 }

@@ -196,7 +196,11 @@ impl std::fmt::Display for Reason {
                 "its queue is at its global concurrency: {running} running, limit {limit}"
             ),
             Reason::RateLimited { per_second } => {
-                write!(f, "its queue is rate limited to {per_second}/s")
+                write!(
+                    f,
+                    "its queue is rate limited to {}",
+                    crate::admin::show_rate(*per_second)
+                )
             }
             Reason::NoLiveWorker { queue } => {
                 write!(f, "no live worker serves its queue {queue:?}")

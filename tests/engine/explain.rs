@@ -136,6 +136,14 @@ async fn explain_gives_each_reason() {
             Reason::RateLimited { per_second: 5.0 }
         ]
     );
+    assert_eq!(
+        Reason::RateLimited {
+            per_second: 1.0 / 3600.0
+        }
+        .to_string(),
+        "its queue is rate limited to 1/h",
+        "in the unit it was most likely given"
+    );
     let running = reasons(&db, second).await;
     assert!(matches!(
         &running[..],
