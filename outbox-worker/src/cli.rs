@@ -212,8 +212,13 @@ struct RunArgs {
     /// A periodic task, as 'NAME=SCHEDULE TYPE JSON' (repeatable): the
     /// schedule is `every 30s` or a cron expression (seconds optional,
     /// UTC, or `CRON_TZ=Europe/Paris 0 3 * * *`). The cluster's maintenance
-    /// leader enqueues each tick once.
-    #[arg(long = "periodic", value_parser = crate::periodic_cmd::parse_spec)]
+    /// leader enqueues each tick once. In OUTBOX_PERIODIC, one per line.
+    #[arg(
+        long = "periodic",
+        env = "OUTBOX_PERIODIC",
+        value_delimiter = '\n',
+        value_parser = crate::periodic_cmd::parse_spec
+    )]
     periodic: Vec<crate::periodic_cmd::PeriodicSpec>,
     /// Relay events to a broker, as NAME=URL (repeatable; in OUTBOX_RELAYS,
     /// separated by spaces). Each sink is a cargo feature (nats, kafka,
@@ -247,6 +252,8 @@ fn parse_relay(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_queue(s: &str) -> Result<(String, usize), String> {
+    // `OUTBOX_QUEUES="a=2, b=3"`: the space after a comma is not the name's.
+    let s = s.trim();
     let (name, concurrency) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=CONCURRENCY (for example default=10)"))?;
@@ -653,5 +660,16 @@ fn init_tracing(filter: &str, format: LogFormat) -> Result<TracingGuard, Failure
     {
         let _ = registry.try_init();
         Ok(TracingGuard {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_list_may_have_spaces_after_its_commas() {
+        assert_eq!(parse_queue(" other=3"), Ok(("other".to_owned(), 3)));
+        assert!(parse_queue(" =3").unwrap_err().contains("no queue name"));
     }
 }

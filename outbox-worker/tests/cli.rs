@@ -1413,6 +1413,24 @@ async fn periodic_declarations_are_checked_and_listed() {
         "two periodic tasks are named \"n\"",
     )
     .await;
+    // From the environment, one per line: both read.
+    let from_env = tokio::process::Command::new(BIN)
+        .args(["run", "--database-url", url])
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .env(
+            "OUTBOX_PERIODIC",
+            "n=every 30s outbox.noop {}\nn=0 3 * * * outbox.noop {\"a\": 1}",
+        )
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(from_env.status.code(), Some(2), "{}", stderr(&from_env));
+    assert!(
+        stderr(&from_env).contains("two periodic tasks are named \"n\""),
+        "{}",
+        stderr(&from_env)
+    );
     let empty = ok(&cli(&["periodic", "list", "--database-url", url]).await);
     assert!(empty.contains("(none"), "{empty}");
     let mut worker = outbox_tests::process::WorkerProcess::spawn(
