@@ -31,7 +31,7 @@ impl TaskHandler<ConfirmOrder> for Mailer {
         // Delivery is at-least-once: the task id is the idempotency key a
         // real mail API would be given.
         println!(
-            "{} -> {}: order {} confirmed (idempotency key outbox-{}, attempt {})",
+            "{} -> {}: order {} confirmed (idempotency key outbox-task-{}, attempt {})",
             self.from,
             task.email,
             task.order_id,

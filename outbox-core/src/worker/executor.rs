@@ -202,7 +202,7 @@ async fn run_handler(
     let future = match entry.handler.start(ctx, &task.payload) {
         Ok(f) => f,
         // No attempt can make these bytes decode into this type: dead now,
-        // with the reason, rather than ten retries over two days.
+        // with the reason, rather than ten attempts over a day.
         Err(decode_error) => {
             return Some(Ok(Outcome::GiveUp(format!(
                 "{decode_error}; no retry can fix this payload, so the task is dead at once"
