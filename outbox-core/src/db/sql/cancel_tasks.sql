@@ -3,9 +3,9 @@
 -- for the record). Running tasks (PROCESSING, or held in place in a run:
 -- migration 43) are marked, and the worker holding each is told on the
 -- control channel; whatever their attempt writes afterwards, they end
--- dead. A cancelled task lets its ordering key
--- go on (skip_dead), and so does a dead task with an ordering key that an
--- operator cancels: that is how a dead head is skipped. Finished tasks are
+-- dead. A cancelled task lets its ordering key go on (skip_dead), and so
+-- does a dead task with an ordering key that an operator cancels: that is
+-- how a dead head is skipped. Finished tasks are
 -- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
 -- skipped.
 --

@@ -2,14 +2,14 @@
 -- here: the given (task id, claim token) pairs still held (PROCESSING, or
 -- held in place: migration 43) go back to PENDING without counting an
 -- attempt, still in their key's line, and each key goes to the first task
--- in its line if nothing holds it. Unlike
--- release_claims.sql (shutdown), the keys are taken as outcomes take them:
--- a key whose row another transaction holds for more than 50 ms (an
--- application's open submit) comes back as `deferred_key`, owed a
--- hand-over (worker/deferred_keys.rs). The keys of tasks that are no
--- longer this worker's are let go of too (belt and braces: recovery takes
--- a run back only whole, so no outcome before them kept a key for a task
--- recovery had taken). $1 task ids, $2 claim tokens.
+-- in its line if nothing holds it. Unlike release_claims.sql (shutdown),
+-- the keys are taken as outcomes take them: a key whose row another
+-- transaction holds for more than 50 ms (an application's open submit)
+-- comes back as `deferred_key`, owed a hand-over
+-- (worker/deferred_keys.rs). The keys of tasks that are no longer this
+-- worker's are let go of too (belt and braces: recovery takes a run back
+-- only whole, so no outcome before them kept a key for a task recovery
+-- had taken). $1 task ids, $2 claim tokens.
 WITH done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
