@@ -37,8 +37,9 @@ testing::assert_none_submitted::<RefundIssued>(&mut tx).await;
 let all: Vec<(TaskId, OrderCreated)> = testing::submitted(&mut tx).await;
 
 // Run one submitted task's handler inline (nothing written back, so you can
-// run it twice and check your side effect is idempotent):
-testing::run_inline(&pool, id, &my_handler).await?;
+// run it twice and check your side effect is idempotent; name the task type
+// when the handler handles more than one):
+testing::run_inline::<OrderCreated>(&pool, id, &my_handler).await?;
 
 // Run a worker until nothing on its queues is due, running or waiting for a
 // retry (retries skip their backoff), then stop:
