@@ -211,8 +211,9 @@ struct RunArgs {
     metrics_addr: Option<SocketAddr>,
     /// A periodic task, as 'NAME=SCHEDULE TYPE JSON' (repeatable): the
     /// schedule is `every 30s` or a cron expression (seconds optional,
-    /// UTC, or `CRON_TZ=Europe/Paris 0 3 * * *`). The cluster's maintenance
-    /// leader enqueues each tick once. In OUTBOX_PERIODIC, one per line.
+    /// or @hourly, @daily...; UTC, or `CRON_TZ=Europe/Paris 0 3 * * *`).
+    /// The cluster's maintenance leader enqueues each tick once. In
+    /// OUTBOX_PERIODIC, one per line.
     #[arg(
         long = "periodic",
         env = "OUTBOX_PERIODIC",

@@ -1,7 +1,8 @@
 //! When a periodic task is due: a cron expression (5 fields, or 6 with
-//! seconds first), optionally in a named time zone (`CRON_TZ=Europe/Paris
-//! 0 3 * * *`), or a fixed interval (`every 30s`), aligned to the Unix
-//! epoch so every worker computes the same ticks.
+//! seconds first, or a nickname such as `@hourly`), optionally in a named
+//! time zone (`CRON_TZ=Europe/Paris 0 3 * * *`), or a fixed interval
+//! (`every 30s`), aligned to the Unix epoch so every worker computes the
+//! same ticks.
 
 use std::fmt;
 use std::str::FromStr;
@@ -74,6 +75,21 @@ impl FromStr for Schedule {
                 (tz, expr.trim())
             }
             None => (Tz::UTC, text.as_str()),
+        };
+        // The usual cron nicknames, at the start of their period.
+        let expr = match expr {
+            "@yearly" | "@annually" => "0 0 1 1 *",
+            "@monthly" => "0 0 1 * *",
+            "@weekly" => "0 0 * * 0",
+            "@daily" | "@midnight" => "0 0 * * *",
+            "@hourly" => "0 * * * *",
+            nickname if nickname.starts_with('@') => {
+                return Err(format!(
+                    "{text:?}: unknown cron nickname {nickname:?} (use @yearly, @annually, \
+                     @monthly, @weekly, @daily, @midnight or @hourly)"
+                ));
+            }
+            expr => expr,
         };
         let fields = expr.split_whitespace().count();
         if !(5..=6).contains(&fields) {
@@ -191,6 +207,16 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("never matches"), "{err}");
         // The longest accepted still has ticks, whenever it is asked.
+        let hourly: Schedule = "@hourly".parse().unwrap();
+        assert_eq!(hourly.as_str(), "@hourly");
+        let daily_in_paris: Schedule = "CRON_TZ=Europe/Paris @daily".parse().unwrap();
+        assert!(daily_in_paris.as_str().ends_with("@daily"));
+        assert!(
+            "@fortnightly"
+                .parse::<Schedule>()
+                .unwrap_err()
+                .contains("unknown cron nickname")
+        );
         let longest: Schedule = "every 3660d".parse().unwrap();
         for now in [at("2026-11-28T00:00:00Z"), DateTime::<Utc>::MAX_UTC] {
             let _ = longest.next_after(now);
