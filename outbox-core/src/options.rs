@@ -164,6 +164,13 @@ impl Unique {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
+        // As an ordering key: an empty one is a mistake (a field left
+        // blank), and every task given it would be one task.
+        if self.key.is_empty() {
+            return Err(Error::InvalidOption(format!(
+                "a unique key cannot be empty: use 1 to {MAX_UNIQUE_KEY} bytes"
+            )));
+        }
         if self.key.len() > MAX_UNIQUE_KEY {
             return Err(Error::InvalidOption(format!(
                 "unique key of {} bytes is too long: the most is {MAX_UNIQUE_KEY}",
@@ -302,6 +309,15 @@ mod tests {
         assert!(TaskOptions::new().unique(u).validate().is_ok());
         let long = Unique::key("k".repeat(MAX_UNIQUE_KEY + 1));
         assert!(TaskOptions::new().unique(long).validate().is_err());
+        let empty = Unique::key("");
+        assert!(
+            TaskOptions::new()
+                .unique(empty)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cannot be empty")
+        );
         let short = Unique::key("k").per(Duration::from_millis(10));
         assert!(
             short
