@@ -209,9 +209,10 @@ async fn recover(conn: &mut sqlx::PgConnection, limit: i64) {
         .unwrap();
 }
 
-async fn submit_three(db: &TestDb) {
+/// Submits `n` tasks of key `r`, in one transaction.
+async fn submit_run_of(db: &TestDb, n: i64) {
     let mut batch = outbox::Batch::new();
-    for n in 1..=3 {
+    for n in 1..=n {
         batch.push(&Step::new("r", n, 0)).unwrap();
     }
     batch.submit(&mut *db.conn().await).await.unwrap();
@@ -227,7 +228,7 @@ async fn submit_three(db: &TestDb) {
 #[tokio::test]
 async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome() {
     let db = TestDb::migrated().await;
-    submit_three(&db).await;
+    submit_run_of(&db, 3).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     assert_eq!(run.len(), 3, "the head and two behind it");
@@ -303,7 +304,7 @@ async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome()
 #[tokio::test]
 async fn a_runs_outcome_whose_next_task_was_taken_back_ends_the_run() {
     let db = TestDb::migrated().await;
-    submit_three(&db).await;
+    submit_run_of(&db, 3).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
@@ -426,11 +427,7 @@ async fn rows(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<Str
 #[tokio::test]
 async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
     let db = TestDb::migrated().await;
-    let mut batch = outbox::Batch::new();
-    for n in 1..=4 {
-        batch.push(&Step::new("r", n, 0)).unwrap();
-    }
-    batch.submit(&mut *db.conn().await).await.unwrap();
+    submit_run_of(&db, 4).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
@@ -536,11 +533,7 @@ async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
 #[tokio::test]
 async fn a_place_handed_out_during_a_run_skips_its_held_tasks() {
     let db = TestDb::migrated().await;
-    let mut batch = outbox::Batch::new();
-    for n in 1..=10 {
-        batch.push(&Step::new("r", n, 0)).unwrap();
-    }
-    batch.submit(&mut *db.conn().await).await.unwrap();
+    submit_run_of(&db, 10).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
     assert_eq!(run.len(), 8, "the head and a run of 8 in all");
