@@ -40,6 +40,16 @@ stuck AS (
               AND (e.dead_at IS NULL OR NOT e.skip_dead)
               AND e.id NOT IN (SELECT a.id FROM candidates AS a))
 ),
+-- The tasks held in place of each stuck run's last task (same claim, same
+-- key), read here and written with it below.
+held AS (
+    SELECT w.id
+    FROM candidates AS c
+    JOIN outbox_tasks AS w
+      ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
+     AND w.state = 'pending' AND w.claimed_by = c.claimed_by
+    WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
+),
 done AS (
     -- A task of a run (still blocked, migration 28) goes back to its key's
     -- line without counting an attempt: it may never have started. The
@@ -67,34 +77,17 @@ done AS (
     -- By `id = ANY`, not a join with `stuck`, which statistics taken while
     -- the task table was empty could plan as a walk of the whole table
     -- (migration 27).
-    WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck))
+    WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck UNION ALL SELECT held.id FROM held))
+      -- Checked again once locked: a held task's claim may have ended
+      -- meanwhile (its run given back, then claimed anew).
+      AND t.claimed_by IN (SELECT c.claimed_by FROM candidates AS c)
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
-),
-held AS (
-    UPDATE outbox_tasks AS w
-    SET state = CASE WHEN w.cancel_requested_at IS NULL THEN 'pending'
-                     ELSE 'failed' END::outbox_task_state,
-        dead_at = CASE WHEN w.cancel_requested_at IS NOT NULL
-                       THEN coalesce($3::timestamptz, now()) END,
-        finished_at = CASE WHEN w.cancel_requested_at IS NOT NULL
-                           THEN coalesce($3::timestamptz, now()) END,
-        last_error = CASE WHEN w.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
-                          ELSE w.last_error END,
-        blocked = w.cancel_requested_at IS NULL,
-        claimed_by = NULL,
-        updated_at = coalesce($3::timestamptz, now())
-    FROM candidates AS c
-    WHERE c.id IN (SELECT stuck.id FROM stuck) AND c.blocked
-      AND w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
-      AND w.state = 'pending' AND w.claimed_by = c.claimed_by
-    RETURNING w.id, w.dead_at IS NOT NULL AS dead, w.queue, w.ordering_key, w.state, w.dead_at,
-              w.skip_dead, w.blocked
 ),
 handed AS (
     -- Tasks that let go of their ordering key hand it on (after every row
     -- above is written: the aggregate reads them all first).
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
-    FROM (SELECT * FROM done UNION ALL SELECT * FROM held) AS done
+    FROM done
     WHERE ordering_key IS NOT NULL
       AND (NOT (state <> 'completed' AND (dead_at IS NULL OR NOT skip_dead))
            -- A task of a run (migration 28): its key goes to the first
@@ -103,5 +96,3 @@ handed AS (
     HAVING count(*) > 0
 )
 SELECT id, dead FROM done WHERE (SELECT count(*) FROM handed) >= 0
-UNION ALL
-SELECT id, dead FROM held
