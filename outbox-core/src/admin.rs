@@ -234,6 +234,29 @@ pub async fn overview(pool: &PgPool) -> Result<Overview> {
     Ok(db::admin::overview(pool).await?)
 }
 
+/// None when the cluster knows queue `name`: it has settings (which a
+/// worker writes for each of its queues when it starts) or tasks. Else the
+/// names it knows, sorted, for the refusal (the CLI's and the dashboard's).
+pub async fn unknown_queue(pool: &PgPool, name: &str) -> Result<Option<Vec<String>>> {
+    let mut names: Vec<String> = list_queues(pool)
+        .await?
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    // Every queue a worker serves has its row: the counts (a look at every
+    // live task's queue) only for a name without one.
+    if names.iter().any(|n| n == name) {
+        return Ok(None);
+    }
+    names.extend(overview(pool).await?.queues.into_iter().map(|q| q.queue));
+    if names.iter().any(|n| n == name) {
+        return Ok(None);
+    }
+    names.sort();
+    names.dedup();
+    Ok(Some(names))
+}
+
 /// A rate, read back for the operator in the unit that makes it whole, as
 /// it was most likely given (`--rate 5/m` is stored as 0.0833.../s): N/s,
 /// N/m or N/h; else three significant digits in the first of those units

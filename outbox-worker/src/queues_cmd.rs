@@ -158,7 +158,8 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
     }
 }
 
-/// Refuses a queue the cluster has never heard of (see [`unknown_queue`])
+/// Refuses a queue the cluster has never heard of (see
+/// [`admin::unknown_queue`])
 /// unless `create`: a mistyped name would otherwise be paused or limited
 /// silently, and listed from then on.
 async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Failure> {
@@ -166,7 +167,7 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
     if create {
         return Ok(());
     }
-    match unknown_queue(pool, name).await? {
+    match admin::unknown_queue(pool, name).await? {
         None => Ok(()),
         Some(names) => Err(Failure::config(format!(
             "no queue named {name:?}: no worker serves it and it has no tasks (queues: {}); \
@@ -174,38 +175,6 @@ async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Fail
             names_or(names, "none yet")
         ))),
     }
-}
-
-/// None when the cluster knows queue `name`: it has settings (which a
-/// worker writes for each of its queues when it starts) or tasks. Else the
-/// names it knows, sorted, for the refusal (the CLI's and the dashboard's).
-pub(crate) async fn unknown_queue(
-    pool: &sqlx::PgPool,
-    name: &str,
-) -> outbox::Result<Option<Vec<String>>> {
-    let mut names: Vec<String> = admin::list_queues(pool)
-        .await?
-        .into_iter()
-        .map(|q| q.name)
-        .collect();
-    // Every queue a worker serves has its row: the counts (a look at every
-    // live task's queue) only for a name without one.
-    if names.iter().any(|n| n == name) {
-        return Ok(None);
-    }
-    names.extend(
-        admin::overview(pool)
-            .await?
-            .queues
-            .into_iter()
-            .map(|q| q.queue),
-    );
-    if names.iter().any(|n| n == name) {
-        return Ok(None);
-    }
-    names.sort();
-    names.dedup();
-    Ok(Some(names))
 }
 
 fn limits(q: &QueueSettings) -> String {

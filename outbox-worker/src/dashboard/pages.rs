@@ -355,7 +355,7 @@ pub(crate) async fn queue_action(
                 // listed from then on).
                 admin::check_queue_name(&name)
                     .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
-                if query("pause", crate::queues_cmd::unknown_queue(&d.pool, &name))
+                if query("pause", admin::unknown_queue(&d.pool, &name))
                     .await?
                     .is_some()
                 {
