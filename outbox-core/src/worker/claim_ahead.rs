@@ -18,12 +18,20 @@
 //! arrives waits at most about one window. Queues with a global
 //! concurrency or a rate get no buffer: their limits count claimed tasks.
 //!
+//! A run of a key's tasks (worker/runs.rs) keeps its place while each
+//! task's outcome is written, neither running nor buffered then. Those
+//! parked runs are added to the buffer's size (within the same cap):
+//! otherwise they take the buffer's places, and the queue has fewer runs
+//! going than keys to run (the ordered drain of `bench` went 2% and 15%
+//! faster in two sittings of five alternating runs;
+//! PERFORMANCE.md, "Parked runs").
+//!
 //! At shutdown the dispatcher stops starting tasks and gives the buffered
 //! ones back at once (PENDING, no attempt counted), so that other workers
 //! take them while this one's handlers finish.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -41,13 +49,43 @@ use crate::db::ClaimedTask;
 pub(crate) struct Places {
     _slot: OwnedSemaphorePermit,
     capacity: OwnedSemaphorePermit,
+    /// The queue's count of parked runs.
+    parked: Arc<AtomicUsize>,
 }
 
 impl Places {
     /// Frees the slot and keeps the place in the capacity, for the next
-    /// task of a run (see worker/runs.rs).
-    pub(crate) fn into_capacity(self) -> OwnedSemaphorePermit {
+    /// task of a run (see worker/runs.rs), counted as parked until the run
+    /// goes on or ends.
+    pub(crate) fn park(self) -> ParkedRun {
+        self.parked.fetch_add(1, Ordering::Relaxed);
+        ParkedRun {
+            capacity: Some(self.capacity),
+            parked: self.parked,
+        }
+    }
+}
+
+/// The place of a run whose task's outcome is being written. Dropped (the
+/// run given back or held), it frees its place and is no longer counted.
+#[derive(Debug)]
+pub(crate) struct ParkedRun {
+    capacity: Option<OwnedSemaphorePermit>,
+    parked: Arc<AtomicUsize>,
+}
+
+impl ParkedRun {
+    /// The run goes on: its place goes with its next task.
+    pub(crate) fn resume(mut self) -> OwnedSemaphorePermit {
         self.capacity
+            .take()
+            .expect("a parked run has its place until it resumes")
+    }
+}
+
+impl Drop for ParkedRun {
+    fn drop(&mut self) {
+        self.parked.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -83,8 +121,8 @@ impl Sizer {
     }
 
     /// The buffer this queue should have now, given the count of tasks
-    /// started so far.
-    pub(crate) fn target(&mut self, started: u64, now: Instant) -> usize {
+    /// started so far and the runs parked now.
+    pub(crate) fn target(&mut self, started: u64, parked: usize, now: Instant) -> usize {
         let elapsed = now.saturating_duration_since(self.sampled_at);
         if elapsed >= RATE_SAMPLE {
             let window_rate = started.saturating_sub(self.sampled) as f64 / elapsed.as_secs_f64();
@@ -97,11 +135,12 @@ impl Sizer {
         // Rounded down: the tasks ahead are started, on average, within the
         // window.
         let wanted = (self.rate * self.window.as_secs_f64()).floor();
-        if wanted.is_finite() && wanted >= 0.0 {
-            (wanted as usize).min(self.max)
+        let wanted = if wanted.is_finite() && wanted >= 0.0 {
+            wanted as usize
         } else {
             0
-        }
+        };
+        wanted.saturating_add(parked).min(self.max)
     }
 }
 
@@ -139,6 +178,8 @@ pub(crate) struct Dispatcher {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) buffer: mpsc::UnboundedReceiver<Buffered>,
     pub(crate) started: Arc<AtomicU64>,
+    /// The queue's count of parked runs (see [`ParkedRun`]).
+    pub(crate) parked: Arc<AtomicUsize>,
     pub(crate) tracker: TaskTracker,
     pub(crate) done: mpsc::Sender<Done>,
     pub(crate) stop: CancellationToken,
@@ -150,6 +191,7 @@ pub(crate) async fn dispatch(d: Dispatcher) {
         slots,
         mut buffer,
         started,
+        parked,
         tracker,
         done,
         stop,
@@ -183,6 +225,7 @@ pub(crate) async fn dispatch(d: Dispatcher) {
             Places {
                 _slot: slot,
                 capacity: next.capacity,
+                parked: Arc::clone(&parked),
             },
         ));
     }
@@ -232,23 +275,63 @@ mod tests {
     fn the_buffer_follows_the_start_rate_within_its_cap() {
         let t0 = Instant::now();
         let mut sizer = Sizer::new(100, Duration::from_millis(50));
-        assert_eq!(sizer.target(0, t0), 0, "nothing measured yet: no buffer");
+        assert_eq!(sizer.target(0, 0, t0), 0, "nothing measured yet: no buffer");
         // 24 slots of one-second handlers: a start every 42 ms, one task
         // ahead.
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(sizer.target(24, t1), 1);
+        assert_eq!(sizer.target(24, 0, t1), 1);
         // No-op handlers: 20,000 a second, capped.
         let t2 = t1 + Duration::from_millis(500);
-        assert_eq!(sizer.target(10_024, t2), 100);
+        assert_eq!(sizer.target(10_024, 0, t2), 100);
         // Idle: the estimate halves each sample instead of dropping to zero.
         let t3 = t2 + Duration::from_millis(200);
-        assert_eq!(sizer.target(10_024, t3), 100);
+        assert_eq!(sizer.target(10_024, 0, t3), 100);
         let mut t = t3;
         for _ in 0..20 {
             t += Duration::from_millis(200);
-            sizer.target(10_024, t);
+            sizer.target(10_024, 0, t);
         }
-        assert_eq!(sizer.target(10_024, t), 0);
+        assert_eq!(sizer.target(10_024, 0, t), 0);
+    }
+
+    #[test]
+    fn parked_runs_add_to_the_buffer_within_its_cap() {
+        let t0 = Instant::now();
+        let mut sizer = Sizer::new(100, Duration::from_millis(50));
+        // 400 starts a second: 20 ahead, and 30 runs waiting for their
+        // outcomes on top.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(sizer.target(400, 30, t1), 50);
+        // However many are parked, the cap holds.
+        assert_eq!(sizer.target(400, 500, t1), 100);
+        assert_eq!(sizer.target(400, usize::MAX, t1), 100);
+    }
+
+    #[test]
+    fn a_parked_run_is_counted_until_it_resumes_or_is_dropped() {
+        let capacity = Arc::new(Semaphore::new(2));
+        let slots = Arc::new(Semaphore::new(2));
+        let parked = Arc::new(AtomicUsize::new(0));
+        let places = |capacity: &Arc<Semaphore>| Places {
+            _slot: Arc::clone(&slots).try_acquire_owned().unwrap(),
+            capacity: Arc::clone(capacity).try_acquire_owned().unwrap(),
+            parked: Arc::clone(&parked),
+        };
+        let (first, second) = (places(&capacity).park(), places(&capacity).park());
+        assert_eq!(parked.load(Ordering::Relaxed), 2);
+        assert_eq!(slots.available_permits(), 2, "a parked run frees its slot");
+        assert_eq!(capacity.available_permits(), 0, "and keeps its place");
+        let place = first.resume();
+        assert_eq!(parked.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            capacity.available_permits(),
+            0,
+            "the place goes on with the run"
+        );
+        drop(place);
+        drop(second);
+        assert_eq!(parked.load(Ordering::Relaxed), 0);
+        assert_eq!(capacity.available_permits(), 2);
     }
 
     #[test]

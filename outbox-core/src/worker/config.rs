@@ -29,7 +29,8 @@ pub struct WorkerConfig {
     /// little or none (see the guide on claim-ahead). The default, 1000,
     /// binds only above 20,000 starts a second (at the default window):
     /// room for runs of a key's tasks, each of which keeps its place from
-    /// its claim to its last task.
+    /// its claim to its last task. The runs waiting for an outcome are
+    /// added to the buffer, within this cap.
     pub claim_ahead: usize,
     /// How long, at the queue's current pace, a claimed-ahead task may wait
     /// for its slot: the buffer holds what this worker starts in this time.

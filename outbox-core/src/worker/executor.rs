@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::Shared;
-use super::claim_ahead::Places;
+use super::claim_ahead::{ParkedRun, Places};
 use super::events::TaskEventKind;
 use super::holdings::BeforeStart;
 use crate::db::{ClaimedTask, Finish, NextState};
@@ -44,7 +44,7 @@ pub(crate) struct Done {
     /// The rest of the task's run (its key's tasks claimed with it), and
     /// the place in the queue's capacity they go on with (see
     /// worker/runs.rs).
-    pub(crate) run: Option<(Vec<ClaimedTask>, OwnedSemaphorePermit)>,
+    pub(crate) run: Option<(Vec<ClaimedTask>, ParkedRun)>,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
@@ -146,7 +146,7 @@ pub(crate) async fn execute(
         let (run, permit) = if run.is_empty() {
             (None, Some(permit))
         } else {
-            (Some((run, permit.into_capacity())), None)
+            (Some((run, permit.park())), None)
         };
         let done_msg = Done {
             finish,

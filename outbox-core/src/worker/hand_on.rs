@@ -25,6 +25,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,9 @@ pub(crate) struct Lane {
     /// The executor slots of the queue (its concurrency); the dispatcher
     /// takes one to start each task.
     pub(crate) slots: Arc<Semaphore>,
+    /// How many of the queue's runs wait for an outcome, each with its
+    /// place (see [`ParkedRun`](super::claim_ahead::ParkedRun)).
+    pub(crate) parked: Arc<AtomicUsize>,
 }
 
 /// The queues a completion can hand tasks on to.
@@ -177,6 +181,7 @@ mod tests {
             capacity: Arc::new(Semaphore::new(places)),
             to_dispatch,
             slots: Arc::new(Semaphore::new(places)),
+            parked: Arc::default(),
         };
         let stop = CancellationToken::new();
         let lanes = HashMap::from([("q".to_owned(), lane)]);

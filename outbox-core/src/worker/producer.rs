@@ -74,6 +74,7 @@ pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffere
         capacity: Arc::new(Semaphore::new(concurrency)),
         to_dispatch,
         slots: Arc::new(Semaphore::new(concurrency)),
+        parked: Arc::default(),
     };
     (lane, buffer)
 }
@@ -88,6 +89,7 @@ pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) 
         slots,
         buffer,
         started: Arc::clone(&started),
+        parked: Arc::clone(&p.lane.parked),
         tracker: p.tracker.clone(),
         done: p.done.clone(),
         stop: p.stop.clone(),
@@ -111,7 +113,9 @@ async fn claim_loop(
         stop,
         tracker: _,
         done: _,
-        lane: Lane { capacity, .. },
+        lane: Lane {
+            capacity, parked, ..
+        },
     } = p;
     // `ahead` places beyond the concurrency follow the sizer's target.
     let mut ahead = 0;
@@ -189,7 +193,11 @@ async fn claim_loop(
         let target = if limited {
             0
         } else {
-            sizer.target(started.load(Ordering::Relaxed), Instant::now())
+            sizer.target(
+                started.load(Ordering::Relaxed),
+                parked.load(Ordering::Relaxed),
+                Instant::now(),
+            )
         };
         claim_ahead::resize(&capacity, &mut ahead, target, &mut permits);
         let wanted = permits.len();
