@@ -283,6 +283,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0043_runs_held_in_place.up.sql"),
         down: include_str!("../../migrations/0043_runs_held_in_place.down.sql"),
     },
+    Migration {
+        version: 44,
+        name: "task_pages_room_for_runs",
+        up: include_str!("../../migrations/0044_task_pages_room_for_runs.up.sql"),
+        down: include_str!("../../migrations/0044_task_pages_room_for_runs.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.
