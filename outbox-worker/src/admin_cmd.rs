@@ -44,7 +44,7 @@ pub(crate) struct SubmitArgs {
     /// from a file (at most 16 MiB either way).
     payload: String,
     /// Run no earlier than this from now (e.g. 30s, 5m).
-    #[arg(long, value_parser = flags::duration(Duration::ZERO, 36_500 * DAY))]
+    #[arg(allow_hyphen_values = true, long, value_parser = flags::duration(Duration::ZERO, 36_500 * DAY))]
     delay: Option<Duration>,
     /// Priority, 0 (first) to 9 (last).
     #[arg(long, value_parser = flags::int_i16(0, 9))]
@@ -59,7 +59,7 @@ pub(crate) struct SubmitArgs {
     unique_key: Option<String>,
     /// With --unique-key: at most one task with the key per period (1s to
     /// 100 years), e.g. 1h.
-    #[arg(long, requires = "unique_key", value_parser = flags::duration(Duration::from_secs(1), 36_500 * DAY))]
+    #[arg(allow_hyphen_values = true, long, requires = "unique_key", value_parser = flags::duration(Duration::from_secs(1), 36_500 * DAY))]
     unique_period: Option<Duration>,
     /// Ordering key (instead of the task type's own): tasks with the same
     /// key in a queue run one at a time, in commit order.

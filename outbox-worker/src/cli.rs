@@ -46,7 +46,7 @@ struct Cli {
     /// How long an operator command (every one but `run`, `demo`, `bench`
     /// and `dashboard`) may take before it gives up (exit 3), e.g. when a
     /// lock holds it (1s to 1d).
-    #[arg(long, env = "OUTBOX_COMMAND_TIMEOUT", default_value = "60s", global = true, value_parser = flags::duration(SECOND, DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_COMMAND_TIMEOUT", default_value = "60s", global = true, value_parser = flags::duration(SECOND, DAY))]
     command_timeout: Duration,
 }
 
@@ -113,7 +113,7 @@ struct RunArgs {
     claim_ahead: usize,
     /// How long a claimed-ahead task may wait for its slot at the queue's
     /// pace (1ms to 1h): the buffer holds what starts in this time.
-    #[arg(long, env = "OUTBOX_CLAIM_AHEAD_WINDOW", default_value = "50ms", value_parser = flags::duration(MS, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_CLAIM_AHEAD_WINDOW", default_value = "50ms", value_parser = flags::duration(MS, HOUR))]
     claim_ahead_window: Duration,
     /// The most tasks of one ordering key a claim takes together (1 to
     /// 10000): the key's next task and those waiting behind it, run here
@@ -124,45 +124,45 @@ struct RunArgs {
     key_run: usize,
     /// Fallback poll interval (NOTIFY wakes workers sooner), e.g. 1s, 250ms
     /// (1ms to 1h).
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = flags::duration(MS, HOUR))]
     poll_interval: Duration,
     /// How long in-flight tasks may finish after SIGTERM/SIGINT before they
     /// are cancelled and put back for another worker (0s to 1d). A second
     /// signal exits at once.
-    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = flags::duration(Duration::ZERO, DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_SHUTDOWN_GRACE", default_value = "30s", value_parser = flags::duration(Duration::ZERO, DAY))]
     shutdown_grace: Duration,
     /// At shutdown, how long outcomes the database has not taken yet (it may
     /// be down) are retried, and unfinished tasks released, before exit (1s
     /// to 1h).
-    #[arg(long, env = "OUTBOX_FLUSH_TIMEOUT", default_value = "5s", value_parser = flags::duration(SECOND, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_FLUSH_TIMEOUT", default_value = "5s", value_parser = flags::duration(SECOND, HOUR))]
     flush_timeout: Duration,
     /// Server-side statement_timeout of the worker's own statements; the
     /// worker gives up on a call one second later and reconnects (100ms to
     /// 1h).
-    #[arg(long, env = "OUTBOX_STATEMENT_TIMEOUT", default_value = "5s", value_parser = flags::duration(100 * MS, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_STATEMENT_TIMEOUT", default_value = "5s", value_parser = flags::duration(100 * MS, HOUR))]
     statement_timeout: Duration,
     /// How long a silent connection lasts before either side drops it (TCP
     /// keepalives, tcp_user_timeout, pings of the LISTEN connection; 1s to
     /// 1h).
-    #[arg(long, env = "OUTBOX_KEEPALIVE", default_value = "10s", value_parser = flags::duration(SECOND, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_KEEPALIVE", default_value = "10s", value_parser = flags::duration(SECOND, HOUR))]
     keepalive: Duration,
     /// How often in-flight tasks' heartbeats are written (one statement;
     /// 100ms to 1h).
-    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = flags::duration(100 * MS, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = flags::duration(100 * MS, HOUR))]
     heartbeat_interval: Duration,
     /// A task whose heartbeat is older than this is recovered (counts as an
     /// attempt); keep it several heartbeat intervals long (1s to 7d).
-    #[arg(long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
     heartbeat_timeout: Duration,
     /// How often the maintenance leader runs recovery (and others campaign;
     /// 10ms to 1h).
-    #[arg(long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = flags::duration(10 * MS, HOUR))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_MAINTENANCE_INTERVAL", default_value = "5s", value_parser = flags::duration(10 * MS, HOUR))]
     maintenance_interval: Duration,
     /// How long successful tasks are kept in the history before cleanup drops
     /// them, a partition at a time (each is dropped once its end is this
     /// old); 0 deletes successful tasks at once (cheapest; no history; up
     /// to 3650d).
-    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
     /// The maintenance leader vacuums the task table once it holds more dead
     /// row versions than this (and than a tenth of its live rows), rather
@@ -171,23 +171,23 @@ struct RunArgs {
     vacuum_threshold: u64,
     /// How much time one partition of the history covers; the maintenance
     /// leader creates them two ahead (1m to 366d).
-    #[arg(long, env = "OUTBOX_HISTORY_PARTITION", default_value = "1d", value_parser = flags::duration(MINUTE, 366 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_HISTORY_PARTITION", default_value = "1d", value_parser = flags::duration(MINUTE, 366 * DAY))]
     history_partition: Duration,
     /// The longest the event log keeps a day of events some subscription
     /// has not published yet (a relay stopped for good): the day is dropped
     /// anyway after this, and `outbox_event_log_forced_drops_total` counts
     /// it. Days every subscription has passed go within the hour after
     /// their end (1d to 3650d).
-    #[arg(long, env = "OUTBOX_EVENT_LOG_MAX_AGE", default_value = "14d", value_parser = flags::duration(DAY, 3650 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_EVENT_LOG_MAX_AGE", default_value = "14d", value_parser = flags::duration(DAY, 3650 * DAY))]
     event_log_max_age: Duration,
     /// How long after a worker stopped reporting itself (killed, machine
     /// lost) its row leaves `workers list` (1s to 30d).
-    #[arg(long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_FORGET_WORKERS_AFTER", default_value = "1h", value_parser = flags::duration(SECOND, 30 * DAY))]
     forget_workers_after: Duration,
     /// The maintenance leader warns while a session of the database holds a
     /// snapshot open for longer than this: vacuum cannot clean the task
     /// table behind it (1s to 7d).
-    #[arg(long, env = "OUTBOX_WARN_SNAPSHOT_AGE", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_WARN_SNAPSHOT_AGE", default_value = "5m", value_parser = flags::duration(SECOND, 7 * DAY))]
     warn_snapshot_age: Duration,
     /// Take no part in maintenance (recovery and cleanup run on other workers).
     #[arg(long, env = "OUTBOX_NO_MAINTENANCE")]

@@ -93,7 +93,7 @@ pub(crate) struct EmitArgs {
     queue: Option<String>,
     /// Published no earlier than this from now (e.g. 30s, 5m; at most
     /// 365d); its aggregate's later events wait behind it.
-    #[arg(long, value_parser = flags::duration(std::time::Duration::ZERO, outbox::events::MAX_EVENT_DELAY))]
+    #[arg(allow_hyphen_values = true, long, value_parser = flags::duration(std::time::Duration::ZERO, outbox::events::MAX_EVENT_DELAY))]
     delay: Option<std::time::Duration>,
 }
 
@@ -106,7 +106,7 @@ pub(crate) struct ShowArgs {
     /// For an id: how far from the time a UUIDv7 id carries to look (the
     /// last this long for another id). The log has no index on id, so the
     /// search reads the days' partitions in that window.
-    #[arg(long, default_value = "1d", value_parser = flags::duration(std::time::Duration::from_secs(60), std::time::Duration::from_secs(400 * 86_400)))]
+    #[arg(allow_hyphen_values = true, long, default_value = "1d", value_parser = flags::duration(std::time::Duration::from_secs(60), std::time::Duration::from_secs(400 * 86_400)))]
     within: std::time::Duration,
     /// One JSON object instead of text.
     #[arg(long)]

@@ -16,6 +16,9 @@ pub(crate) const HOUR: Duration = Duration::from_secs(3600);
 pub(crate) const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Parses a duration (`250ms`, `30s`, `5m`, `7d`) within `min..=max`.
+/// Its flags take values that begin with a hyphen (`allow_hyphen_values`),
+/// so that `--delay -1s` reaches this parser and is named negative, where
+/// clap would call `-1` an unknown argument and suggest `-- -1`.
 pub(crate) fn duration(
     min: Duration,
     max: Duration,

@@ -389,6 +389,19 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "-1s is negative: use 0s to",
         ),
         (&["run", "--shutdown-grace=soon"], "is not a duration"),
+        // A negative duration as its own word is the flag's value too.
+        (
+            &["run", "--shutdown-grace", "-1s"],
+            "-1s is negative: use 0s to",
+        ),
+        (
+            &["tasks", "submit", "outbox.noop", "{}", "--delay", "-1s"],
+            "-1s is negative: use",
+        ),
+        (
+            &["events", "emit", "order", "1", "t", "{}", "--delay", "-5m"],
+            "-5m is negative: use",
+        ),
         (
             &[
                 "run",
