@@ -107,8 +107,9 @@ struct RunArgs {
     /// so the next claim overlaps the running tasks (0 to 100000; 0 claims
     /// only what can start). The buffer holds at most what starts within
     /// --claim-ahead-window at the queue's pace, so slow handlers get
-    /// little or none, plus the key runs waiting for an outcome (within
-    /// this cap); queues with a global concurrency or a rate get none.
+    /// little or none, plus the key runs waiting for an outcome (up to as
+    /// many again, within this cap); queues with a global concurrency or a
+    /// rate get none.
     #[arg(long, env = "OUTBOX_CLAIM_AHEAD", default_value_t = 1000, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
     claim_ahead: usize,
     /// How long a claimed-ahead task may wait for its slot at the queue's

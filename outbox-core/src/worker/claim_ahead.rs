@@ -19,12 +19,16 @@
 //! concurrency or a rate get no buffer: their limits count claimed tasks.
 //!
 //! A run of a key's tasks (worker/runs.rs) keeps its place while each
-//! task's outcome is written, neither running nor buffered then. Those
-//! parked runs are added to the buffer's size (within the same cap):
-//! otherwise they take the buffer's places, and the queue has fewer runs
-//! going than keys to run (the ordered drain of `bench` went 2% and 15%
-//! faster in two sittings of five alternating runs;
-//! PERFORMANCE.md, "Parked runs").
+//! task's outcome is written, neither running nor buffered then. Up to as
+//! many runs waiting so as the buffer's own size are added to it (within
+//! the same cap): otherwise they take the buffer's places, and the queue
+//! has fewer runs going than keys to run (the ordered drain of `bench`
+//! went 15% faster in one sitting of five alternating runs, and no faster
+//! beyond the noise in another; PERFORMANCE.md, "Runs waiting for an
+//! outcome, and room for runs"). No more than that: the buffer follows the pace, so when
+//! outcomes stall the places of the waiting runs go back to counting
+//! against it, and claiming stops as before (the completer's
+//! backpressure).
 //!
 //! At shutdown the dispatcher stops starting tasks and gives the buffered
 //! ones back at once (PENDING, no attempt counted), so that other workers
@@ -49,19 +53,19 @@ use crate::db::ClaimedTask;
 pub(crate) struct Places {
     _slot: OwnedSemaphorePermit,
     capacity: OwnedSemaphorePermit,
-    /// The queue's count of parked runs.
-    parked: Arc<AtomicUsize>,
+    /// The queue's count of runs waiting for an outcome.
+    waiting_runs: Arc<AtomicUsize>,
 }
 
 impl Places {
     /// Frees the slot and keeps the place in the capacity, for the next
-    /// task of a run (see worker/runs.rs), counted as parked until the run
-    /// goes on or ends.
-    pub(crate) fn park(self) -> ParkedRun {
-        self.parked.fetch_add(1, Ordering::Relaxed);
-        ParkedRun {
+    /// task of a run (see worker/runs.rs), counted as a run waiting for an
+    /// outcome until the run goes on or ends.
+    pub(crate) fn wait_for_outcome(self) -> WaitingRun {
+        self.waiting_runs.fetch_add(1, Ordering::Relaxed);
+        WaitingRun {
             capacity: Some(self.capacity),
-            parked: self.parked,
+            waiting_runs: self.waiting_runs,
         }
     }
 }
@@ -69,23 +73,23 @@ impl Places {
 /// The place of a run whose task's outcome is being written. Dropped (the
 /// run given back or held), it frees its place and is no longer counted.
 #[derive(Debug)]
-pub(crate) struct ParkedRun {
+pub(crate) struct WaitingRun {
     capacity: Option<OwnedSemaphorePermit>,
-    parked: Arc<AtomicUsize>,
+    waiting_runs: Arc<AtomicUsize>,
 }
 
-impl ParkedRun {
+impl WaitingRun {
     /// The run goes on: its place goes with its next task.
     pub(crate) fn resume(mut self) -> OwnedSemaphorePermit {
         self.capacity
             .take()
-            .expect("a parked run has its place until it resumes")
+            .expect("a waiting run has its place until it resumes")
     }
 }
 
-impl Drop for ParkedRun {
+impl Drop for WaitingRun {
     fn drop(&mut self) {
-        self.parked.fetch_sub(1, Ordering::Relaxed);
+        self.waiting_runs.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -99,7 +103,7 @@ pub(crate) struct Buffered {
 const RATE_SAMPLE: Duration = Duration::from_millis(200);
 
 /// Sizes the buffer from the rate at which this worker starts the queue's
-/// tasks.
+/// tasks, and the runs waiting for an outcome.
 pub(crate) struct Sizer {
     max: usize,
     window: Duration,
@@ -121,8 +125,8 @@ impl Sizer {
     }
 
     /// The buffer this queue should have now, given the count of tasks
-    /// started so far and the runs parked now.
-    pub(crate) fn target(&mut self, started: u64, parked: usize, now: Instant) -> usize {
+    /// started so far and the runs waiting for an outcome now.
+    pub(crate) fn target(&mut self, started: u64, waiting_runs: usize, now: Instant) -> usize {
         let elapsed = now.saturating_duration_since(self.sampled_at);
         if elapsed >= RATE_SAMPLE {
             let window_rate = started.saturating_sub(self.sampled) as f64 / elapsed.as_secs_f64();
@@ -140,7 +144,12 @@ impl Sizer {
         } else {
             0
         };
-        wanted.saturating_add(parked).min(self.max)
+        // The waiting runs add at most the buffer's own size again, so that
+        // they follow the pace too: when outcomes stall, the start rate and
+        // with it this part fall, and claiming stops (see the module doc).
+        wanted
+            .saturating_add(waiting_runs.min(wanted))
+            .min(self.max)
     }
 }
 
@@ -178,8 +187,9 @@ pub(crate) struct Dispatcher {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) buffer: mpsc::UnboundedReceiver<Buffered>,
     pub(crate) started: Arc<AtomicU64>,
-    /// The queue's count of parked runs (see [`ParkedRun`]).
-    pub(crate) parked: Arc<AtomicUsize>,
+    /// The queue's count of runs waiting for an outcome (see
+    /// [`WaitingRun`]).
+    pub(crate) waiting_runs: Arc<AtomicUsize>,
     pub(crate) tracker: TaskTracker,
     pub(crate) done: mpsc::Sender<Done>,
     pub(crate) stop: CancellationToken,
@@ -191,7 +201,7 @@ pub(crate) async fn dispatch(d: Dispatcher) {
         slots,
         mut buffer,
         started,
-        parked,
+        waiting_runs,
         tracker,
         done,
         stop,
@@ -225,7 +235,7 @@ pub(crate) async fn dispatch(d: Dispatcher) {
             Places {
                 _slot: slot,
                 capacity: next.capacity,
-                parked: Arc::clone(&parked),
+                waiting_runs: Arc::clone(&waiting_runs),
             },
         ));
     }
@@ -295,34 +305,48 @@ mod tests {
     }
 
     #[test]
-    fn parked_runs_add_to_the_buffer_within_its_cap() {
+    fn waiting_runs_add_to_the_buffer_up_to_its_own_size_within_its_cap() {
         let t0 = Instant::now();
         let mut sizer = Sizer::new(100, Duration::from_millis(50));
-        // 400 starts a second: 20 ahead, and 30 runs waiting for their
+        // 400 starts a second: 20 ahead, and 15 runs waiting for their
         // outcomes on top.
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(sizer.target(400, 30, t1), 50);
-        // However many are parked, the cap holds.
-        assert_eq!(sizer.target(400, 500, t1), 100);
-        assert_eq!(sizer.target(400, usize::MAX, t1), 100);
+        assert_eq!(sizer.target(400, 15, t1), 35);
+        // At most the buffer's own size again.
+        assert_eq!(sizer.target(400, 30, t1), 40);
+        assert_eq!(sizer.target(400, usize::MAX, t1), 40);
+        // And within the cap.
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(sizer.target(2_000, 500, t2), 100);
+        // Outcomes stall: nothing starts, and however many runs wait, the
+        // buffer shrinks as the rate does, to nothing.
+        let mut t = t2;
+        for _ in 0..20 {
+            t += Duration::from_millis(200);
+            sizer.target(2_000, 1_000, t);
+        }
+        assert_eq!(sizer.target(2_000, 1_000, t), 0);
     }
 
     #[test]
-    fn a_parked_run_is_counted_until_it_resumes_or_is_dropped() {
+    fn a_waiting_run_is_counted_until_it_resumes_or_is_dropped() {
         let capacity = Arc::new(Semaphore::new(2));
         let slots = Arc::new(Semaphore::new(2));
-        let parked = Arc::new(AtomicUsize::new(0));
+        let waiting_runs = Arc::new(AtomicUsize::new(0));
         let places = |capacity: &Arc<Semaphore>| Places {
             _slot: Arc::clone(&slots).try_acquire_owned().unwrap(),
             capacity: Arc::clone(capacity).try_acquire_owned().unwrap(),
-            parked: Arc::clone(&parked),
+            waiting_runs: Arc::clone(&waiting_runs),
         };
-        let (first, second) = (places(&capacity).park(), places(&capacity).park());
-        assert_eq!(parked.load(Ordering::Relaxed), 2);
-        assert_eq!(slots.available_permits(), 2, "a parked run frees its slot");
+        let (first, second) = (
+            places(&capacity).wait_for_outcome(),
+            places(&capacity).wait_for_outcome(),
+        );
+        assert_eq!(waiting_runs.load(Ordering::Relaxed), 2);
+        assert_eq!(slots.available_permits(), 2, "a waiting run frees its slot");
         assert_eq!(capacity.available_permits(), 0, "and keeps its place");
         let place = first.resume();
-        assert_eq!(parked.load(Ordering::Relaxed), 1);
+        assert_eq!(waiting_runs.load(Ordering::Relaxed), 1);
         assert_eq!(
             capacity.available_permits(),
             0,
@@ -330,7 +354,7 @@ mod tests {
         );
         drop(place);
         drop(second);
-        assert_eq!(parked.load(Ordering::Relaxed), 0);
+        assert_eq!(waiting_runs.load(Ordering::Relaxed), 0);
         assert_eq!(capacity.available_permits(), 2);
     }
 

@@ -372,7 +372,7 @@ impl Writer {
                 }
                 settled => settled,
             };
-            let Some((mut run, parked)) = d.run else {
+            let Some((mut run, waiting)) = d.run else {
                 continue;
             };
             match settled {
@@ -381,7 +381,7 @@ impl Writer {
                 runs::Next::GoOn => {
                     let mut task = run.remove(0);
                     task.run = run;
-                    let capacity = parked.resume();
+                    let capacity = waiting.resume();
                     match shared.hand_on.run_on(Buffered { task, capacity }) {
                         Ok(()) => shared.counters.run_on(),
                         // The dispatcher stopped (shutdown).

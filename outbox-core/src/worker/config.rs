@@ -30,7 +30,7 @@ pub struct WorkerConfig {
     /// binds only above 20,000 starts a second (at the default window):
     /// room for runs of a key's tasks, each of which keeps its place from
     /// its claim to its last task. The runs waiting for an outcome are
-    /// added to the buffer, within this cap.
+    /// added to the buffer, up to its own size again and within this cap.
     pub claim_ahead: usize,
     /// How long, at the queue's current pace, a claimed-ahead task may wait
     /// for its slot: the buffer holds what this worker starts in this time.

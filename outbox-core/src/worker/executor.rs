@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::Shared;
-use super::claim_ahead::{ParkedRun, Places};
+use super::claim_ahead::{Places, WaitingRun};
 use super::events::TaskEventKind;
 use super::holdings::BeforeStart;
 use crate::db::{ClaimedTask, Finish, NextState};
@@ -44,13 +44,15 @@ pub(crate) struct Done {
     /// The rest of the task's run (its key's tasks claimed with it), and
     /// the place in the queue's capacity they go on with (see
     /// worker/runs.rs).
-    pub(crate) run: Option<(Vec<ClaimedTask>, ParkedRun)>,
+    pub(crate) run: Option<(Vec<ClaimedTask>, WaitingRun)>,
 }
 
 /// Runs one attempt (already recorded in the worker's holdings by the
 /// producer) and queues its outcome. The places (the executor slot and the
-/// place in the queue's capacity) are held until the outcome is queued, so a slow completer slows claiming instead
-/// of piling up outcomes in memory.
+/// place in the queue's capacity) are held until the outcome is queued, so
+/// a slow completer slows claiming instead of piling up outcomes in memory.
+/// A task of a run frees its slot as soon as its handler is done and keeps
+/// its place for the run's next task (see [`WaitingRun`]).
 pub(crate) async fn execute(
     shared: Arc<Shared>,
     mut task: ClaimedTask,
@@ -146,7 +148,7 @@ pub(crate) async fn execute(
         let (run, permit) = if run.is_empty() {
             (None, Some(permit))
         } else {
-            (Some((run, permit.park())), None)
+            (Some((run, permit.wait_for_outcome())), None)
         };
         let done_msg = Done {
             finish,

@@ -44,8 +44,9 @@ pub(crate) struct Lane {
     /// takes one to start each task.
     pub(crate) slots: Arc<Semaphore>,
     /// How many of the queue's runs wait for an outcome, each with its
-    /// place (see [`ParkedRun`](super::claim_ahead::ParkedRun)).
-    pub(crate) parked: Arc<AtomicUsize>,
+    /// place (see [`WaitingRun`](super::claim_ahead::WaitingRun)): counted
+    /// by the dispatcher's tasks, read by the producer to size its buffer.
+    pub(crate) waiting_runs: Arc<AtomicUsize>,
 }
 
 /// The queues a completion can hand tasks on to.
@@ -181,7 +182,7 @@ mod tests {
             capacity: Arc::new(Semaphore::new(places)),
             to_dispatch,
             slots: Arc::new(Semaphore::new(places)),
-            parked: Arc::default(),
+            waiting_runs: Arc::default(),
         };
         let stop = CancellationToken::new();
         let lanes = HashMap::from([("q".to_owned(), lane)]);

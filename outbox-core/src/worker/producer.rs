@@ -74,7 +74,7 @@ pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffere
         capacity: Arc::new(Semaphore::new(concurrency)),
         to_dispatch,
         slots: Arc::new(Semaphore::new(concurrency)),
-        parked: Arc::default(),
+        waiting_runs: Arc::default(),
     };
     (lane, buffer)
 }
@@ -89,7 +89,7 @@ pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) 
         slots,
         buffer,
         started: Arc::clone(&started),
-        parked: Arc::clone(&p.lane.parked),
+        waiting_runs: Arc::clone(&p.lane.waiting_runs),
         tracker: p.tracker.clone(),
         done: p.done.clone(),
         stop: p.stop.clone(),
@@ -114,7 +114,9 @@ async fn claim_loop(
         tracker: _,
         done: _,
         lane: Lane {
-            capacity, parked, ..
+            capacity,
+            waiting_runs,
+            ..
         },
     } = p;
     // `ahead` places beyond the concurrency follow the sizer's target.
@@ -195,7 +197,7 @@ async fn claim_loop(
         } else {
             sizer.target(
                 started.load(Ordering::Relaxed),
-                parked.load(Ordering::Relaxed),
+                waiting_runs.load(Ordering::Relaxed),
                 Instant::now(),
             )
         };
