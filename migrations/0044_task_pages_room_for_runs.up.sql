@@ -15,9 +15,9 @@
 -- With new pages filled to 70%, 51,000-58,000 were (to half, 74,000-
 -- 80,000), and a page holds a run of 16 tasks inserted together. The
 -- ordered drain went 2.5% faster in the bench's five alternating runs
--- (4% at half; PERFORMANCE.md, "Room for runs"); the unordered drain and
--- the inserts moved within their noise: an unordered claim changes indexed
--- columns, so its update is never HOT. The table takes 30% more pages for
--- the same backlog. Pages already written keep their fill until their
+-- (4% at half; PERFORMANCE.md, "Runs waiting for an outcome, and room for
+-- runs"); the unordered drain and the inserts moved within their noise:
+-- an unordered claim changes indexed columns, so its update is never HOT.
+-- The table takes about 30% more pages for the same backlog. Pages already written keep their fill until their
 -- rows are gone and vacuum frees them.
 ALTER TABLE outbox_tasks SET (fillfactor = 70);
