@@ -110,13 +110,15 @@ pub(crate) struct RetryArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Task ids to retry.
-    #[arg(required_unless_present = "dead", conflicts_with = "dead")]
+    // Not required with --type alone: `retry` itself then says to add
+    // --dead (clap's own message listed --dead and ids together).
+    #[arg(required_unless_present_any = ["dead", "task_type"], conflicts_with = "dead")]
     ids: Vec<i64>,
     /// Retry every dead task (of --type, if given).
     #[arg(long)]
     dead: bool,
     /// With --dead: only dead tasks of this type.
-    #[arg(long = "type", requires = "dead")]
+    #[arg(long = "type")]
     task_type: Option<String>,
 }
 
@@ -328,6 +330,12 @@ pub(crate) fn print_task(t: &TaskRecord) {
 }
 
 async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    if args.task_type.is_some() && !args.dead {
+        return Err(Failure::config(
+            "--type picks which dead tasks to retry: give it with --dead \
+             (tasks retry --dead --type TYPE); tasks given by id are retried whatever their type",
+        ));
+    }
     let pool = connect_operator_migrated(&args.db, 1).await?;
     if args.dead {
         let ids = admin::retry_dead(&pool, args.task_type.as_deref()).await?;

@@ -389,6 +389,15 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "-1s is negative: use 0s to",
         ),
         (&["run", "--shutdown-grace=soon"], "is not a duration"),
+        // --type filters --dead, alone or with ids.
+        (
+            &["tasks", "retry", "--type", "outbox.noop"],
+            "give it with --dead (tasks retry --dead --type TYPE)",
+        ),
+        (
+            &["tasks", "retry", "7", "--type", "outbox.noop"],
+            "give it with --dead",
+        ),
         // A negative duration as its own word is the flag's value too.
         (
             &["run", "--shutdown-grace", "-1s"],
