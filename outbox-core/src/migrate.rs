@@ -289,6 +289,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0044_task_pages_room_for_runs.up.sql"),
         down: include_str!("../../migrations/0044_task_pages_room_for_runs.down.sql"),
     },
+    Migration {
+        version: 45,
+        name: "sql_submit_empty_unique_key",
+        up: include_str!("../../migrations/0045_sql_submit_empty_unique_key.up.sql"),
+        down: include_str!("../../migrations/0045_sql_submit_empty_unique_key.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -355,6 +355,10 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
         ),
         (json!({"queue": "m", "ordering_key": ""}), "1 to 512 bytes"),
         (
+            json!({"queue": "m", "unique_key": ""}),
+            "a unique key cannot be empty: use 1 to 1024 bytes",
+        ),
+        (
             json!({"queue": "m", "notify": "no"}),
             "notify must be true or false",
         ),
