@@ -19,16 +19,16 @@
 //! concurrency or a rate get no buffer: their limits count claimed tasks.
 //!
 //! A run of a key's tasks (worker/runs.rs) keeps its place while each
-//! task's outcome is written, neither running nor buffered then. Up to as
-//! many runs waiting so as the buffer's own size are added to it (within
-//! the same cap): otherwise they take the buffer's places, and the queue
-//! has fewer runs going than keys to run (the ordered drain of `bench`
-//! went 15% faster in one sitting of five alternating runs, and no faster
-//! beyond the noise in another; PERFORMANCE.md, "Runs waiting for an
-//! outcome, and room for runs"). No more than that: the buffer follows the pace, so when
-//! outcomes stall the places of the waiting runs go back to counting
-//! against it, and claiming stops as before (the completer's
-//! backpressure).
+//! task's outcome is written, neither running nor buffered then. The runs
+//! waiting so are added to the buffer's size, up to that size again and
+//! within the same cap: otherwise they take the buffer's places, and the
+//! queue has fewer runs going than keys to run (the ordered drain of
+//! `bench` went 15% faster in one sitting of five alternating runs, and
+//! no faster beyond the noise in another; PERFORMANCE.md, "Runs waiting
+//! for an outcome, and room for runs"). No more than that: the buffer
+//! follows the pace, so when outcomes stall the waiting runs' places go
+//! back to counting against it, and claiming stops as before (the
+//! completer's backpressure).
 //!
 //! At shutdown the dispatcher stops starting tasks and gives the buffered
 //! ones back at once (PENDING, no attempt counted), so that other workers
