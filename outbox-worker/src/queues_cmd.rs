@@ -159,9 +159,8 @@ async fn delete(args: DeleteArgs) -> Result<(), Failure> {
 }
 
 /// Refuses a queue the cluster has never heard of (see
-/// [`admin::unknown_queue`])
-/// unless `create`: a mistyped name would otherwise be paused or limited
-/// silently, and listed from then on.
+/// [`admin::unknown_queue`]) unless `create`: a mistyped name would
+/// otherwise be paused or limited silently, and listed from then on.
 async fn known(pool: &sqlx::PgPool, name: &str, create: bool) -> Result<(), Failure> {
     admin::check_queue_name(name)?;
     if create {

@@ -25,7 +25,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -43,10 +42,6 @@ pub(crate) struct Lane {
     /// The executor slots of the queue (its concurrency); the dispatcher
     /// takes one to start each task.
     pub(crate) slots: Arc<Semaphore>,
-    /// How many of the queue's runs wait for an outcome, each with its
-    /// place (see [`WaitingRun`](super::claim_ahead::WaitingRun)): counted
-    /// by the dispatcher's tasks, read by the producer to size its buffer.
-    pub(crate) waiting_runs: Arc<AtomicUsize>,
 }
 
 /// The queues a completion can hand tasks on to.
@@ -182,7 +177,6 @@ mod tests {
             capacity: Arc::new(Semaphore::new(places)),
             to_dispatch,
             slots: Arc::new(Semaphore::new(places)),
-            waiting_runs: Arc::default(),
         };
         let stop = CancellationToken::new();
         let lanes = HashMap::from([("q".to_owned(), lane)]);

@@ -25,7 +25,7 @@
 //! attempt).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -74,7 +74,6 @@ pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffere
         capacity: Arc::new(Semaphore::new(concurrency)),
         to_dispatch,
         slots: Arc::new(Semaphore::new(concurrency)),
-        waiting_runs: Arc::default(),
     };
     (lane, buffer)
 }
@@ -83,18 +82,21 @@ pub(crate) fn lane(concurrency: usize) -> (Lane, mpsc::UnboundedReceiver<Buffere
 pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) {
     let slots = Arc::clone(&p.lane.slots);
     let started = Arc::new(AtomicU64::new(0));
+    // The queue's runs waiting for an outcome: counted by its tasks'
+    // places (the dispatcher gives each its count), read by the claims.
+    let waiting_runs = Arc::new(AtomicUsize::new(0));
     let to_dispatch = p.lane.to_dispatch.clone();
     let dispatcher = tokio::spawn(claim_ahead::dispatch(Dispatcher {
         shared: Arc::clone(&p.shared),
         slots,
         buffer,
         started: Arc::clone(&started),
-        waiting_runs: Arc::clone(&p.lane.waiting_runs),
+        waiting_runs: Arc::clone(&waiting_runs),
         tracker: p.tracker.clone(),
         done: p.done.clone(),
         stop: p.stop.clone(),
     }));
-    claim_loop(p, &started, to_dispatch).await;
+    claim_loop(p, &started, &waiting_runs, to_dispatch).await;
     // The dispatcher gives back what it still buffers once it sees the
     // stop; it is part of this producer's shutdown.
     let _ = dispatcher.await;
@@ -103,6 +105,7 @@ pub(crate) async fn run(p: Producer, buffer: mpsc::UnboundedReceiver<Buffered>) 
 async fn claim_loop(
     p: Producer,
     started: &AtomicU64,
+    waiting_runs: &AtomicUsize,
     to_dispatch: mpsc::UnboundedSender<Buffered>,
 ) {
     let Producer {
@@ -113,11 +116,7 @@ async fn claim_loop(
         stop,
         tracker: _,
         done: _,
-        lane: Lane {
-            capacity,
-            waiting_runs,
-            ..
-        },
+        lane: Lane { capacity, .. },
     } = p;
     // `ahead` places beyond the concurrency follow the sizer's target.
     let mut ahead = 0;
