@@ -295,6 +295,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0045_sql_submit_empty_unique_key.up.sql"),
         down: include_str!("../../migrations/0045_sql_submit_empty_unique_key.down.sql"),
     },
+    Migration {
+        version: 46,
+        name: "key_runs_handed_on",
+        up: include_str!("../../migrations/0046_key_runs_handed_on.up.sql"),
+        down: include_str!("../../migrations/0046_key_runs_handed_on.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -64,10 +64,15 @@ async fn a_keys_tasks_claimed_in_runs_run_in_order_once_each_and_record_when_eac
         ]
     );
     let c = counters.snapshot();
-    // Each claim takes a key's next step with the seven behind it (1-8,
-    // 9-16, 17-20), and the last step of a run hands its key to no one: a
-    // claim takes the next run.
-    assert_eq!((c.tasks_run_on, c.tasks_handed_on), (2 * 17, 0), "{c:?}");
+    // The claim takes each key's first step with the seven behind it
+    // (1-8), and the last step of each run hands its key straight on to the
+    // next run, claimed by its outcome (9-16, then 17-20; migration 46):
+    // the worker has idle slots throughout, two keys in four.
+    assert_eq!(
+        (c.tasks_claimed, c.tasks_run_on, c.tasks_handed_on),
+        (2 * 8, 2 * 17, 2 * 2),
+        "{c:?}"
+    );
     // Claimed once each, in a run or on its own.
     let claimed_again: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks WHERE claims <> 1")
@@ -132,6 +137,13 @@ async fn a_key_run_of_one_claims_each_task_alone() {
 }
 
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
+/// The success outcome as the worker sends it when it offers places and
+/// takes runs (`db::complete_tasks`).
+const COMPLETE_HANDING_RUNS: &str = concat!(
+    "WITH o AS MATERIALIZED (\n",
+    include_str!("../../outbox-core/src/db/sql/complete_tasks.sql"),
+    include_str!("../../outbox-core/src/db/sql/hand_on_runs.sql")
+);
 const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
 const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
 
@@ -563,4 +575,77 @@ async fn a_place_handed_out_during_a_run_skips_its_held_tasks() {
         "the ninth has the new place: {line:?}"
     );
     assert_eq!((line[9].0, line[9].2), (10, true), "{line:?}");
+}
+
+/// An outcome that hands a key on claims the key's next task with the run
+/// behind it (migration 46), as a claim does: the run's last task
+/// PROCESSING, those between held in place, and the run stops before the
+/// first task that could not be claimed on its own (here one not due
+/// yet).
+#[tokio::test]
+async fn an_outcome_hands_its_key_on_to_the_next_run() {
+    use sqlx::Row;
+    let db = TestDb::migrated().await;
+    submit_run_of(&db, 6).await;
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox_tasks WHERE ordering_key = 'r' ORDER BY key_seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    sqlx::query("UPDATE outbox_tasks SET execute_at = now() + interval '1 hour' WHERE id = $1")
+        .bind(ids[4])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut worker = db.conn().await;
+    // The head alone, then its success with an offer of one place.
+    let claimed = crate::claim_sql::claim(&mut worker, "ordered", 1, "w/1", 1).await;
+    assert_eq!(claimed.len(), 1);
+    let mut handed: Vec<(i64, Option<bool>, Option<i64>)> = sqlx::query(COMPLETE_HANDING_RUNS)
+        .bind(vec![ids[0]])
+        .bind(vec![1_i32])
+        .bind(vec!["w/1"])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(vec!["ordered"])
+        .bind(vec![1_i32])
+        .bind(Some("w/hand"))
+        .bind(Vec::<i64>::new())
+        .bind(None::<Vec<Option<chrono::DateTime<chrono::Utc>>>>)
+        .bind(Vec::<i64>::new())
+        .bind(Some(8_i32))
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.get::<bool, _>("handed"))
+        .map(|r| {
+            (
+                r.get::<i64, _>("id"),
+                r.get::<Option<bool>, _>("claimed"),
+                r.get::<Option<i64>, _>("run_of"),
+            )
+        })
+        .collect();
+    handed.sort_unstable();
+    assert_eq!(
+        handed,
+        vec![
+            (ids[1], Some(true), None),
+            (ids[2], Some(true), Some(ids[1])),
+            (ids[3], Some(true), Some(ids[1])),
+        ],
+        "the next task, and the run behind it up to the task not due"
+    );
+    let hand = Some("w/hand".to_owned());
+    let (processing, pending) = ("processing".to_owned(), "pending".to_owned());
+    assert_eq!(
+        rows(&db.pool, &ids[1..]).await,
+        vec![
+            (processing.clone(), false, hand.clone(), true, false),
+            (pending.clone(), true, hand.clone(), false, false),
+            (processing.clone(), true, hand.clone(), true, false),
+            (pending.clone(), true, None, false, false),
+            (pending.clone(), true, None, false, false),
+        ]
+    );
 }

@@ -17,6 +17,18 @@ use sqlx::PgConnection;
 
 const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 const DELETE: &str = include_str!("../../outbox-core/src/db/sql/delete_completed_tasks.sql");
+/// The two above as the worker sends them when it takes runs behind the
+/// tasks it is handed (`db::complete_tasks`).
+const COMPLETE_RUNS: &str = concat!(
+    "WITH o AS MATERIALIZED (\n",
+    include_str!("../../outbox-core/src/db/sql/complete_tasks.sql"),
+    include_str!("../../outbox-core/src/db/sql/hand_on_runs.sql")
+);
+const DELETE_RUNS: &str = concat!(
+    "WITH o AS MATERIALIZED (\n",
+    include_str!("../../outbox-core/src/db/sql/delete_completed_tasks.sql"),
+    include_str!("../../outbox-core/src/db/sql/hand_on_runs.sql")
+);
 const FINISH: &str = include_str!("../../outbox-core/src/db/sql/finish_tasks.sql");
 const CLAIM_LIMITED: &str = include_str!("../../outbox-core/src/db/sql/claim_limited.sql");
 
@@ -34,9 +46,9 @@ async fn plans(conn: &mut PgConnection, sql: &str) -> (i64, i64) {
     .expect("the statement is prepared in this session")
 }
 
-async fn success_outcome(conn: &mut PgConnection, sql: &'static str) {
+async fn success_outcome(conn: &mut PgConnection, sql: &'static str, runs: Option<i32>) {
     // A batch of one attempt that is not there: the plan is the same.
-    sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(vec![-1_i64])
         .bind(vec![1_i32])
         .bind(vec!["no such claim"])
@@ -46,10 +58,14 @@ async fn success_outcome(conn: &mut PgConnection, sql: &'static str) {
         .bind(Some("hand-on claim"))
         .bind(Vec::<i64>::new())
         .bind(vec![None::<DateTime<Utc>>])
-        .bind(Vec::<i64>::new())
-        .fetch_all(conn)
-        .await
-        .unwrap();
+        .bind(Vec::<i64>::new());
+    match runs {
+        Some(run_length) => query.bind(run_length),
+        None => query,
+    }
+    .fetch_all(conn)
+    .await
+    .unwrap();
 }
 
 async fn failure_outcome(conn: &mut PgConnection) {
@@ -101,14 +117,18 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
     .unwrap();
 
     for _ in 0..CALLS {
-        success_outcome(&mut conn, COMPLETE).await;
-        success_outcome(&mut conn, DELETE).await;
+        success_outcome(&mut conn, COMPLETE, None).await;
+        success_outcome(&mut conn, DELETE, None).await;
+        success_outcome(&mut conn, COMPLETE_RUNS, Some(16)).await;
+        success_outcome(&mut conn, DELETE_RUNS, Some(16)).await;
         failure_outcome(&mut conn).await;
         limited_claim(&mut conn).await;
     }
     for (name, sql) in [
         ("complete_tasks", COMPLETE),
         ("delete_completed_tasks", DELETE),
+        ("complete_tasks with runs", COMPLETE_RUNS),
+        ("delete_completed_tasks with runs", DELETE_RUNS),
         ("finish_tasks", FINISH),
         ("claim_limited", CLAIM_LIMITED),
     ] {
@@ -124,11 +144,13 @@ async fn outcome_statements_for_one_task_are_not_planned_per_call() {
     let unsettled: Vec<String> = sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc AS p \
          WHERE p.proname IN ('outbox_complete_tasks', 'outbox_finish_tasks', \
-                             'outbox_claim_limited', 'outbox_keys_let_go') \
+                             'outbox_claim_limited', 'outbox_keys_let_go', \
+                             'outbox_hold_runs') \
            AND NOT coalesce('plan_cache_mode=force_generic_plan' = ANY (p.proconfig), false) \
          UNION ALL \
          SELECT name FROM unnest(ARRAY['outbox_complete_tasks', 'outbox_finish_tasks', \
-                                       'outbox_claim_limited', 'outbox_keys_let_go']) AS name \
+                                       'outbox_claim_limited', 'outbox_keys_let_go', \
+                                       'outbox_hold_runs']) AS name \
          WHERE NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = name)",
     )
     .fetch_all(&mut *conn)

@@ -395,12 +395,15 @@ pub(crate) struct Finish {
 
 /// A completion's offer to claim the next task of each ordering key it lets
 /// go of, for this worker (see migration 17): per queue, how many places
-/// the worker has free, and the claim token of what it takes.
+/// the worker has free, and the claim token of what it takes. Each task
+/// taken comes with the tasks waiting behind it in its key's line, up to
+/// `run_length` in all (a run, migration 46).
 #[derive(Debug)]
 pub(crate) struct HandOnOffer {
     pub(crate) queues: Vec<String>,
     pub(crate) places: Vec<i32>,
     pub(crate) token: Arc<str>,
+    pub(crate) run_length: i32,
 }
 
 /// What a completion wrote and handed on.
@@ -409,7 +412,7 @@ pub(crate) struct Completed {
     /// The ids of the outcomes written (a fenced-out stale one is missing).
     pub(crate) written: Vec<i64>,
     /// Tasks handed their key and claimed for this worker under the offer's
-    /// token.
+    /// token, each with its run.
     pub(crate) claimed: Vec<ClaimedTask>,
     /// Queues of tasks handed their key but not claimed (woken by NOTIFY).
     pub(crate) woken: Vec<String>,
@@ -468,7 +471,8 @@ pub(crate) async fn hand_on_deferred_keys(
 
 /// TX2 for successes only: marks them COMPLETED, or deletes them when
 /// `delete` (retention zero), and hands each ordering key let go of to its
-/// next task, claiming that task for this worker if `offer` allows it.
+/// next task, claiming that task for this worker if `offer` allows it,
+/// with the tasks waiting behind it as its run (migration 46).
 /// A task in `continuing` (with the next task of its run) keeps its key
 /// while that next task is still this worker's: it runs here next
 /// (migration 28); otherwise the run ends (`Completed::halted`).
@@ -483,12 +487,25 @@ pub(crate) async fn complete_tasks(
     let ids: Vec<i64> = batch.iter().map(|f| f.id).collect();
     let claims: Vec<i32> = batch.iter().map(|f| f.claims).collect();
     let tokens: Vec<&str> = batch.iter().map(|f| &*f.token).collect();
-    let sql = if delete {
-        include_str!("sql/delete_completed_tasks.sql")
-    } else {
-        include_str!("sql/complete_tasks.sql")
+    // Runs are taken only with an offer: the statement that takes them
+    // costs every outcome more, and most outcomes of a hot key's run offer
+    // nothing (their run goes on).
+    let takes_runs = offer.is_some_and(|o| o.run_length > 1);
+    let sql = match (delete, takes_runs) {
+        (false, false) => include_str!("sql/complete_tasks.sql"),
+        (true, false) => include_str!("sql/delete_completed_tasks.sql"),
+        (false, true) => concat!(
+            "WITH o AS MATERIALIZED (\n",
+            include_str!("sql/complete_tasks.sql"),
+            include_str!("sql/hand_on_runs.sql")
+        ),
+        (true, true) => concat!(
+            "WITH o AS MATERIALIZED (\n",
+            include_str!("sql/delete_completed_tasks.sql"),
+            include_str!("sql/hand_on_runs.sql")
+        ),
     };
-    let rows = sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(ids)
         .bind(claims)
         .bind(tokens)
@@ -498,10 +515,17 @@ pub(crate) async fn complete_tasks(
         .bind(offer.map(|o| o.token.to_string()))
         .bind(continuing.iter().map(|(id, _)| *id).collect::<Vec<_>>())
         .bind(attempts_started(batch))
-        .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>())
-        .fetch_all(conn)
-        .await?;
+        .bind(continuing.iter().map(|(_, next)| *next).collect::<Vec<_>>());
+    let rows = if takes_runs {
+        query.bind(offer.map(|o| o.run_length))
+    } else {
+        query
+    }
+    .fetch_all(conn)
+    .await?;
     let mut completed = Completed::default();
+    // The rest of each run handed on, by its head.
+    let mut runs: HashMap<i64, Vec<ClaimedTask>> = HashMap::new();
     for r in &rows {
         if let Some(key) = deferred_key(r)? {
             completed.deferred.push(key);
@@ -510,10 +534,39 @@ pub(crate) async fn complete_tasks(
         } else if let Some(offer) = offer
             && r.try_get::<bool, _>("claimed")?
         {
-            completed.claimed.push(claimed_task(r, &offer.token)?);
+            let mut task = claimed_task(r, &offer.token)?;
+            // Only the statement that takes runs has the column.
+            let run_of = match r.try_get::<Option<i64>, _>("run_of") {
+                Err(sqlx::Error::ColumnNotFound(_)) => None,
+                run_of => run_of?,
+            };
+            match run_of {
+                Some(head) => {
+                    task.follows = true;
+                    runs.entry(head).or_default().push(task);
+                }
+                None => completed.claimed.push(task),
+            }
         } else {
             completed.woken.push(r.try_get("queue")?);
         }
+    }
+    for head in &mut completed.claimed {
+        if let Some(mut run) = runs.remove(&head.id) {
+            run.sort_unstable_by_key(|t| t.key_seq);
+            head.run = run;
+        }
+    }
+    // Cannot happen (a run is claimed behind a task handed on here); if it
+    // did, its tasks would run out of order, so they stay claimed and
+    // unstarted (not in this worker's holdings, so not heartbeated) until
+    // stuck-task recovery returns them.
+    for (head, run) in runs {
+        tracing::error!(
+            head,
+            task_ids = ?run.iter().map(|t| t.id).collect::<Vec<_>>(),
+            "a hand-on returned a run without its head"
+        );
     }
     Ok(completed)
 }

@@ -297,24 +297,15 @@ impl Writer {
             return Ok(done);
         }
         let finishes: Vec<&Finish> = part.iter().map(|d| &d.finish).collect();
-        // A task whose run goes on keeps its key: nothing to hand on. The
-        // last task of a run offers no place either: the key goes back to
-        // its line and the queue's producer, woken, claims its next task
-        // with a run. A hand-on would take that task alone, and the key
-        // would go on task by task, one hand-over each (a hot key ran at
-        // 1,174-1,200 tasks/s so, against 1,273-1,444 in runs). The places
-        // offered are the queue's, and the database gives them to whichever
-        // keys the statement lets go of, so a queue where a run ends in this
-        // batch gets none at all.
-        let run_ends: HashSet<&str> = part
-            .iter()
-            .filter(|d| d.in_run && d.run.is_none())
-            .map(|d| &*d.queue)
-            .collect();
+        // A task whose run goes on keeps its key: nothing to hand on. Any
+        // other ordered success may hand its key straight on, with the run
+        // behind the key's next task (migration 46); the last task of a run
+        // too, whose key would otherwise go back to its line until the
+        // producer, woken, claimed it.
         let offer = shared.hand_on.offer(
             &shared.holdings,
             part.iter()
-                .filter(|d| d.ordered && d.run.is_none() && !run_ends.contains(&*d.queue))
+                .filter(|d| d.ordered && d.run.is_none())
                 .map(|d| &*d.queue),
         );
         let result = call(&shared.engine, shared.deadline, "outcome", async |conn| {

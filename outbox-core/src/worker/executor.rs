@@ -35,10 +35,6 @@ pub(crate) struct Done {
     /// The task has an ordering key: once its outcome is written, the
     /// next task of the key may be claimable.
     pub(crate) ordered: bool,
-    /// The task was claimed behind its key's head, in a run: its outcome
-    /// lets the key go for a claim to take with its next run, instead of
-    /// handing it on to one task (see worker/runs.rs).
-    pub(crate) in_run: bool,
     /// The workflow the task is a step of, if known: picks its outcome lane.
     pub(crate) workflow_id: Option<i64>,
     /// The rest of the task's run (its key's tasks claimed with it), and
@@ -157,7 +153,6 @@ pub(crate) async fn execute(
             queue,
             completed_in: completed_in.load(std::sync::atomic::Ordering::SeqCst),
             ordered: task.ordered,
-            in_run: task.follows,
             workflow_id: task.workflow_id,
             run,
         };

@@ -2,8 +2,10 @@
 //! the key's next task in the same statement, for this worker (migration 17
 //! says when the database agrees). A hot key then runs at the pace of one
 //! outcome statement per task, instead of an outcome, a wake-up and a claim.
-//! The last task of a run (worker/runs.rs) offers nothing: a claim takes
-//! its key's next run, which goes faster than one handed task at a time.
+//! The task taken comes with the tasks waiting behind it in its key's line,
+//! up to the worker's `key_run` in all, as a claim takes them: a run
+//! (worker/runs.rs, migration 46). So the last task of a run hands its key
+//! straight on to the next run.
 //!
 //! The completer offers, per queue, at most as many places as the queue has
 //! idle executor slots (a free slot means nothing claimed is waiting to
@@ -49,6 +51,8 @@ pub(crate) struct HandOn {
     lanes: HashMap<String, Lane>,
     /// Claiming stopped: no more offers.
     stop: CancellationToken,
+    /// How many of a key's tasks a task handed on brings, itself included.
+    run_length: i32,
 }
 
 /// An offer made, with the places it holds until its statement returns.
@@ -58,8 +62,16 @@ pub(crate) struct Offer {
 }
 
 impl HandOn {
-    pub(crate) fn new(lanes: HashMap<String, Lane>, stop: CancellationToken) -> Self {
-        Self { lanes, stop }
+    pub(crate) fn new(
+        lanes: HashMap<String, Lane>,
+        stop: CancellationToken,
+        key_run: usize,
+    ) -> Self {
+        Self {
+            lanes,
+            stop,
+            run_length: i32::try_from(key_run).unwrap_or(i32::MAX),
+        }
     }
 
     /// Claiming stopped (shutdown): no run goes on either.
@@ -119,6 +131,7 @@ impl HandOn {
                 queues,
                 places: counts,
                 token: holdings.begin_claim(),
+                run_length: self.run_length,
             },
             places,
         })
@@ -126,9 +139,10 @@ impl HandOn {
 }
 
 impl Offer {
-    /// The statement answered: the claimed tasks are held and go to their
-    /// queues' dispatchers, each with one of the offer's places; the rest
-    /// of the places go back. Returns how many were handed on.
+    /// The statement answered: the claimed tasks (with their runs) are held
+    /// and go to their queues' dispatchers, each with one of the offer's
+    /// places; the rest of the places go back. Returns how many were handed
+    /// on (runs not counted).
     pub(crate) fn deliver(
         mut self,
         hand_on: &HandOn,
@@ -180,7 +194,7 @@ mod tests {
         };
         let stop = CancellationToken::new();
         let lanes = HashMap::from([("q".to_owned(), lane)]);
-        (HandOn::new(lanes, stop.clone()), buffer, stop)
+        (HandOn::new(lanes, stop.clone(), 16), buffer, stop)
     }
 
     #[test]

@@ -367,7 +367,7 @@ impl Worker {
             lanes.insert(queue.clone(), lane);
         }
         let shared = Arc::new(Shared {
-            hand_on: hand_on::HandOn::new(lanes, stop_claiming.clone()),
+            hand_on: hand_on::HandOn::new(lanes, stop_claiming.clone(), self.config.key_run),
             intake: crate::db::intake::IntakeFloor::default(),
             wakers: Arc::clone(&wakers),
             throughput: throughput::Throughput::default(),

@@ -1,8 +1,10 @@
 //! Runs: a claim that takes the next task of an ordering key also takes up
-//! to `key_run - 1` tasks waiting behind it, in key order (migration 28).
-//! They are written once, to PROCESSING, and stay blocked in the database:
-//! no claim can take them, and as PROCESSING tasks they hold the key, so
-//! no hand-over gives it to another task while the run goes on.
+//! to `key_run - 1` tasks waiting behind it, in key order (migration 28),
+//! and so does an outcome that hands a key on to its next task (migration
+//! 46). They stay blocked in the database, so no claim can take them: the
+//! run's last task is written PROCESSING and holds the key until the run
+//! ends, and those between are held in place under the claim (migration
+//! 43), so no hand-over gives the key to another task while the run goes on.
 //!
 //! Here they go on one at a time: a task's run travels with it (with its
 //! place in the queue's capacity) to its outcome, and only once that
@@ -13,10 +15,10 @@
 //! key goes on here (`continuing`, with the next task: the run goes on
 //! only while that task is still this worker's, and stuck-task recovery
 //! takes a run back only whole), and only the run's last task lets go of
-//! it. That task hands the key on to no one: the key's next task goes
-//! back to its line, and the queue's producer, woken, claims it with the
-//! next run (a hand-on would take it alone, and the key would then go on
-//! one task and one hand-over at a time).
+//! it. That task may hand the key straight on to its next run, claimed by
+//! its outcome for this worker when a slot is idle (worker/hand_on.rs);
+//! otherwise the key's next task goes back to its line, and the queue's
+//! producer, woken, claims it with the next run.
 //!
 //! Any other end gives the rest of the run back (PENDING, no attempt
 //! counted): a failure, a snooze, a cancel seen here, a stale or rejected
@@ -87,7 +89,6 @@ mod tests {
             queue: Arc::from("q"),
             completed_in,
             ordered: true,
-            in_run: true,
             workflow_id: None,
             run: None,
         }
