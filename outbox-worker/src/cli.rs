@@ -116,9 +116,9 @@ struct RunArgs {
     /// pace (1ms to 1h): the buffer holds what starts in this time.
     #[arg(allow_hyphen_values = true, long, env = "OUTBOX_CLAIM_AHEAD_WINDOW", default_value = "50ms", value_parser = flags::duration(MS, HOUR))]
     claim_ahead_window: Duration,
-    /// The most tasks of one ordering key a claim takes together (1 to
-    /// 10000): the key's next task and those waiting behind it, run here
-    /// one after the other without a hand-over between them. 1 takes a
+    /// The most tasks of one ordering key a claim or a hand-on takes
+    /// together (1 to 10000): the key's next task and those waiting behind
+    /// it, run here one after the other without a hand-over between them. 1 takes a
     /// key's next task alone. Only in queues without limits that run one
     /// task per key at a time.
     #[arg(long, env = "OUTBOX_KEY_RUN", default_value_t = 16, value_parser = flags::count(1, 10_000))]

@@ -160,7 +160,8 @@ pub(crate) struct ClaimedTask {
     pub(crate) trace_context: Option<String>,
     /// The workflow it is a step of: its outcome goes down that workflow's
     /// outcome lane (see worker/completer.rs). Unknown (None) for a task a
-    /// key was handed on to, which is then routed as a plain task.
+    /// key was handed on to (the tasks of its run know theirs), which is
+    /// then routed as a plain task.
     pub(crate) workflow_id: Option<i64>,
     /// The claim token written to claimed_by: unique to the claim statement
     /// that took the task, and the fence of everything written about this
@@ -344,7 +345,8 @@ fn claimed_task(r: &sqlx::postgres::PgRow, token: &Arc<str>) -> sqlx::Result<Cla
         workflow_id: r.try_get("workflow_id")?,
         token: Arc::clone(token),
         run: Vec::new(),
-        // Only a claim's rows say (a hand-on's task is a key's next alone).
+        // Only a claim's rows say (a hand-on's rows are its heads: the
+        // tasks of their runs are marked where they are read).
         follows: match r.try_get("follows") {
             Ok(follows) => follows,
             Err(sqlx::Error::ColumnNotFound(_)) => false,

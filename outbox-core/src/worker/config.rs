@@ -35,10 +35,10 @@ pub struct WorkerConfig {
     /// How long, at the queue's current pace, a claimed-ahead task may wait
     /// for its slot: the buffer holds what this worker starts in this time.
     pub claim_ahead_window: Duration,
-    /// The most tasks of one ordering key a claim takes together (a run):
-    /// the key's next task and up to this many minus one waiting behind it,
-    /// run here one after the other without handing the key on between
-    /// them. Only in queues without limits that run one task per key at a
+    /// The most tasks of one ordering key a claim, or an outcome that hands
+    /// the key on, takes together (a run): the key's next task and up to
+    /// this many minus one waiting behind it, run here one after the other
+    /// without handing the key on between them. Only in queues without limits that run one task per key at a
     /// time. 1: each claim takes a key's next task alone. The default, 16,
     /// drained 1,000 keys faster than 8 or 32 (PERFORMANCE.md, "Runs
     /// without a hand-on at their end").

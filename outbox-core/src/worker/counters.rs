@@ -31,11 +31,14 @@ pub struct CountersSnapshot {
     /// Heartbeat statements sent.
     pub heartbeat_queries: u64,
     /// Tasks claimed by an outcome statement that handed their ordering
-    /// key straight on to them (no claim statement of their own).
+    /// key straight on to them (no claim statement of their own); the
+    /// tasks of the run claimed behind each are counted in `tasks_run_on`
+    /// only.
     pub tasks_handed_on: u64,
     /// Tasks claimed in a run behind an earlier task of their ordering key
-    /// (counted among `tasks_claimed`) that started once it was done,
-    /// without a hand-over between them.
+    /// (by a claim, and then counted among `tasks_claimed` too, or by a
+    /// hand-on) that started once it was done, without a hand-over between
+    /// them.
     pub tasks_run_on: u64,
     /// Ordering keys an outcome let go of but could not hand on in its own
     /// statement, another transaction holding the key's lock: each was
