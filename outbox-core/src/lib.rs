@@ -92,7 +92,9 @@ pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, migrate_to,
     schema_status,
 };
-pub use options::{MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique};
+pub use options::{
+    MAX_ATTEMPTS_LIMIT, MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique,
+};
 pub use outbox_macros::outbox_task;
 pub use signal::{WAIT_RECHECK, signal};
 pub use submit::{Batch, Submitted, submit, submit_batch, submit_detailed, submit_with};

@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 pub const PRIORITY_MIN: i16 = 0;
 /// The highest priority value (runs last).
 pub const PRIORITY_MAX: i16 = 9;
+/// The most attempts a submit may give a task ([`TaskOptions::max_attempts`]).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
 
 /// Options for one submission; anything left unset comes from the task
 /// type's declaration.
@@ -22,6 +24,7 @@ pub struct TaskOptions {
     pub(crate) queue: Option<String>,
     pub(crate) unique: Option<Unique>,
     pub(crate) ordering_key: Option<String>,
+    pub(crate) max_attempts: Option<u32>,
 }
 
 impl TaskOptions {
@@ -77,6 +80,15 @@ impl TaskOptions {
         self
     }
 
+    /// How many attempts the task gets, from 1 (no retry) to
+    /// [`MAX_ATTEMPTS_LIMIT`], instead of its type's (the length of its
+    /// retry table). The n-th failure still waits the table's n-th delay;
+    /// past the table's end its last delay repeats.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
     /// Shorthand for `.unique(Unique::key(key))`.
     pub fn unique_key(self, key: impl Into<String>) -> Self {
         self.unique(Unique::key(key))
@@ -100,7 +112,20 @@ impl TaskOptions {
         if let Some(d) = self.delay {
             delay_micros(d)?;
         }
+        if let Some(n) = self.max_attempts {
+            attempts_as_sql(n)?;
+        }
         Ok(())
+    }
+}
+
+/// An attempt budget as the column stores it, or why it cannot be one.
+pub(crate) fn attempts_as_sql(attempts: u32) -> Result<i32> {
+    match i32::try_from(attempts) {
+        Ok(n) if (1..=MAX_ATTEMPTS_LIMIT).contains(&attempts) => Ok(n),
+        _ => Err(Error::InvalidOption(format!(
+            "max_attempts {attempts} is out of range: use 1 (no retry) to {MAX_ATTEMPTS_LIMIT}"
+        ))),
     }
 }
 

@@ -1,8 +1,9 @@
 //! Where a retry delay comes from: the per-task-type retry table.
 //!
 //! The table is a list of delays; the n-th failure waits the n-th delay. The
-//! maximum number of attempts is the table's length, so the two can never
-//! drift apart.
+//! maximum number of attempts is the table's length, unless a submit gives
+//! the task its own (`TaskOptions::max_attempts`): past the table's end the
+//! last delay repeats.
 
 use std::time::Duration;
 
@@ -28,8 +29,9 @@ pub const DEFAULT_RETRY_DELAYS: &[Duration] = &[
 /// The delay before the next attempt after the failure that brings the
 /// task's failure count to `retry_count + 1`.
 ///
-/// Past the table's end (a task whose budget was raised by an operator) the
-/// last delay repeats; an empty table means "retry at once".
+/// Past the table's end (a task submitted with more attempts than its
+/// table has, or whose budget an operator raised) the last delay repeats;
+/// an empty table means "retry at once".
 pub fn delay_after_failure(table: &[Duration], retry_count: i32) -> Duration {
     let index = usize::try_from(retry_count).unwrap_or(0);
     table

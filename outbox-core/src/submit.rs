@@ -244,7 +244,10 @@ impl Batch {
             queue,
             payload,
             priority,
-            max_attempts: max_attempts(declared.retry_delays),
+            max_attempts: match options.max_attempts {
+                Some(n) => crate::options::attempts_as_sql(n)?,
+                None => max_attempts(declared.retry_delays),
+            },
             run_at: options.run_at,
             delay_us: options.delay.map(delay_micros).transpose()?,
             unique,

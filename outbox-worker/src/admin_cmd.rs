@@ -65,6 +65,10 @@ pub(crate) struct SubmitArgs {
     /// key in a queue run one at a time, in commit order.
     #[arg(long)]
     ordering_key: Option<String>,
+    /// How many attempts the task gets (1, no retry, to 10000), instead of
+    /// its type's; past the type's retry table its last delay repeats.
+    #[arg(long, value_parser = flags::count_u32(1, outbox::MAX_ATTEMPTS_LIMIT.into()))]
+    max_attempts: Option<u32>,
     /// Print {"id": N, "duplicate": BOOL} instead of the id.
     #[arg(long)]
     json: bool,
@@ -181,6 +185,9 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     }
     if let Some(key) = args.ordering_key {
         options = options.ordering_key(key);
+    }
+    if let Some(n) = args.max_attempts {
+        options = options.max_attempts(n);
     }
     let mut batch = Batch::new();
     batch.push_json(registered, &payload, options)?;

@@ -100,11 +100,18 @@ async fn submit_list_show_retry_cancel_round_trip() {
         "1h",
         "--priority",
         "3",
+        "--max-attempts",
+        "7",
         "--database-url",
         url,
     ])
     .await);
     let later = later.trim().to_owned();
+    let shown_later = ok(&cli(&["tasks", "show", &later, "--database-url", url]).await);
+    assert!(
+        shown_later.contains("attempts      0 failed of 7 allowed"),
+        "{shown_later}"
+    );
 
     let shown = ok(&cli(&["tasks", "show", &doomed, "--database-url", url]).await);
     assert!(
@@ -353,6 +360,28 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "-1 is not in 0..=9",
         ),
         (&["run", "--key-run", "0"], "0 is not in 1..=10000"),
+        (
+            &[
+                "tasks",
+                "submit",
+                "outbox.noop",
+                "{}",
+                "--max-attempts",
+                "0",
+            ],
+            "0 is not in 1..=10000",
+        ),
+        (
+            &[
+                "tasks",
+                "submit",
+                "outbox.noop",
+                "{}",
+                "--max-attempts",
+                "10001",
+            ],
+            "10001 is not in 1..=10000",
+        ),
         (
             &["bench", "--key-run", "10001"],
             "10001 is not in 1..=10000",

@@ -228,6 +228,94 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
     );
 }
 
+/// A submit's own attempt budget replaces its type's: one attempt ends
+/// dead at the first failure, and three attempts of a type whose table has
+/// two delays wait the last delay again before the third.
+#[tokio::test]
+async fn a_submits_own_attempts_replace_its_types_and_repeat_the_last_delay() {
+    let db = TestDb::migrated().await;
+    let submit = async |attempts: u32| {
+        outbox::submit_with(
+            &mut *db.conn().await,
+            Doomed {},
+            outbox::TaskOptions::new().max_attempts(attempts),
+        )
+        .await
+        .unwrap()
+    };
+    let once = submit(1).await;
+    let thrice = submit(3).await;
+    let (clock, now) = pinned_clock();
+    let calls = Calls::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Doomed>(calls.clone())
+            .handler::<Marker>(calls.clone())
+            .clock(clock.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap(),
+    );
+    // Either first: the one-attempt task dead, the other's first failure.
+    worker
+        .wait_for_all(
+            &[(TaskEventKind::Dead, 1), (TaskEventKind::Failed, 1)],
+            WAIT,
+        )
+        .await;
+    let r = row(&db, once).await;
+    assert_eq!((r.retry_count, r.dead_at), (1, Some(now)), "{r:?}");
+    assert_eq!(r.last_error.as_deref(), Some("attempt 1 of 1 failed"));
+    // The table's delays, 1m then 10m, then 10m again.
+    for (waited, retries) in [(60, 2), (600, 3)] {
+        clock.advance(Duration::from_secs(waited));
+        let kind = if retries == 3 {
+            TaskEventKind::Dead
+        } else {
+            TaskEventKind::Failed
+        };
+        worker.wait_for(kind, 1, WAIT).await;
+        let r = row(&db, thrice).await;
+        assert_eq!(r.retry_count, retries, "{r:?}");
+    }
+    worker.stop().await;
+    let r = row(&db, thrice).await;
+    assert_eq!(
+        r.dead_at,
+        Some(now + chrono::Duration::minutes(11)),
+        "{r:?}"
+    );
+    assert_eq!(r.last_error.as_deref(), Some("attempt 3 of 3 failed"));
+    assert_eq!(calls.0.load(Ordering::SeqCst), 4);
+}
+
+/// An attempt budget outside 1 to 10,000 is refused before anything is
+/// written.
+#[tokio::test]
+async fn a_submits_attempts_out_of_range_are_refused() {
+    let db = TestDb::migrated().await;
+    for attempts in [0, outbox::MAX_ATTEMPTS_LIMIT + 1, u32::MAX] {
+        let refused = outbox::submit_with(
+            &mut *db.conn().await,
+            Doomed {},
+            outbox::TaskOptions::new().max_attempts(attempts),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "invalid task option: max_attempts {attempts} is out of range: use 1 (no retry) to 10000"
+            )
+        );
+    }
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_all_tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(written, 0);
+}
+
 #[tokio::test]
 async fn give_up_makes_the_task_dead_at_once() {
     let (r, now, _) = run_flaky_once(
