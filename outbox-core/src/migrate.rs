@@ -301,6 +301,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0046_key_runs_handed_on.up.sql"),
         down: include_str!("../../migrations/0046_key_runs_handed_on.down.sql"),
     },
+    Migration {
+        version: 47,
+        name: "sql_submit_max_attempts",
+        up: include_str!("../../migrations/0047_sql_submit_max_attempts.up.sql"),
+        down: include_str!("../../migrations/0047_sql_submit_max_attempts.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

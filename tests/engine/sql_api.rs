@@ -315,6 +315,22 @@ async fn options_set_queue_delay_run_at_keys_and_a_due_task_notifies_at_commit()
         keys,
         (Some("mail.send:welcome-7".into()), Some("user-7".into()))
     );
+
+    // An attempt budget of its own, as TaskOptions::max_attempts gives it.
+    let once = submit_sql(
+        &db.pool,
+        "mail.send",
+        json!({}),
+        json!({"queue": "mail", "max_attempts": 1}),
+    )
+    .await
+    .unwrap();
+    let attempts: i32 = sqlx::query_scalar("SELECT max_attempts FROM outbox_tasks WHERE id = $1")
+        .bind(once)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
 }
 
 #[tokio::test]
@@ -372,6 +388,22 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
             "\"completed\" and \"dead\"",
         ),
         (json!({"queue": "m", "delay": "36501 days"}), "out of range"),
+        (
+            json!({"queue": "m", "max_attempts": 0}),
+            "max_attempts 0 is out of range: use 1 (no retry) to 10000",
+        ),
+        (
+            json!({"queue": "m", "max_attempts": 10001}),
+            "max_attempts 10001 is out of range",
+        ),
+        (
+            json!({"queue": "m", "max_attempts": 1.5}),
+            "max_attempts 1.5 is out of range",
+        ),
+        (
+            json!({"queue": "m", "max_attempts": "3"}),
+            "max_attempts \"3\" is out of range",
+        ),
         (json!([1]), "options must be a JSON object"),
     ];
     let mut refused = Vec::new();
