@@ -165,6 +165,12 @@ struct RunArgs {
     /// to 3650d).
     #[arg(allow_hyphen_values = true, long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = flags::duration(Duration::ZERO, 3650 * DAY))]
     retention: Duration,
+    /// How long dead tasks are kept before the maintenance leader deletes
+    /// them (1h to 3650d; without it they stay until an operator acts). A
+    /// dead task that holds its ordering key, and a workflow's step, are
+    /// kept however old.
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_DEAD_RETENTION", value_parser = flags::duration(HOUR, 3650 * DAY))]
+    dead_retention: Option<Duration>,
     /// The maintenance leader vacuums the task table once it holds more dead
     /// row versions than this (and than a tenth of its live rows), rather
     /// than wait for autovacuum; 0 leaves it to autovacuum (0 to 1000000000).
@@ -521,6 +527,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance: !args.no_maintenance,
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
+        dead_retention: args.dead_retention,
         history_partition: args.history_partition,
         event_log_max_age: args.event_log_max_age,
         vacuum_threshold: args.vacuum_threshold,

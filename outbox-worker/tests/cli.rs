@@ -388,6 +388,8 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         ),
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
+        (&["run", "--dead-retention", "30m"], "out of range"),
+        (&["run", "--dead-retention", "3651d"], "out of range"),
         (&["run", "--event-log-max-age", "23h"], "out of range"),
         (
             &["bench", "--relay-delayed-events", "10000001"],

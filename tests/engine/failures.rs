@@ -316,6 +316,66 @@ async fn a_submits_attempts_out_of_range_are_refused() {
     assert_eq!(written, 0);
 }
 
+/// With `dead_retention` set, the maintenance leader deletes dead tasks
+/// that died before it; a dead task that holds its ordering key stays
+/// (its key waits for an operator), and so does one that died since.
+#[tokio::test]
+async fn dead_tasks_past_their_retention_are_deleted_except_a_keys_dead_head() {
+    let db = TestDb::migrated().await;
+    let once = || outbox::TaskOptions::new().max_attempts(1);
+    let mut conn = db.conn().await;
+    let old = outbox::submit_with(&mut conn, Doomed {}, once())
+        .await
+        .unwrap();
+    let recent = outbox::submit_with(&mut conn, Doomed {}, once())
+        .await
+        .unwrap();
+    let head = outbox::submit_with(&mut conn, Doomed {}, once().ordering_key("k"))
+        .await
+        .unwrap();
+    drop(conn);
+    let calls = Calls::default();
+    let build = |config: outbox::WorkerConfig| {
+        Worker::builder(db.pool.clone())
+            .handler::<Doomed>(calls.clone())
+            .handler::<Marker>(calls.clone())
+            .config(config)
+            .build()
+            .unwrap()
+    };
+    let mut worker = RunningWorker::start(build(outbox::WorkerConfig::default()));
+    worker.wait_for(TaskEventKind::Dead, 3, WAIT).await;
+    worker.stop().await;
+    sqlx::query(
+        "UPDATE outbox_tasks SET dead_at = dead_at - interval '40 days' WHERE id = ANY($1)",
+    )
+    .bind(vec![old.0, head.0])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(build(outbox::WorkerConfig {
+        dead_retention: Some(Duration::from_secs(30 * 86_400)),
+        maintenance_interval: Duration::from_millis(100),
+        cleanup_interval: Duration::from_millis(100),
+        ..outbox::WorkerConfig::default()
+    }));
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM outbox_tasks WHERE id = {})",
+            old.0
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+    let kept: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_tasks ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, vec![recent.0, head.0]);
+}
+
 #[tokio::test]
 async fn give_up_makes_the_task_dead_at_once() {
     let (r, now, _) = run_flaky_once(

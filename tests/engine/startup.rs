@@ -94,6 +94,7 @@ async fn settings_that_would_break_the_worker_are_listed_not_panicked_on() {
         heartbeat_interval: std::time::Duration::ZERO,
         statement_timeout: std::time::Duration::ZERO,
         retention: std::time::Duration::MAX,
+        dead_retention: Some(std::time::Duration::MAX),
         ..outbox::WorkerConfig::default()
     };
     let problems = problems(
@@ -106,6 +107,7 @@ async fn settings_that_would_break_the_worker_are_listed_not_panicked_on() {
         "heartbeat_interval must be longer than zero",
         "statement_timeout must be longer than zero",
         "retention:",
+        "dead_retention:",
     ];
     assert_eq!(problems.len(), expected.len(), "{problems:#?}");
     for needle in expected {

@@ -94,9 +94,14 @@ pub struct WorkerConfig {
     /// `outbox_event_log_forced_drops_total` metric counts it. Partitions
     /// every subscription has passed go within the hour after their day.
     pub event_log_max_age: Duration,
+    /// How long dead tasks are kept before the maintenance leader deletes
+    /// them (`None`, the default: kept until an operator acts). Never
+    /// deleted: a dead task that holds its ordering key (its key waits for
+    /// an operator), and a workflow's step.
+    pub dead_retention: Option<Duration>,
     /// Delete successful tasks at once instead of keeping them as COMPLETED
     /// history (a retention of zero). Cheaper for the database; FAILED and
-    /// dead rows are kept either way.
+    /// dead rows are kept either way (dead ones until `dead_retention`).
     pub delete_completed: bool,
     /// The maintenance leader vacuums `outbox_tasks` when it holds more dead
     /// row versions than this (and than a tenth of its live rows): each
@@ -157,6 +162,7 @@ impl Default for WorkerConfig {
             maintenance: true,
             maintenance_interval: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
+            dead_retention: None,
             history_partition: Duration::from_secs(24 * 3600),
             event_log_max_age: Duration::from_secs(14 * 24 * 3600),
             delete_completed: false,
@@ -224,6 +230,11 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
         if let Err(e) = crate::options::delay_micros(value) {
             problems.push(format!("{name}: {e}"));
         }
+    }
+    if let Some(value) = config.dead_retention
+        && let Err(e) = crate::options::delay_micros(value)
+    {
+        problems.push(format!("dead_retention: {e}"));
     }
     problems
 }

@@ -330,6 +330,9 @@ async fn maintain(
             if let Err(error) = tidy_workflows(shared, retention_us).await {
                 tracing::warn!(%error, "could not delete finished workflows this round");
             }
+            if let Err(error) = tidy_dead(shared).await {
+                tracing::warn!(%error, "could not delete dead tasks past their retention this round");
+            }
             *last_cleanup = Some(Instant::now());
         }
     }
@@ -432,6 +435,34 @@ const SWEEP_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
 /// Workflows deleted at most per batch: each takes its steps and edges
 /// along (a 10,000-step workflow is 20,000 rows).
 const WORKFLOWS_PER_BATCH: i64 = 50;
+
+/// Deletes dead tasks past `dead_retention`, if set (one batch per round:
+/// the rest go in later rounds).
+async fn tidy_dead(shared: &Shared) -> sqlx::Result<()> {
+    // Checked when the worker was built.
+    let Some(retention_us) = shared
+        .config
+        .dead_retention
+        .map(|r| delay_micros(r).unwrap_or(i64::MAX))
+    else {
+        return Ok(());
+    };
+    let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::delete_expired(
+            conn,
+            include_str!("../db/sql/prune_dead_tasks.sql"),
+            retention_us,
+            DEFAULT_BATCH,
+            shared.config.clock.now(),
+        )
+        .await
+    })
+    .await?;
+    if deleted > 0 {
+        tracing::info!(deleted, "deleted dead tasks past their retention");
+    }
+    Ok(())
+}
 
 /// Deletes workflows that finished before the retention, as the history
 /// drops their completed tasks; settles the steps of quiet workflows whose
