@@ -2,7 +2,9 @@
 -- `TaskOptions::max_attempts` gives a task another attempt budget than its
 -- type's retry table: 1 for a task that must not be retried, or more, the
 -- table's last delay then repeating. The function is migration 45's with
--- that option.
+-- that option, and a priority written with a fraction's digits (3.0) is
+-- taken as the number it is, as max_attempts is, rather than refused with
+-- an error of another code.
 CREATE OR REPLACE FUNCTION outbox_submit(task_type text, payload jsonb, options jsonb DEFAULT '{}')
 RETURNS bigint
 LANGUAGE plpgsql
@@ -60,7 +62,7 @@ BEGIN
             PERFORM outbox_refuse(format('%s: priority %s is out of range: use 0 (first) to 9 (last)',
                                          fn, options -> 'priority'));
         END IF;
-        prio := (options ->> 'priority')::smallint;
+        prio := (options -> 'priority')::numeric::smallint;
     ELSE
         prio := coalesce(decl.priority, 0);
     END IF;
@@ -72,7 +74,9 @@ BEGIN
             PERFORM outbox_refuse(format('%s: max_attempts %s is out of range: use 1 (no retry) to 10000',
                                          fn, options -> 'max_attempts'));
         END IF;
-        attempts := (options ->> 'max_attempts')::integer;
+        -- Through numeric: jsonb keeps a number as written, and 3.0 is a
+        -- whole number whose text no integer cast takes.
+        attempts := (options -> 'max_attempts')::numeric::integer;
     ELSE
         attempts := coalesce(decl.max_attempts, 10);
     END IF;

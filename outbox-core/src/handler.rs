@@ -218,7 +218,8 @@ impl TaskContext {
         self.attempt
     }
 
-    /// The most attempts the task gets (its retry table's length).
+    /// The most attempts the task gets (its retry table's length, or what
+    /// its submit set with `TaskOptions::max_attempts`).
     pub fn max_attempts(&self) -> i32 {
         self.max_attempts
     }

@@ -167,8 +167,8 @@ struct RunArgs {
     retention: Duration,
     /// How long dead tasks are kept before the maintenance leader deletes
     /// them (1h to 3650d; without it they stay until an operator acts). A
-    /// dead task that holds its ordering key, and a workflow's step, are
-    /// kept however old.
+    /// dead task that holds its ordering key, and a workflow's step while
+    /// its workflow is kept, stay however old.
     #[arg(allow_hyphen_values = true, long, env = "OUTBOX_DEAD_RETENTION", value_parser = flags::duration(HOUR, 3650 * DAY))]
     dead_retention: Option<Duration>,
     /// The maintenance leader vacuums the task table once it holds more dead

@@ -229,8 +229,8 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
 }
 
 /// A submit's own attempt budget replaces its type's: one attempt ends
-/// dead at the first failure, and three attempts of a type whose table has
-/// two delays wait the last delay again before the third.
+/// dead at the first failure, and four attempts of a type whose table has
+/// two delays wait the last delay again before the fourth.
 #[tokio::test]
 async fn a_submits_own_attempts_replace_its_types_and_repeat_the_last_delay() {
     let db = TestDb::migrated().await;
@@ -244,7 +244,7 @@ async fn a_submits_own_attempts_replace_its_types_and_repeat_the_last_delay() {
         .unwrap()
     };
     let once = submit(1).await;
-    let thrice = submit(3).await;
+    let four = submit(4).await;
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
     let mut worker = RunningWorker::start(
@@ -267,26 +267,26 @@ async fn a_submits_own_attempts_replace_its_types_and_repeat_the_last_delay() {
     assert_eq!((r.retry_count, r.dead_at), (1, Some(now)), "{r:?}");
     assert_eq!(r.last_error.as_deref(), Some("attempt 1 of 1 failed"));
     // The table's delays, 1m then 10m, then 10m again.
-    for (waited, retries) in [(60, 2), (600, 3)] {
+    for (waited, retries) in [(60, 2), (600, 3), (600, 4)] {
         clock.advance(Duration::from_secs(waited));
-        let kind = if retries == 3 {
+        let kind = if retries == 4 {
             TaskEventKind::Dead
         } else {
             TaskEventKind::Failed
         };
         worker.wait_for(kind, 1, WAIT).await;
-        let r = row(&db, thrice).await;
+        let r = row(&db, four).await;
         assert_eq!(r.retry_count, retries, "{r:?}");
     }
     worker.stop().await;
-    let r = row(&db, thrice).await;
+    let r = row(&db, four).await;
     assert_eq!(
         r.dead_at,
-        Some(now + chrono::Duration::minutes(11)),
+        Some(now + chrono::Duration::minutes(21)),
         "{r:?}"
     );
-    assert_eq!(r.last_error.as_deref(), Some("attempt 3 of 3 failed"));
-    assert_eq!(calls.0.load(Ordering::SeqCst), 4);
+    assert_eq!(r.last_error.as_deref(), Some("attempt 4 of 4 failed"));
+    assert_eq!(calls.0.load(Ordering::SeqCst), 5);
 }
 
 /// An attempt budget outside 1 to 10,000 is refused before anything is
@@ -317,8 +317,9 @@ async fn a_submits_attempts_out_of_range_are_refused() {
 }
 
 /// With `dead_retention` set, the maintenance leader deletes dead tasks
-/// that died before it; a dead task that holds its ordering key stays
-/// (its key waits for an operator), and so does one that died since.
+/// that died before it, one an operator skipped in its key's line too; a
+/// dead task that holds its ordering key stays (its key waits for an
+/// operator), and so does one that died since.
 #[tokio::test]
 async fn dead_tasks_past_their_retention_are_deleted_except_a_keys_dead_head() {
     let db = TestDb::migrated().await;
@@ -333,6 +334,9 @@ async fn dead_tasks_past_their_retention_are_deleted_except_a_keys_dead_head() {
     let head = outbox::submit_with(&mut conn, Doomed {}, once().ordering_key("k"))
         .await
         .unwrap();
+    let skipped = outbox::submit_with(&mut conn, Doomed {}, once().ordering_key("k2"))
+        .await
+        .unwrap();
     drop(conn);
     let calls = Calls::default();
     let build = |config: outbox::WorkerConfig| {
@@ -344,12 +348,17 @@ async fn dead_tasks_past_their_retention_are_deleted_except_a_keys_dead_head() {
             .unwrap()
     };
     let mut worker = RunningWorker::start(build(outbox::WorkerConfig::default()));
-    worker.wait_for(TaskEventKind::Dead, 3, WAIT).await;
+    worker.wait_for(TaskEventKind::Dead, 4, WAIT).await;
     worker.stop().await;
+    // An operator's cancel of a dead head skips it: its key goes on.
+    let cancelled = outbox::admin::cancel_tasks(&db.pool, &[skipped])
+        .await
+        .unwrap();
+    assert_eq!(cancelled, vec![skipped]);
     sqlx::query(
         "UPDATE outbox_tasks SET dead_at = dead_at - interval '40 days' WHERE id = ANY($1)",
     )
-    .bind(vec![old.0, head.0])
+    .bind(vec![old.0, head.0, skipped.0])
     .execute(&db.pool)
     .await
     .unwrap();

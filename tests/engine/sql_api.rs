@@ -316,21 +316,26 @@ async fn options_set_queue_delay_run_at_keys_and_a_due_task_notifies_at_commit()
         (Some("mail.send:welcome-7".into()), Some("user-7".into()))
     );
 
-    // An attempt budget of its own, as TaskOptions::max_attempts gives it.
-    let once = submit_sql(
-        &db.pool,
-        "mail.send",
-        json!({}),
-        json!({"queue": "mail", "max_attempts": 1}),
-    )
-    .await
-    .unwrap();
-    let attempts: i32 = sqlx::query_scalar("SELECT max_attempts FROM outbox_tasks WHERE id = $1")
-        .bind(once)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(attempts, 1);
+    // An attempt budget of its own, as TaskOptions::max_attempts gives it;
+    // a whole number written as 3.0 (jsonb keeps it so) is that number.
+    for (options, expected) in [
+        (json!({"queue": "mail", "max_attempts": 1}), (1, 0)),
+        (
+            json!({"queue": "mail", "max_attempts": 3.0, "priority": 4.0}),
+            (3, 4),
+        ),
+    ] {
+        let id = submit_sql(&db.pool, "mail.send", json!({}), options)
+            .await
+            .unwrap();
+        let row: (i32, i16) =
+            sqlx::query_as("SELECT max_attempts, priority FROM outbox_tasks WHERE id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(row, expected);
+    }
 }
 
 #[tokio::test]

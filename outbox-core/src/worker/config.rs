@@ -97,7 +97,8 @@ pub struct WorkerConfig {
     /// How long dead tasks are kept before the maintenance leader deletes
     /// them (`None`, the default: kept until an operator acts). Never
     /// deleted: a dead task that holds its ordering key (its key waits for
-    /// an operator), and a workflow's step.
+    /// an operator), and a workflow's step while its workflow is kept. At
+    /// least an hour.
     pub dead_retention: Option<Duration>,
     /// Delete successful tasks at once instead of keeping them as COMPLETED
     /// history (a retention of zero). Cheaper for the database; FAILED and
@@ -231,10 +232,15 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
             problems.push(format!("{name}: {e}"));
         }
     }
-    if let Some(value) = config.dead_retention
-        && let Err(e) = crate::options::delay_micros(value)
-    {
-        problems.push(format!("dead_retention: {e}"));
+    if let Some(value) = config.dead_retention {
+        if value < Duration::from_secs(3600) {
+            problems.push(format!(
+                "dead_retention ({value:?}) must be at least an hour: a task just cancelled or \
+                 dead would be gone before anyone looked at it"
+            ));
+        } else if let Err(e) = crate::options::delay_micros(value) {
+            problems.push(format!("dead_retention: {e}"));
+        }
     }
     problems
 }

@@ -106,7 +106,8 @@ impl OnParentDead {
 
 /// How one step is added: its dependencies, what their death does to it,
 /// and the task options of its task (queue, priority, delay, run-at,
-/// ordering key; a delay counts from the moment the step is released).
+/// ordering key, attempts; a delay counts from the moment the step is
+/// released).
 #[derive(Debug, Clone, Default)]
 pub struct Step {
     after: Vec<String>,
