@@ -1324,3 +1324,89 @@ async fn maintenance_settles_a_step_whose_task_finished_behind_the_triggers() {
     );
     assert_eq!(shared.labels(), ["b"], "only b ran, once");
 }
+
+/// Dead-task retention keeps a workflow's dead step while its workflow is
+/// kept (the workflow reads a step whose row is gone as completed), and
+/// deletes it like any dead task once the workflows' own retention has
+/// deleted the workflow.
+#[tokio::test]
+async fn a_dead_step_outlives_dead_task_retention_while_its_workflow_is_kept() {
+    let db = TestDb::migrated().await;
+    let shared = Arc::new(Shared::default());
+    shared.fail("a", true);
+    shared.fail("plain", true);
+    let mut w = Workflow::new("retained");
+    w.add("a", &work("a", 1)).unwrap();
+    let id = submit(&db, w).await;
+    let plain = outbox::submit(&mut *db.conn().await, work("plain", 1))
+        .await
+        .unwrap();
+    let worker = start(&db, &shared);
+    let status = wait_state(&db.pool, id, "failed").await;
+    let step = task_of(&status, "a");
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!(
+            "SELECT dead_at IS NOT NULL FROM outbox_tasks WHERE id = {}",
+            plain.0
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+    sqlx::query(
+        "UPDATE outbox_tasks SET dead_at = dead_at - interval '40 days' WHERE id = ANY($1)",
+    )
+    .bind(vec![step.0, plain.0])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let retaining = |retention: Duration| {
+        RunningWorker::start(
+            Worker::builder(db.pool.clone())
+                .config(outbox::WorkerConfig {
+                    retention,
+                    dead_retention: Some(Duration::from_secs(30 * 86_400)),
+                    maintenance_interval: Duration::from_millis(100),
+                    cleanup_interval: Duration::from_millis(100),
+                    ..outbox::WorkerConfig::default()
+                })
+                .handler::<Work>(Worker_(shared.clone()))
+                .build()
+                .unwrap(),
+        )
+    };
+    let gone = |id: outbox::TaskId| {
+        format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM outbox_tasks WHERE id = {})",
+            id.0
+        )
+    };
+    // The plain dead task goes; the step, in the same statement's reach,
+    // stays with its workflow.
+    let worker = retaining(Duration::from_secs(7 * 86_400));
+    outbox_tests::process::wait_until(&db.pool, &gone(plain), Duration::from_secs(60)).await;
+    worker.stop().await;
+    let kept: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_tasks WHERE id = $1)")
+        .bind(step.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        kept,
+        "the dead step's task stays while its workflow is kept"
+    );
+    // The workflow deleted (a retention of zero), its dead step goes too.
+    let worker = retaining(Duration::ZERO);
+    outbox_tests::process::wait_until(
+        &db.pool,
+        &format!(
+            "{} AND NOT EXISTS (SELECT 1 FROM outbox_workflows WHERE id = {})",
+            gone(step),
+            id.0
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+}
