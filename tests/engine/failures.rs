@@ -163,6 +163,19 @@ async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
     assert_eq!(calls, 1, "not retried before its execute_at");
 }
 
+/// A worker of the doomed queue on `clock`, polling every 20 ms.
+fn doomed_worker(db: &TestDb, calls: &Calls, clock: &Clock) -> RunningWorker {
+    RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Doomed>(calls.clone())
+            .handler::<Marker>(calls.clone())
+            .clock(clock.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
     let db = TestDb::migrated().await;
@@ -171,15 +184,7 @@ async fn exhausted_attempts_make_a_dead_task_that_is_never_claimed_again() {
         .unwrap();
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
-    let mut worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .handler::<Doomed>(calls.clone())
-            .handler::<Marker>(calls.clone())
-            .clock(clock.clone())
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap(),
-    );
+    let mut worker = doomed_worker(&db, &calls, &clock);
     worker.wait_for(TaskEventKind::Failed, 1, WAIT).await;
     let r = row(&db, id).await;
     assert_eq!(
@@ -247,15 +252,7 @@ async fn a_submits_own_attempts_replace_its_types_and_repeat_the_last_delay() {
     let four = submit(4).await;
     let (clock, now) = pinned_clock();
     let calls = Calls::default();
-    let mut worker = RunningWorker::start(
-        Worker::builder(db.pool.clone())
-            .handler::<Doomed>(calls.clone())
-            .handler::<Marker>(calls.clone())
-            .clock(clock.clone())
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap(),
-    );
+    let mut worker = doomed_worker(&db, &calls, &clock);
     // Either first: the one-attempt task dead, the other's first failure.
     worker
         .wait_for_all(

@@ -493,19 +493,21 @@ pub(crate) async fn complete_tasks(
     // costs every outcome more, and most outcomes of a hot key's run offer
     // nothing (their run goes on).
     let takes_runs = offer.is_some_and(|o| o.run_length > 1);
+    // The plain statement, wrapped by hand_on_runs.sql when it takes runs.
+    macro_rules! taking_runs {
+        ($plain:literal) => {
+            concat!(
+                "WITH o AS MATERIALIZED (\n",
+                include_str!($plain),
+                include_str!("sql/hand_on_runs.sql")
+            )
+        };
+    }
     let sql = match (delete, takes_runs) {
         (false, false) => include_str!("sql/complete_tasks.sql"),
         (true, false) => include_str!("sql/delete_completed_tasks.sql"),
-        (false, true) => concat!(
-            "WITH o AS MATERIALIZED (\n",
-            include_str!("sql/complete_tasks.sql"),
-            include_str!("sql/hand_on_runs.sql")
-        ),
-        (true, true) => concat!(
-            "WITH o AS MATERIALIZED (\n",
-            include_str!("sql/delete_completed_tasks.sql"),
-            include_str!("sql/hand_on_runs.sql")
-        ),
+        (false, true) => taking_runs!("sql/complete_tasks.sql"),
+        (true, true) => taking_runs!("sql/delete_completed_tasks.sql"),
     };
     let query = sqlx::query(sql)
         .bind(ids)
@@ -538,9 +540,10 @@ pub(crate) async fn complete_tasks(
         {
             let mut task = claimed_task(r, &offer.token)?;
             // Only the statement that takes runs has the column.
-            let run_of = match r.try_get::<Option<i64>, _>("run_of") {
-                Err(sqlx::Error::ColumnNotFound(_)) => None,
-                run_of => run_of?,
+            let run_of: Option<i64> = if takes_runs {
+                r.try_get("run_of")?
+            } else {
+                None
             };
             match run_of {
                 Some(head) => {

@@ -447,21 +447,26 @@ async fn tidy_dead(shared: &Shared) -> sqlx::Result<()> {
     else {
         return Ok(());
     };
-    let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
-        crate::db::delete_expired(
-            conn,
-            include_str!("../db/sql/prune_dead_tasks.sql"),
-            retention_us,
-            DEFAULT_BATCH,
-            shared.config.clock.now(),
-        )
-        .await
-    })
-    .await?;
+    let sql = include_str!("../db/sql/prune_dead_tasks.sql");
+    let deleted = delete_expired(shared, sql, retention_us, DEFAULT_BATCH).await?;
     if deleted > 0 {
         tracing::info!(deleted, "deleted dead tasks past their retention");
     }
     Ok(())
+}
+
+/// One bounded retention batch of `sql` (see `db::delete_expired`) under
+/// the engine's deadline: how many rows it deleted.
+async fn delete_expired(
+    shared: &Shared,
+    sql: &'static str,
+    retention_us: i64,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+        crate::db::delete_expired(conn, sql, retention_us, batch, shared.config.clock.now()).await
+    })
+    .await
 }
 
 /// Deletes workflows that finished before the retention, as the history
@@ -470,17 +475,8 @@ async fn tidy_dead(shared: &Shared) -> sqlx::Result<()> {
 /// tidy_keys is for ordering keys); and deletes the durable step records
 /// of tasks that left outbox_tasks (one batch each per round).
 async fn tidy_workflows(shared: &Shared, retention_us: i64) -> sqlx::Result<()> {
-    let deleted = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
-        crate::db::delete_expired(
-            conn,
-            include_str!("../db/sql/prune_workflows.sql"),
-            retention_us,
-            WORKFLOWS_PER_BATCH,
-            shared.config.clock.now(),
-        )
-        .await
-    })
-    .await?;
+    let sql = include_str!("../db/sql/prune_workflows.sql");
+    let deleted = delete_expired(shared, sql, retention_us, WORKFLOWS_PER_BATCH).await?;
     if deleted > 0 {
         tracing::info!(deleted, "deleted finished workflows past the retention");
     }
