@@ -89,8 +89,8 @@ pub use handler::{
     HandlerError, HandlerResult, MAX_RESULT_BYTES, Outcome, TaskContext, TaskHandler,
 };
 pub use migrate::{
-    MIGRATIONS, Migration, MigrationReport, SchemaStatus, latest_version, migrate, migrate_to,
-    schema_status,
+    MIGRATIONS, MigrateOptions, Migration, MigrationReport, SchemaStatus, latest_version, migrate,
+    migrate_to, migrate_with, schema_status,
 };
 pub use options::{
     MAX_ATTEMPTS_LIMIT, MAX_DELAY, MAX_UNIQUE_KEY, PRIORITY_MAX, PRIORITY_MIN, TaskOptions, Unique,

@@ -5,8 +5,11 @@
 //! serialised by a transaction-scoped advisory lock, so a fleet of workers
 //! can all run `migrate` at start-up.
 
+use std::time::{Duration, Instant};
+
 use sqlx::{PgPool, Row};
 
+use crate::db::classify::lock_wait_cut_short;
 use crate::error::{Error, Result};
 
 /// One embedded migration.
@@ -342,13 +345,44 @@ pub fn latest_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// Applies every pending migration in one transaction.
+/// How a migration waits for the table locks its statements take.
+///
+/// A statement that alters a table waits for every transaction using it,
+/// and while it waits every later statement on that table (claims,
+/// submits, outcomes) queues behind it: one long transaction elsewhere
+/// would hold the whole outbox up for as long as it stays open. So each
+/// lock is waited for at most `lock_timeout`; a migration that times out is
+/// rolled back whole (nothing half-applied), and tried again after a pause
+/// until `retry_for` has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigrateOptions {
+    /// The longest any statement waits for a lock (PostgreSQL's
+    /// `lock_timeout`), so the longest the outbox's own statements queue
+    /// behind a migration. Default 2 s.
+    pub lock_timeout: Duration,
+    /// How long to keep trying after a lock wait timed out before giving
+    /// up, changing nothing. Default 60 s.
+    pub retry_for: Duration,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        Self {
+            lock_timeout: Duration::from_secs(2),
+            retry_for: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Applies every pending migration in one transaction, with the default
+/// [`MigrateOptions`].
 ///
 /// Fails without changing anything when the database holds a migration this
-/// build does not know (it was migrated by a newer version) or when an
-/// applied migration's text differs from this build's (it was edited).
+/// build does not know (it was migrated by a newer version), when an
+/// applied migration's text differs from this build's (it was edited), or
+/// when the locks it needs stayed held for `retry_for`.
 pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
-    migrate_to(pool, latest_version()).await
+    migrate_with(pool, latest_version(), MigrateOptions::default()).await
 }
 
 /// [`migrate`], but only the pending migrations up to version `target`:
@@ -356,9 +390,90 @@ pub async fn migrate(pool: &PgPool) -> Result<MigrationReport> {
 /// older schema. A `target` below the current version changes nothing
 /// (migrations are not reverted).
 pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
+    migrate_with(pool, target, MigrateOptions::default()).await
+}
+
+/// [`migrate_to`] with the lock waits of `options`.
+pub async fn migrate_with(
+    pool: &PgPool,
+    target: i64,
+    options: MigrateOptions,
+) -> Result<MigrationReport> {
+    let started = Instant::now();
+    let mut waits = 0u32;
+    loop {
+        match attempt(pool, target, options.lock_timeout).await {
+            Err(Failed::Locked { migration, error }) => {
+                waits += 1;
+                let pause = retry_pause(waits);
+                if started.elapsed() + pause >= options.retry_for {
+                    return Err(Error::Migration(format!(
+                        "migration {migration} waited for a lock {waits} time(s) over {:.0?} \
+                         ({:?} each) and was given up, changing nothing: a transaction holds a \
+                         table it alters (look in pg_stat_activity for an old xact_start), end it \
+                         or migrate at a quieter moment; the last wait: {error}",
+                        started.elapsed(),
+                        options.lock_timeout,
+                    )));
+                }
+                tracing::warn!(
+                    migration,
+                    waits,
+                    %error,
+                    "a migration's lock is held elsewhere; rolled back, trying again"
+                );
+                tokio::time::sleep(pause).await;
+            }
+            Err(Failed::Other(error)) => return Err(error),
+            Ok(report) => return Ok(report),
+        }
+    }
+}
+
+/// The pause after the `waits`-th lock wait: 250 ms doubling to 4 s, long
+/// enough for the statements that queued behind the wait to get through.
+fn retry_pause(waits: u32) -> Duration {
+    Duration::from_millis(250 << waits.saturating_sub(1).min(4))
+}
+
+/// Why one attempt at migrating failed.
+enum Failed {
+    /// A lock wait timed out (or a deadlock was broken): worth another try.
+    Locked {
+        migration: String,
+        error: sqlx::Error,
+    },
+    Other(Error),
+}
+
+impl From<sqlx::Error> for Failed {
+    fn from(error: sqlx::Error) -> Self {
+        Failed::Other(error.into())
+    }
+}
+
+impl From<Error> for Failed {
+    fn from(error: Error) -> Self {
+        Failed::Other(error)
+    }
+}
+
+/// One try at applying the pending migrations up to `target`, every lock
+/// waited for at most `lock_timeout`.
+async fn attempt(
+    pool: &PgPool,
+    target: i64,
+    lock_timeout: Duration,
+) -> std::result::Result<MigrationReport, Failed> {
     let mut tx = crate::pooler::begin(pool).await?;
     sqlx::query(include_str!("db/sql/lock_migrations.sql"))
         .bind(MIGRATION_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    // Set after the advisory lock: another `migrate` holding that one may
+    // take as long as its migrations do.
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
         .execute(&mut *tx)
         .await?;
     // Created only when missing (the lock above keeps others out): an
@@ -385,14 +500,15 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
                     "the database has migration {version}, which this build does not know \
                      (it knows up to {}); run a newer outbox build",
                     latest_version()
-                )));
+                ))
+                .into());
             }
             Some(m) if checksum != checksum_of(m.up) => {
-                return Err(Error::Migration(format!(
+                return Err(Failed::Other(Error::Migration(format!(
                     "migration {version} ({}) applied to the database differs from this build's; \
                      released migrations must never be edited",
                     m.name
-                )));
+                ))));
             }
             Some(_) => applied_before.push(version),
         }
@@ -407,9 +523,20 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
         .iter()
         .filter(|m| m.version <= target && !applied_before.contains(&m.version))
     {
-        sqlx::raw_sql(m.up).execute(&mut *tx).await.map_err(|e| {
-            Error::Migration(format!("migration {} ({}) failed: {e}", m.version, m.name))
-        })?;
+        sqlx::raw_sql(m.up)
+            .execute(&mut *tx)
+            .await
+            .map_err(|error| {
+                if lock_wait_cut_short(&error) {
+                    Failed::Locked {
+                        migration: format!("{} ({})", m.version, m.name),
+                        error,
+                    }
+                } else {
+                    let what = format!("migration {} ({}) failed: {error}", m.version, m.name);
+                    Error::Migration(what).into()
+                }
+            })?;
         sqlx::query(include_str!("db/sql/insert_migration.sql"))
             .bind(m.version)
             .bind(m.name)
@@ -430,22 +557,24 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
 
 /// Reads the schema version without changing anything.
 pub async fn schema_status(pool: &PgPool) -> Result<SchemaStatus> {
-    let current = crate::pooler::on(pool, async |conn| {
-        let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
-            .fetch_one(&mut *conn)
-            .await?;
-        if !exists {
-            return Ok(0);
-        }
-        sqlx::query_scalar(include_str!("db/sql/schema_version.sql"))
-            .fetch_one(&mut *conn)
-            .await
-    })
-    .await?;
+    let current = crate::pooler::on(pool, async |conn| applied_version(conn).await).await?;
     Ok(SchemaStatus {
         current,
         latest: latest_version(),
     })
+}
+
+/// The highest migration applied on `conn`'s database, 0 before the first.
+pub(crate) async fn applied_version(conn: &mut sqlx::PgConnection) -> sqlx::Result<i64> {
+    let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(0);
+    }
+    sqlx::query_scalar(include_str!("db/sql/schema_version.sql"))
+        .fetch_one(&mut *conn)
+        .await
 }
 
 /// FNV-1a over the SQL text: enough to notice an edited migration.
@@ -473,6 +602,13 @@ mod tests {
             );
             assert!(!m.up.trim().is_empty() && !m.down.trim().is_empty());
         }
+    }
+
+    #[test]
+    fn lock_waits_pause_longer_each_time_up_to_four_seconds() {
+        let pauses: Vec<u128> = (1..=7).map(|n| retry_pause(n).as_millis()).collect();
+        assert_eq!(pauses, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        assert_eq!(retry_pause(u32::MAX).as_millis(), 4000);
     }
 
     #[test]

@@ -63,7 +63,7 @@ enum Command {
     /// Run workers until SIGTERM or SIGINT.
     Run(RunArgs),
     /// Apply pending schema migrations and report the version.
-    Migrate(DbArgs),
+    Migrate(MigrateArgs),
     /// Submit, list, show, retry and cancel tasks.
     #[command(subcommand)]
     Tasks(TasksCommand),
@@ -92,6 +92,18 @@ enum Command {
     /// List, show and cancel workflows.
     #[command(subcommand)]
     Workflows(crate::workflows_cmd::WorkflowsCommand),
+}
+
+#[derive(Debug, Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The longest a migration waits for a table's lock (100ms to 1m).
+    /// The outbox's own statements on that table queue behind it
+    /// meanwhile; when it times out the migration is rolled back and
+    /// tried again until --command-timeout is near.
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "2s", value_parser = flags::duration(100 * MS, MINUTE))]
+    lock_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -393,7 +405,7 @@ pub fn main_with(
         runtime.block_on(async move {
             match cli.command {
                 Command::Run(args) => run(args, &register).await,
-                Command::Migrate(args) => within(limit, migrate(args)).await,
+                Command::Migrate(args) => within(limit, migrate(args, limit)).await,
                 Command::Tasks(command) => within(limit, crate::admin_cmd::tasks(command)).await,
                 Command::Stats(args) => within(limit, crate::admin_cmd::stats(args)).await,
                 Command::Demo(args) => crate::demo::run(args, &register).await,
@@ -452,9 +464,15 @@ async fn within(
         })
 }
 
-async fn migrate(args: DbArgs) -> Result<(), Failure> {
-    let pool = connect_operator(&args, 2).await?;
-    let report = outbox::migrate(&pool).await?;
+async fn migrate(args: MigrateArgs, limit: Duration) -> Result<(), Failure> {
+    let pool = connect_operator(&args.db, 2).await?;
+    // Retries end before the command's own limit, so a lock held all along
+    // is reported as such, with the migration it held up.
+    let options = outbox::MigrateOptions {
+        lock_timeout: args.lock_timeout,
+        retry_for: limit.saturating_sub(args.lock_timeout + limit / 4),
+    };
+    let report = outbox::migrate_with(&pool, outbox::latest_version(), options).await?;
     if report.applied.is_empty() {
         println!("schema is up to date at version {}", report.current);
     } else {

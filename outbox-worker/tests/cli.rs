@@ -54,6 +54,40 @@ async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time()
     );
 }
 
+/// `migrate` behind a transaction that holds a table it alters waits at
+/// most `--lock-timeout` at a time, then gives up before
+/// `--command-timeout` naming the migration, and applies nothing.
+#[tokio::test]
+async fn migrate_behind_a_long_transaction_gives_up_naming_the_migration() {
+    let db = TestDb::empty().await;
+    // Migration 43 alters outbox_tasks.
+    outbox::migrate_to(&db.pool, 42).await.unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM outbox_tasks")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let args = [
+        "migrate",
+        "--database-url",
+        &db.url,
+        "--lock-timeout",
+        "200ms",
+        "--command-timeout",
+        "10s",
+    ];
+    refused(
+        &args,
+        1,
+        "migration 43 (runs_held_in_place) waited for a lock",
+    )
+    .await;
+    assert_eq!(outbox::schema_status(&db.pool).await.unwrap().current, 42);
+    holder.rollback().await.unwrap();
+    let applied = ok(&cli(&args).await);
+    assert!(applied.contains("applied migrations [43,"), "{applied}");
+}
+
 /// A listing whose reader has gone (`tasks list | head -1`) ends with
 /// success and says nothing, not with a panic and exit code 101.
 #[tokio::test]
@@ -389,6 +423,8 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
         (&["run", "--dead-retention", "30m"], "out of range"),
+        (&["migrate", "--lock-timeout", "50ms"], "out of range"),
+        (&["migrate", "--lock-timeout", "2m"], "out of range"),
         (&["run", "--dead-retention", "3651d"], "out of range"),
         (&["run", "--event-log-max-age", "23h"], "out of range"),
         (

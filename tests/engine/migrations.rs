@@ -67,3 +67,140 @@ async fn a_database_from_a_newer_build_is_refused() {
         "{err}"
     );
 }
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[outbox::outbox_task(task_type = "test.migrations.waiting", queue = "migration-tests")]
+struct Waiting {}
+
+struct Done;
+
+impl outbox::TaskHandler<Waiting> for Done {
+    async fn handle(&self, _: outbox::TaskContext, _: Waiting) -> outbox::HandlerResult {
+        Ok(outbox::Outcome::Success)
+    }
+}
+
+/// A worker started on a schema one migration behind its build claims
+/// nothing (its statements may call what only the last migration made; an
+/// outcome failing so would record a success as a failed attempt), shows
+/// itself alive meanwhile, and runs the task once migrated, on its first
+/// attempt.
+#[tokio::test]
+async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
+    use std::time::Duration;
+    let db = TestDb::empty().await;
+    outbox::migrate_to(&db.pool, outbox::latest_version() - 1)
+        .await
+        .unwrap();
+    let id = outbox::submit(&mut *db.conn().await, Waiting {})
+        .await
+        .unwrap()
+        .0;
+    let config = outbox::WorkerConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        ..outbox::WorkerConfig::default()
+    };
+    let mut running = outbox_tests::RunningWorker::start(
+        outbox::Worker::builder(db.pool.clone())
+            .handler::<Waiting>(Done)
+            .config(config)
+            .build()
+            .unwrap(),
+    );
+    // Alive for a second by its own renewals: a worker that claimed at
+    // start would have run the task by then.
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM outbox_workers \
+         WHERE last_seen_at > started_at + interval '1 second'",
+        Duration::from_secs(60),
+    )
+    .await;
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE id = $1 AND state = 'pending' AND claims = 0",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        pending, 1,
+        "nothing is claimed on a schema behind the build"
+    );
+
+    outbox::migrate(&db.pool).await.unwrap();
+    running
+        .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(60))
+        .await;
+    running.stop().await;
+    let attempts: i32 = sqlx::query_scalar("SELECT claims FROM outbox_all_tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
+}
+
+/// A migration that alters a table a long transaction has read waits for
+/// its lock at most `lock_timeout` at a time. Statements on that table
+/// get through between its tries (without the timeout they would queue
+/// behind the waiting migration for as long as the transaction stays
+/// open), it gives up after `retry_for` with an error naming the
+/// migration and changing nothing, and it is applied once the transaction
+/// ends.
+#[tokio::test]
+async fn a_migration_behind_a_long_transaction_holds_nothing_up_and_tries_again() {
+    use std::time::Duration;
+    let db = TestDb::empty().await;
+    // Migration 43 alters outbox_tasks (a constraint dropped and added).
+    outbox::migrate_to(&db.pool, 42).await.unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM outbox_tasks")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let brief = outbox::MigrateOptions {
+        lock_timeout: Duration::from_millis(200),
+        retry_for: Duration::from_secs(2),
+    };
+    let gave_up = outbox::migrate_with(&db.pool, outbox::latest_version(), brief);
+    let err = tokio::time::timeout(Duration::from_secs(60), gave_up)
+        .await
+        .expect("the migration gives up after retry_for")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("migration 43 (runs_held_in_place) waited for a lock")
+            && err.contains("changing nothing"),
+        "{err}"
+    );
+    assert_eq!(outbox::schema_status(&db.pool).await.unwrap().current, 42);
+
+    let patient = outbox::MigrateOptions {
+        lock_timeout: Duration::from_millis(200),
+        retry_for: Duration::from_secs(600),
+    };
+    let pool = db.pool.clone();
+    let migrating = tokio::spawn(async move {
+        outbox::migrate_with(&pool, outbox::latest_version(), patient).await
+    });
+    for _ in 0..10 {
+        let read =
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_tasks").fetch_one(&db.pool);
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("a read of the table gets through while the migration waits")
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!migrating.is_finished(), "the migration waits for the lock");
+    holder.commit().await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(120), migrating)
+        .await
+        .expect("applied once the transaction ended")
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.current, outbox::latest_version());
+    assert_eq!(report.applied.first(), Some(&43));
+}

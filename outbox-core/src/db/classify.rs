@@ -50,6 +50,14 @@ pub(crate) fn lost_a_race(error: &sqlx::Error) -> bool {
         if db.code().is_some_and(|code| code == "40P01" || code == "40001"))
 }
 
+/// Whether a statement stopped waiting for a lock: its `lock_timeout`
+/// passed, or PostgreSQL broke a deadlock it was part of. What it waited
+/// for is held elsewhere, for now; the whole transaction may succeed later.
+pub(crate) fn lock_wait_cut_short(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| code == "55P03" || code == "40P01"))
+}
+
 /// Whether `error` says the session itself is gone, not only the
 /// statement: the connection broke or timed out, or the server ended the
 /// session (admin or crash shutdown, or not accepting sessions). Sessions

@@ -3,7 +3,7 @@
 //! whole cluster.
 //!
 //! Each maintenance round the leader enqueues, once each, every tick from
-//! now to [`horizon`] ahead (due at its time, so a worker claims it then,
+//! now to a horizon ahead (due at its time, so a worker claims it then,
 //! woken by the leader's NOTIFY at the tick), and the latest tick at or
 //! before now if it was not enqueued: after downtime, only the latest
 //! missed tick runs (once), unless the task says [`MissedTicks::Skip`].

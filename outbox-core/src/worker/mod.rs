@@ -42,6 +42,7 @@ mod presence;
 mod producer;
 pub(crate) mod registry;
 mod runs;
+mod schema_gate;
 mod shutdown;
 mod table_watch;
 mod throughput;
@@ -325,6 +326,10 @@ impl Worker {
     /// takes at most `shutdown_grace + 2 × cancel_grace + flush_timeout`
     /// (plus a moment to hand the maintenance lease over), unless a handler
     /// ignores cancellation and never yields.
+    ///
+    /// On a schema behind this build (see [`crate::schema_status`]) the
+    /// worker registers and heartbeats but claims, relays and maintains
+    /// nothing until the schema is migrated: it looks again every second.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let limits = SessionLimits {
             statement_timeout: self.config.statement_timeout,
@@ -423,42 +428,49 @@ impl Worker {
             Arc::clone(&shared),
             stop_background.clone(),
         ));
-        let maintainer = shared
-            .config
-            .maintenance
-            .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
-        // Relays stop reading batches with the claims, and stop publishing
-        // when the grace is over.
+        // Claims, relays and maintenance run this build's statements, which
+        // an older schema lacks: they start once it has caught up.
         let abandon_relays = CancellationToken::new();
-        let relays: Vec<_> = self
-            .relay_runs
-            .into_iter()
-            .map(|relay| {
-                tokio::spawn(crate::relay::run(
-                    relay,
-                    shared.pool.clone(),
-                    shared.config.worker_id.clone(),
-                    limits,
-                    stop_claiming.clone(),
-                    abandon_relays.clone(),
-                ))
-            })
-            .collect();
         let tracker = TaskTracker::new();
-        let mut producers = Vec::new();
-        for ((queue, concurrency), (lane, buffer)) in self.queues.iter().zip(producer_ends) {
-            let producer = producer::Producer {
-                shared: Arc::clone(&shared),
-                queue: queue.clone(),
-                concurrency: *concurrency,
-                waker: Arc::clone(&wakers[queue]),
-                stop: stop_claiming.clone(),
-                tracker: tracker.clone(),
-                done: done_tx.clone(),
-                lane,
-            };
-            producers.push(tokio::spawn(producer::run(producer, buffer)));
-        }
+        let (maintainer, relays, producers) = if schema_gate::wait(&shared, &stop_claiming).await {
+            let maintainer = shared
+                .config
+                .maintenance
+                .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
+            // Relays stop reading batches with the claims, and stop
+            // publishing when the grace is over.
+            let relays: Vec<_> = self
+                .relay_runs
+                .into_iter()
+                .map(|relay| {
+                    tokio::spawn(crate::relay::run(
+                        relay,
+                        shared.pool.clone(),
+                        shared.config.worker_id.clone(),
+                        limits,
+                        stop_claiming.clone(),
+                        abandon_relays.clone(),
+                    ))
+                })
+                .collect();
+            let mut producers = Vec::new();
+            for ((queue, concurrency), (lane, buffer)) in self.queues.iter().zip(producer_ends) {
+                let producer = producer::Producer {
+                    shared: Arc::clone(&shared),
+                    queue: queue.clone(),
+                    concurrency: *concurrency,
+                    waker: Arc::clone(&wakers[queue]),
+                    stop: stop_claiming.clone(),
+                    tracker: tracker.clone(),
+                    done: done_tx.clone(),
+                    lane,
+                };
+                producers.push(tokio::spawn(producer::run(producer, buffer)));
+            }
+            (maintainer, relays, producers)
+        } else {
+            (None, Vec::new(), Vec::new())
+        };
         drop(done_tx);
 
         shutdown.cancelled().await;
