@@ -41,6 +41,29 @@ pub fn delay_after_failure(table: &[Duration], retry_count: i32) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// The default spread of a retry's delay around the table's value, in
+/// percent either way: tasks that failed together (a service down for a
+/// minute fails every task sent to it) come back spread over a fifth of
+/// their delay instead of all in the same second.
+pub const DEFAULT_RETRY_JITTER_PERCENT: u32 = 10;
+
+/// `delay` moved by up to `percent` of itself either way (capped at 100),
+/// drawn uniformly.
+pub fn jittered(delay: Duration, percent: u32) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let random = RandomState::new().hash_one(std::time::Instant::now());
+    spread(delay, percent, random)
+}
+
+/// `delay` moved by `percent` of itself times a point of [-1, 1) that
+/// `random` picks.
+fn spread(delay: Duration, percent: u32, random: u64) -> Duration {
+    let fraction = f64::from(percent.min(100)) / 100.0;
+    // 53 random bits: a uniform point of [0, 1).
+    let unit = (random >> 11) as f64 / (1u64 << 53) as f64;
+    delay.mul_f64(1.0 + fraction * (2.0 * unit - 1.0))
+}
+
 /// The maximum number of attempts a retry table allows (its length, at
 /// least one).
 pub fn max_attempts(table: &[Duration]) -> i32 {
@@ -50,6 +73,26 @@ pub fn max_attempts(table: &[Duration]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_stays_within_its_percent_either_way_and_spreads() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(spread(minute, 10, 0), Duration::from_secs(54));
+        assert_eq!(spread(minute, 10, 1 << 63), minute);
+        assert!(spread(minute, 10, u64::MAX) <= Duration::from_secs(66));
+        assert_eq!(spread(minute, 0, u64::MAX), minute);
+        assert_eq!(spread(minute, 250, 0), Duration::ZERO, "capped at 100%");
+        assert_eq!(spread(Duration::ZERO, 10, 12345), Duration::ZERO);
+        let drawn: std::collections::HashSet<Duration> =
+            (0..100).map(|_| jittered(minute, 10)).collect();
+        assert!(drawn.len() > 50, "{} distinct of 100", drawn.len());
+        for d in drawn {
+            assert!(
+                d >= Duration::from_secs(54) && d <= Duration::from_secs(66),
+                "{d:?}"
+            );
+        }
+    }
 
     #[test]
     fn default_table_matches_the_documented_schedule() {

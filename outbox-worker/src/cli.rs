@@ -183,6 +183,11 @@ struct RunArgs {
     /// its workflow is kept, stay however old.
     #[arg(allow_hyphen_values = true, long, env = "OUTBOX_DEAD_RETENTION", value_parser = flags::duration(HOUR, 3650 * DAY))]
     dead_retention: Option<Duration>,
+    /// How far a failed task's retry may move from its retry table's delay,
+    /// in percent either way, so tasks that failed together come back
+    /// spread out (0 to 100; 0 keeps the table's delays exact).
+    #[arg(long, env = "OUTBOX_RETRY_JITTER", default_value_t = outbox::retry::DEFAULT_RETRY_JITTER_PERCENT as usize, value_parser = flags::count(0, 100))]
+    retry_jitter: usize,
     /// The maintenance leader vacuums the task table once it holds more dead
     /// row versions than this (and than a tenth of its live rows), rather
     /// than wait for autovacuum; 0 leaves it to autovacuum (0 to 1000000000).
@@ -546,6 +551,7 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
         maintenance_interval: args.maintenance_interval,
         retention: args.retention,
         dead_retention: args.dead_retention,
+        retry_jitter_percent: u32::try_from(args.retry_jitter).unwrap_or(100),
         history_partition: args.history_partition,
         event_log_max_age: args.event_log_max_age,
         vacuum_threshold: args.vacuum_threshold,

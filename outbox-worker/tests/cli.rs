@@ -424,6 +424,7 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
         (&["run", "--dead-retention", "30m"], "out of range"),
         (&["migrate", "--lock-timeout", "50ms"], "out of range"),
+        (&["run", "--retry-jitter", "101"], "101 is not in 0..=100"),
         (&["migrate", "--lock-timeout", "2m"], "out of range"),
         (&["run", "--dead-retention", "3651d"], "out of range"),
         (&["run", "--event-log-max-age", "23h"], "out of range"),

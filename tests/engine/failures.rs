@@ -154,19 +154,27 @@ async fn a_failure_stores_the_error_and_schedules_the_first_retry_delay() {
     assert_eq!(r.retry_count, 1, "{r:?}");
     assert_eq!(r.last_error.as_deref(), Some("boom 1"));
     assert_eq!(r.finished_at, Some(now));
-    assert_eq!(
-        r.execute_at,
-        now + chrono::Duration::minutes(1),
-        "first delay of the default table"
+    // The default table's first delay, a minute, within the default
+    // jitter of 10% either way.
+    assert!(
+        r.execute_at >= now + chrono::Duration::seconds(54)
+            && r.execute_at <= now + chrono::Duration::seconds(66),
+        "first delay of the default table: {r:?}"
     );
     assert!(r.dead_at.is_none());
     assert_eq!(calls, 1, "not retried before its execute_at");
 }
 
-/// A worker of the doomed queue on `clock`, polling every 20 ms.
+/// A worker of the doomed queue on `clock`, polling every 20 ms, its
+/// retries at the table's exact delays (no jitter).
 fn doomed_worker(db: &TestDb, calls: &Calls, clock: &Clock) -> RunningWorker {
+    let exact = outbox::WorkerConfig {
+        retry_jitter_percent: 0,
+        ..outbox::WorkerConfig::default()
+    };
     RunningWorker::start(
         Worker::builder(db.pool.clone())
+            .config(exact)
             .handler::<Doomed>(calls.clone())
             .handler::<Marker>(calls.clone())
             .clock(clock.clone())
@@ -398,6 +406,43 @@ async fn give_up_makes_the_task_dead_at_once() {
         "{r:?}"
     );
     assert_eq!(r.last_error.as_deref(), Some("gave up on attempt 1"));
+}
+
+/// Tasks that fail together come back spread over their delay's jitter
+/// (10% either way by default), not all at one instant.
+#[tokio::test]
+async fn failures_at_one_instant_are_retried_spread_out() {
+    let db = TestDb::migrated().await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let task = Flaky {
+            give_up: false,
+            snooze_ms: None,
+        };
+        ids.push(outbox::submit(&mut *db.conn().await, task).await.unwrap());
+    }
+    let (clock, now) = pinned_clock();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Flaky>(Calls::default())
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    worker.wait_for(TaskEventKind::Failed, 5, WAIT).await;
+    worker.stop().await;
+    let mut due = std::collections::BTreeSet::new();
+    for id in ids {
+        let r = row(&db, id).await;
+        assert_eq!(r.finished_at, Some(now), "{r:?}");
+        assert!(
+            r.execute_at >= now + chrono::Duration::seconds(54)
+                && r.execute_at <= now + chrono::Duration::seconds(66),
+            "{r:?}"
+        );
+        due.insert(r.execute_at);
+    }
+    assert!(due.len() > 1, "all five retries due at once: {due:?}");
 }
 
 #[tokio::test]

@@ -95,6 +95,7 @@ async fn settings_that_would_break_the_worker_are_listed_not_panicked_on() {
         statement_timeout: std::time::Duration::ZERO,
         retention: std::time::Duration::MAX,
         dead_retention: Some(std::time::Duration::MAX),
+        retry_jitter_percent: 101,
         ..outbox::WorkerConfig::default()
     };
     let problems = problems(
@@ -108,6 +109,7 @@ async fn settings_that_would_break_the_worker_are_listed_not_panicked_on() {
         "statement_timeout must be longer than zero",
         "retention:",
         "dead_retention:",
+        "retry_jitter_percent is 101: use 0 to 100",
     ];
     assert_eq!(problems.len(), expected.len(), "{problems:#?}");
     for needle in expected {

@@ -100,6 +100,11 @@ pub struct WorkerConfig {
     /// an operator), and a workflow's step while its workflow is kept. At
     /// least an hour.
     pub dead_retention: Option<Duration>,
+    /// How far a failed task's retry may move from its retry table's delay,
+    /// in percent either way (0 to 100; default 10): a table's "1m" waits
+    /// 54 to 66 s, so tasks that failed together do not all come back in
+    /// the same second. A handler's `Outcome::RetryAfter` is kept exact.
+    pub retry_jitter_percent: u32,
     /// Delete successful tasks at once instead of keeping them as COMPLETED
     /// history (a retention of zero). Cheaper for the database; FAILED and
     /// dead rows are kept either way (dead ones until `dead_retention`).
@@ -164,6 +169,7 @@ impl Default for WorkerConfig {
             maintenance_interval: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
             dead_retention: None,
+            retry_jitter_percent: crate::retry::DEFAULT_RETRY_JITTER_PERCENT,
             history_partition: Duration::from_secs(24 * 3600),
             event_log_max_age: Duration::from_secs(14 * 24 * 3600),
             delete_completed: false,
@@ -231,6 +237,12 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
         if let Err(e) = crate::options::delay_micros(value) {
             problems.push(format!("{name}: {e}"));
         }
+    }
+    if config.retry_jitter_percent > 100 {
+        problems.push(format!(
+            "retry_jitter_percent is {}: use 0 to 100",
+            config.retry_jitter_percent
+        ));
     }
     if let Some(value) = config.dead_retention {
         if value < Duration::from_secs(3600) {

@@ -13,7 +13,7 @@ use super::holdings::BeforeStart;
 use crate::db::{ClaimedTask, Finish, NextState};
 use crate::handler::{Outcome, TaskContext};
 use crate::options::clamped_delay_micros;
-use crate::retry::delay_after_failure;
+use crate::retry::{delay_after_failure, jittered};
 use crate::task::TaskId;
 
 /// Histogram of handler run time in seconds, by task type.
@@ -331,7 +331,10 @@ fn outcome_to_finish(
         Err(error) => {
             let dead = task.retry_count + 1 >= task.max_attempts;
             let table = shared.handlers.retry_delays(&task.task_type);
-            let delay = delay_after_failure(table, task.retry_count);
+            let delay = jittered(
+                delay_after_failure(table, task.retry_count),
+                shared.config.retry_jitter_percent,
+            );
             let finish = Finish {
                 state: NextState::Failed,
                 add_retry: 1,
