@@ -167,3 +167,33 @@ async fn sigterm_gives_claimed_ahead_tasks_back_at_once_while_handlers_finish() 
          once, no attempt counted"
     );
 }
+
+/// One stop request delivered twice at once (GNU `timeout` without
+/// `--foreground` signals the worker and then its process group) is one
+/// request: a graceful stop and exit 0, not "second signal: exiting now".
+#[tokio::test]
+async fn a_sigterm_delivered_twice_at_once_is_one_graceful_stop() {
+    let db = TestDb::migrated().await;
+    let mut worker = WorkerProcess::spawn(
+        WORKER,
+        &db.url,
+        &["--queue", "record=2", "--poll-interval", "100ms"],
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM outbox_workers",
+        Duration::from_secs(30),
+    )
+    .await;
+    let pid = worker.pid().to_string();
+    // One kill(1), two kill(2) calls back to back.
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid, &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let status = worker.wait(Duration::from_secs(60)).await;
+    let log = worker.log();
+    assert_eq!(status.code(), Some(0), "a graceful stop:\n{log}");
+    assert!(!log.contains("second signal"), "{log}");
+}
