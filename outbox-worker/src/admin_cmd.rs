@@ -247,7 +247,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     }
     println!(
         "{:>10}  {:<24} {:<12} {:<10} {:>8}  {:<20}  last error",
-        "id", "type", "queue", "state", "attempts", "execute at (UTC)"
+        "id", "type", "queue", "state", "failed", "execute at (UTC)"
     );
     for t in &tasks {
         println!(

@@ -150,12 +150,14 @@ async fn open_checked(
 ) -> Result<PgPool, Failure> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(Failure::config(
-            "DATABASE_URL must start with postgres:// or postgresql://",
+            "the database URL (--database-url or DATABASE_URL) must start with postgres:// or postgresql://",
         ));
     }
-    let options: PgConnectOptions = url
-        .parse()
-        .map_err(|e| Failure::config(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
+    let options: PgConnectOptions = url.parse().map_err(|e| {
+        Failure::config(format!(
+            "the database URL (--database-url or DATABASE_URL) is not a valid PostgreSQL URL: {e}"
+        ))
+    })?;
     let options = adjust(options);
     // What the connection goes to: a Unix socket (`host=/dir` in the URL)
     // wins over the host name.
@@ -233,7 +235,7 @@ fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
                 // The message alone: the error's Display adds the server's
                 // source line, which means nothing to an operator.
                 Failure::config(format!(
-                    "PostgreSQL at {target} refused the connection: {} (check DATABASE_URL)",
+                    "PostgreSQL at {target} refused the connection: {} (check --database-url or DATABASE_URL)",
                     db.message()
                 ))
             } else {

@@ -326,7 +326,7 @@ async fn refusals_have_clear_messages_distinct_exit_codes_and_write_nothing() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let message = stderr(&out);
     assert!(
-        message.contains("refused the connection: database \"no_such_database\" does not exist (check DATABASE_URL)")
+        message.contains("refused the connection: database \"no_such_database\" does not exist (check --database-url or DATABASE_URL)")
             && !message.contains(" at line "),
         "{message}"
     );
@@ -1647,11 +1647,27 @@ async fn an_emit_while_relays_read_nothing_is_written_with_a_warning() {
         "{}",
         stderr(&out)
     );
+    // No relay reads the default stream yet either.
+    assert!(
+        stderr(&out).contains("no subscription reads stream \"events\" yet"),
+        "{}",
+        stderr(&out)
+    );
     let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
         .fetch_one(&db.pool)
         .await
         .unwrap();
     assert_eq!(logged, 1);
+    // With no subscription yet, the listing says the first relay would
+    // read nothing, and fails.
+    let listed = cli(&["events", "subscriptions", "--database-url", &db.url]).await;
+    assert_eq!(listed.status.code(), Some(1), "{}", stderr(&listed));
+    assert!(
+        stderr(&listed).contains("relays would read nothing")
+            && stderr(&listed).contains("CACHE 1"),
+        "{}",
+        stderr(&listed)
+    );
 }
 
 #[tokio::test]
