@@ -394,38 +394,75 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
 }
 
 /// [`migrate_to`] with the lock waits of `options`.
+///
+/// One transaction holds the migration lock for all the tries, pauses
+/// included, each try in a savepoint of its own: another `migrate`
+/// meanwhile (a fleet starting at once) waits for it, then finds the
+/// schema migrated or tries on its own, rather than take turns at the
+/// tables and keep them blocked. The same holds through a transaction-mode
+/// pooler, which keeps a transaction on one server session.
 pub async fn migrate_with(
     pool: &PgPool,
     target: i64,
     options: MigrateOptions,
 ) -> Result<MigrationReport> {
+    if options.lock_timeout < Duration::from_millis(1)
+        || options.lock_timeout > Duration::from_secs(3600)
+    {
+        return Err(Error::InvalidOption(format!(
+            "lock_timeout {:?} is out of range: use 1ms to 1h",
+            options.lock_timeout
+        )));
+    }
+    let mut tx = crate::pooler::begin(pool).await?;
+    sqlx::query(include_str!("db/sql/lock_migrations.sql"))
+        .bind(MIGRATION_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    // Set after the advisory lock: another `migrate` holding that one may
+    // take as long as its migrations do.
+    sqlx::query(include_str!("db/sql/set_lock_timeout.sql"))
+        .bind(format!("{}ms", options.lock_timeout.as_millis()))
+        .execute(&mut *tx)
+        .await?;
     let started = Instant::now();
     let mut waits = 0u32;
     loop {
-        match attempt(pool, target, options.lock_timeout).await {
-            Err(Failed::Locked { migration, error }) => {
+        sqlx::raw_sql("SAVEPOINT outbox_migrate")
+            .execute(&mut *tx)
+            .await?;
+        match attempt(&mut tx, target).await {
+            Ok(report) => {
+                tx.commit().await?;
+                return Ok(report);
+            }
+            Err(Failed::Other(error)) => return Err(error),
+            Err(Failed::Locked { what, error }) => {
+                // Undoes the try and lets go of the table locks it took;
+                // the migration lock, taken before, stays.
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT outbox_migrate")
+                    .execute(&mut *tx)
+                    .await?;
                 waits += 1;
                 let pause = retry_pause(waits);
                 if started.elapsed() + pause >= options.retry_for {
                     return Err(Error::Migration(format!(
-                        "migration {migration} waited for a lock {waits} time(s) over {:.0?} \
-                         ({:?} each) and was given up, changing nothing: a transaction holds a \
-                         table it alters (look in pg_stat_activity for an old xact_start), end it \
-                         or migrate at a quieter moment; the last wait: {error}",
+                        "{what} waited for a lock {waits} time(s) over {:.0?} ({:?} each) and \
+                         was given up, changing nothing: a transaction holds a table it alters \
+                         (look in pg_stat_activity for an old xact_start), end it or migrate at \
+                         a quieter moment; the last wait: {error}",
                         started.elapsed(),
                         options.lock_timeout,
                     )));
                 }
                 tracing::warn!(
-                    migration,
+                    what,
                     waits,
                     %error,
                     "a migration's lock is held elsewhere; rolled back, trying again"
                 );
                 tokio::time::sleep(pause).await;
             }
-            Err(Failed::Other(error)) => return Err(error),
-            Ok(report) => return Ok(report),
         }
     }
 }
@@ -439,8 +476,9 @@ fn retry_pause(waits: u32) -> Duration {
 /// Why one attempt at migrating failed.
 enum Failed {
     /// A lock wait timed out (or a deadlock was broken): worth another try.
+    /// `what` waited: a migration, or the bookkeeping around them.
     Locked {
-        migration: String,
+        what: String,
         error: sqlx::Error,
     },
     Other(Error),
@@ -448,7 +486,14 @@ enum Failed {
 
 impl From<sqlx::Error> for Failed {
     fn from(error: sqlx::Error) -> Self {
-        Failed::Other(error.into())
+        if lock_wait_cut_short(&error) {
+            Failed::Locked {
+                what: "the record of applied migrations (outbox_migrations)".to_owned(),
+                error,
+            }
+        } else {
+            Failed::Other(error.into())
+        }
     }
 }
 
@@ -458,37 +503,25 @@ impl From<Error> for Failed {
     }
 }
 
-/// One try at applying the pending migrations up to `target`, every lock
-/// waited for at most `lock_timeout`.
+/// One try at applying the pending migrations up to `target` in `tx`,
+/// which holds the migration lock (left for the caller to commit).
 async fn attempt(
-    pool: &PgPool,
+    tx: &mut sqlx::PgTransaction<'_>,
     target: i64,
-    lock_timeout: Duration,
 ) -> std::result::Result<MigrationReport, Failed> {
-    let mut tx = crate::pooler::begin(pool).await?;
-    sqlx::query(include_str!("db/sql/lock_migrations.sql"))
-        .bind(MIGRATION_LOCK_KEY)
-        .execute(&mut *tx)
-        .await?;
-    // Set after the advisory lock: another `migrate` holding that one may
-    // take as long as its migrations do.
-    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-        .execute(&mut *tx)
-        .await?;
     // Created only when missing (the lock above keeps others out): an
     // IF NOT EXISTS on every run has the server send a notice, which sqlx
     // logs, each time `migrate` finds the schema up to date.
     let exists: bool = sqlx::query_scalar(include_str!("db/sql/migrations_table_exists.sql"))
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **tx)
         .await?;
     if !exists {
         sqlx::query(include_str!("db/sql/create_migrations_table.sql"))
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
     }
     let rows = sqlx::query(include_str!("db/sql/select_migrations.sql"))
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
     let mut applied_before = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -516,7 +549,7 @@ async fn attempt(
     // The migrations' notices ("... does not exist, skipping" from their
     // IF EXISTS clauses) are noise to whoever runs them; warnings stay.
     sqlx::raw_sql("SET LOCAL client_min_messages = warning")
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     let mut applied = Vec::new();
     for m in MIGRATIONS
@@ -524,12 +557,12 @@ async fn attempt(
         .filter(|m| m.version <= target && !applied_before.contains(&m.version))
     {
         sqlx::raw_sql(m.up)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .map_err(|error| {
                 if lock_wait_cut_short(&error) {
                     Failed::Locked {
-                        migration: format!("{} ({})", m.version, m.name),
+                        what: format!("migration {} ({})", m.version, m.name),
                         error,
                     }
                 } else {
@@ -541,11 +574,10 @@ async fn attempt(
             .bind(m.version)
             .bind(m.name)
             .bind(checksum_of(m.up))
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
         applied.push(m.version);
     }
-    tx.commit().await?;
     let current = applied_before
         .iter()
         .chain(&applied)

@@ -98,10 +98,11 @@ enum Command {
 struct MigrateArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// The longest a migration waits for a table's lock (100ms to 1m).
-    /// The outbox's own statements on that table queue behind it
-    /// meanwhile; when it times out the migration is rolled back and
-    /// tried again until --command-timeout is near.
+    /// The longest a migration waits for a table's lock (100ms to 1m, and
+    /// at most a quarter of --command-timeout). The outbox's own
+    /// statements on that table queue behind it meanwhile; when it times
+    /// out the migration is rolled back and tried again, for half of
+    /// --command-timeout.
     #[arg(allow_hyphen_values = true, long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "2s", value_parser = flags::duration(100 * MS, MINUTE))]
     lock_timeout: Duration,
 }
@@ -472,10 +473,13 @@ async fn within(
 async fn migrate(args: MigrateArgs, limit: Duration) -> Result<(), Failure> {
     let pool = connect_operator(&args.db, 2).await?;
     // Retries end before the command's own limit, so a lock held all along
-    // is reported as such, with the migration it held up.
+    // is reported as such, with the migration it held up: each wait takes
+    // at most a quarter of the limit, and the last one starts before half
+    // of it is left.
+    let lock_timeout = args.lock_timeout.min(limit / 4);
     let options = outbox::MigrateOptions {
-        lock_timeout: args.lock_timeout,
-        retry_for: limit.saturating_sub(args.lock_timeout + limit / 4),
+        lock_timeout,
+        retry_for: limit / 2,
     };
     let report = outbox::migrate_with(&pool, outbox::latest_version(), options).await?;
     if report.applied.is_empty() {

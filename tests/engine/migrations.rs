@@ -83,8 +83,8 @@ impl outbox::TaskHandler<Waiting> for Done {
 /// A worker started on a schema one migration behind its build claims
 /// nothing (its statements may call what only the last migration made; an
 /// outcome failing so would record a success as a failed attempt), shows
-/// itself alive meanwhile, and runs the task once migrated, on its first
-/// attempt.
+/// itself alive meanwhile and stops when asked; another, waiting the same
+/// way, runs the task once the schema is migrated, on its first attempt.
 #[tokio::test]
 async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
     use std::time::Duration;
@@ -100,7 +100,7 @@ async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
         heartbeat_interval: Duration::from_millis(100),
         ..outbox::WorkerConfig::default()
     };
-    let mut running = outbox_tests::RunningWorker::start(
+    let running = outbox_tests::RunningWorker::start(
         outbox::Worker::builder(db.pool.clone())
             .handler::<Waiting>(Done)
             .config(config)
@@ -127,7 +127,17 @@ async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
         pending, 1,
         "nothing is claimed on a schema behind the build"
     );
+    // A worker waiting for its schema stops when asked.
+    tokio::time::timeout(Duration::from_secs(60), running.stop())
+        .await
+        .expect("a waiting worker stops");
 
+    let mut running = outbox_tests::RunningWorker::start(
+        outbox::Worker::builder(db.pool.clone())
+            .handler::<Waiting>(Done)
+            .build()
+            .unwrap(),
+    );
     outbox::migrate(&db.pool).await.unwrap();
     running
         .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(60))
@@ -141,13 +151,90 @@ async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
     assert_eq!(attempts, 1);
 }
 
+/// A worker whose role may not read `outbox_migrations` cannot know the
+/// schema's version: it claims as it would without the check, rather than
+/// never.
+#[tokio::test]
+async fn a_worker_that_may_not_read_the_schema_version_claims_all_the_same() {
+    use std::time::Duration;
+    let db = TestDb::migrated().await;
+    let role = format!(
+        "outbox_no_version_{}",
+        db.url
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .split('?')
+            .next()
+            .unwrap()
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role};
+         REVOKE ALL ON outbox_migrations FROM {role};"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(10)
+        .connect_with(options.username(&role))
+        .await
+        .unwrap();
+    let refused = outbox::schema_status(&pool).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    outbox::submit(&mut *db.conn().await, Waiting {})
+        .await
+        .unwrap();
+    let config = outbox::WorkerConfig {
+        maintenance: false,
+        ..outbox::WorkerConfig::default()
+    };
+    let mut running = outbox_tests::RunningWorker::start(
+        outbox::Worker::builder(pool.clone())
+            .handler::<Waiting>(Done)
+            .config(config)
+            .build()
+            .unwrap(),
+    );
+    running
+        .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(60))
+        .await;
+    running.stop().await;
+    pool.close().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role};"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// A pool on `db` whose sessions carry `name` as their application_name.
+async fn named_pool(db: &TestDb, name: &str) -> sqlx::PgPool {
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.application_name(name))
+        .await
+        .unwrap()
+}
+
 /// A migration that alters a table a long transaction has read waits for
 /// its lock at most `lock_timeout` at a time. Statements on that table
 /// get through between its tries (without the timeout they would queue
 /// behind the waiting migration for as long as the transaction stays
 /// open), it gives up after `retry_for` with an error naming the
 /// migration and changing nothing, and it is applied once the transaction
-/// ends.
+/// ends. A second `migrate` meanwhile waits for the first's whole retry,
+/// away from the table (taking turns at it, the two would keep it
+/// blocked), and then finds nothing to apply.
 #[tokio::test]
 async fn a_migration_behind_a_long_transaction_holds_nothing_up_and_tries_again() {
     use std::time::Duration;
@@ -181,10 +268,32 @@ async fn a_migration_behind_a_long_transaction_holds_nothing_up_and_tries_again(
         lock_timeout: Duration::from_millis(200),
         retry_for: Duration::from_secs(600),
     };
-    let pool = db.pool.clone();
-    let migrating = tokio::spawn(async move {
-        outbox::migrate_with(&pool, outbox::latest_version(), patient).await
-    });
+    let spawn_migrate = |pool: sqlx::PgPool| {
+        tokio::spawn(
+            async move { outbox::migrate_with(&pool, outbox::latest_version(), patient).await },
+        )
+    };
+    let first = spawn_migrate(named_pool(&db, "migrate-first").await);
+    // Each session's locks on the task table, and its advisory lock waits.
+    let locks = |name: &str| {
+        format!(
+            "SELECT count(*) FILTER (WHERE l.relation = 'outbox_tasks'::regclass), \
+                    count(*) FILTER (WHERE l.locktype = 'advisory' AND NOT l.granted) \
+             FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = '{name}'"
+        )
+    };
+    let waits_for_table = format!(
+        "SELECT table_locks > 0 FROM ({}) AS l(table_locks, advisory_waits)",
+        locks("migrate-first")
+    );
+    outbox_tests::process::wait_until(&db.pool, &waits_for_table, Duration::from_secs(60)).await;
+    let second = spawn_migrate(named_pool(&db, "migrate-second").await);
+    let waits_for_first = format!(
+        "SELECT advisory_waits = 1 FROM ({}) AS l(table_locks, advisory_waits)",
+        locks("migrate-second")
+    );
+    outbox_tests::process::wait_until(&db.pool, &waits_for_first, Duration::from_secs(60)).await;
     for _ in 0..10 {
         let read =
             sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_tasks").fetch_one(&db.pool);
@@ -192,15 +301,50 @@ async fn a_migration_behind_a_long_transaction_holds_nothing_up_and_tries_again(
             .await
             .expect("a read of the table gets through while the migration waits")
             .unwrap();
+        let (table_locks, _): (i64, i64) =
+            sqlx::query_as(sqlx::AssertSqlSafe(locks("migrate-second")))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            table_locks, 0,
+            "the second migrate keeps away from the table"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!migrating.is_finished(), "the migration waits for the lock");
+    assert!(!first.is_finished(), "the migration waits for the lock");
     holder.commit().await.unwrap();
-    let report = tokio::time::timeout(Duration::from_secs(120), migrating)
+    let report = tokio::time::timeout(Duration::from_secs(120), first)
         .await
         .expect("applied once the transaction ended")
         .unwrap()
         .unwrap();
     assert_eq!(report.current, outbox::latest_version());
     assert_eq!(report.applied.first(), Some(&43));
+    let after = tokio::time::timeout(Duration::from_secs(120), second)
+        .await
+        .expect("the second migrate ends after the first")
+        .unwrap()
+        .unwrap();
+    assert!(after.applied.is_empty(), "{after:?}");
+}
+
+/// Lock timeouts outside 1 ms to 1 h are refused before anything runs.
+#[tokio::test]
+async fn a_lock_timeout_out_of_range_is_refused() {
+    let db = TestDb::empty().await;
+    for lock_timeout in [
+        std::time::Duration::ZERO,
+        std::time::Duration::from_secs(3601),
+    ] {
+        let options = outbox::MigrateOptions {
+            lock_timeout,
+            ..outbox::MigrateOptions::default()
+        };
+        let err = outbox::migrate_with(&db.pool, outbox::latest_version(), options)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("use 1ms to 1h"), "{err}");
+    }
+    assert_eq!(outbox::schema_status(&db.pool).await.unwrap().current, 0);
 }

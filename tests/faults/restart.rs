@@ -473,10 +473,10 @@ async fn a_limited_queue_and_the_worker_row_come_through_an_outage() {
     assert!(overlap <= 2, "{overlap} ran at once under a limit of 2");
 }
 
-/// A worker that starts while PostgreSQL is down can neither read where its
-/// queue's last slow walk began (migration 35) nor claim: it goes on without
-/// that hint, and once the server is back every task runs, once, the ones
-/// before the recorded walk's front included.
+/// A worker that starts while PostgreSQL is down can neither check its
+/// schema nor claim: it keeps trying, and once the server is back it reads
+/// where its queue's last slow walk began (migration 35) and every task
+/// runs, once, the ones before the recorded walk's front included.
 #[tokio::test]
 async fn a_worker_started_while_the_database_is_down_runs_every_task_once_when_it_is_back() {
     const N: usize = 40;

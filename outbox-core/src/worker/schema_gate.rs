@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::outage::Outage;
+use crate::db::classify::is_transient;
 use crate::db::session::call;
 use crate::migrate::{applied_version, latest_version};
 
@@ -31,13 +32,17 @@ pub(super) async fn wait(shared: &Shared, stop: &CancellationToken) -> bool {
     let mut outage = Outage::new("schema check");
     let mut reported = None;
     loop {
-        let checked = call(
+        let check = call(
             &shared.engine,
             shared.deadline,
             "schema version",
             async |conn| applied_version(conn).await,
-        )
-        .await;
+        );
+        // A shutdown does not wait for a check a silent server holds up.
+        let checked = tokio::select! {
+            () = stop.cancelled() => return false,
+            checked = check => checked,
+        };
         let pause = match checked {
             Ok(current) if current >= needed => {
                 outage.ok();
@@ -58,6 +63,16 @@ pub(super) async fn wait(shared: &Shared, stop: &CancellationToken) -> bool {
                     reported = Some(current);
                 }
                 RECHECK
+            }
+            // Not a moment's trouble (no right to read `outbox_migrations`,
+            // say): the version cannot be known, so the worker runs as it
+            // would without the check rather than never.
+            Err(error) if !is_transient(&error) => {
+                tracing::warn!(
+                    %error,
+                    "cannot read the schema's version; claiming without checking it"
+                );
+                return true;
             }
             Err(error) => outage.failed(&error).min(RECHECK),
         };
