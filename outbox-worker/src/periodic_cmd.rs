@@ -68,8 +68,10 @@ pub(crate) fn resolve(spec: &PeriodicSpec) -> Result<PeriodicTask, Failure> {
 #[derive(Debug, Subcommand)]
 pub(crate) enum PeriodicCommand {
     /// Periodic tasks the cluster's leader recorded: name, schedule, the
-    /// ticks enqueued so far (ahead of their time), the next tick, and when
-    /// the declaration was recorded.
+    /// tick covered so far (enqueued, often ahead of its time; for a task
+    /// declared since that tick, the point its schedule started from, which
+    /// enqueued nothing), the next tick, and when the declaration was
+    /// recorded.
     List(ListArgs),
     /// Forget a periodic task removed from the code: its record and the
     /// ticks it enqueued ahead, not started. Refused while the current
@@ -148,13 +150,15 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
             |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
         )
     };
-    // Ticks are enqueued ahead of their time, so the latest enqueued is
-    // often still to come: it is not the last that ran. A declaration no
-    // leader has recorded since its workers went (one removed from the
-    // code) shows an older DECLARED than the rest.
+    // Ticks are enqueued ahead of their time, so the latest covered is
+    // often still to come: it is not the last that ran. A new declaration
+    // starts covered up to its schedule's latest point before it (that
+    // tick is not enqueued). A declaration no leader has recorded since its
+    // workers went (one removed from the code) shows an older DECLARED than
+    // the rest.
     println!(
         "{:<24} {:<28} {:<24} {:<20} {:<20} {:<20}",
-        "NAME", "SCHEDULE", "TYPE", "ENQUEUED UP TO (UTC)", "NEXT TICK (UTC)", "DECLARED (UTC)"
+        "NAME", "SCHEDULE", "TYPE", "COVERED UP TO (UTC)", "NEXT TICK (UTC)", "DECLARED (UTC)"
     );
     for p in &all {
         println!(

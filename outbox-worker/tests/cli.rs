@@ -1554,7 +1554,7 @@ async fn periodic_declarations_are_checked_and_listed() {
     );
     // Ticks are enqueued ahead: the column says so rather than "last run".
     assert!(
-        table.contains("ENQUEUED UP TO") && table.contains("DECLARED"),
+        table.contains("COVERED UP TO") && table.contains("DECLARED"),
         "{table}"
     );
     // The leader declares it: deleting it would only pause it until the
