@@ -59,14 +59,7 @@ async fn migrate_twice_reports_the_version_and_changes_nothing_the_second_time()
 /// `--command-timeout` naming the migration, and applies nothing.
 #[tokio::test]
 async fn migrate_behind_a_long_transaction_gives_up_naming_the_migration() {
-    let db = TestDb::empty().await;
-    // Migration 43 alters outbox_tasks.
-    outbox::migrate_to(&db.pool, 42).await.unwrap();
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT count(*) FROM outbox_tasks")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let (db, holder) = TestDb::held_before_migration_43().await;
     let args = [
         "migrate",
         "--database-url",

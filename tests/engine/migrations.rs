@@ -238,14 +238,7 @@ async fn named_pool(db: &TestDb, name: &str) -> sqlx::PgPool {
 #[tokio::test]
 async fn a_migration_behind_a_long_transaction_holds_nothing_up_and_tries_again() {
     use std::time::Duration;
-    let db = TestDb::empty().await;
-    // Migration 43 alters outbox_tasks (a constraint dropped and added).
-    outbox::migrate_to(&db.pool, 42).await.unwrap();
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT count(*) FROM outbox_tasks")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let (db, holder) = TestDb::held_before_migration_43().await;
 
     let brief = outbox::MigrateOptions {
         lock_timeout: Duration::from_millis(200),

@@ -143,6 +143,22 @@ impl TestDb {
         }
     }
 
+    /// A database migrated to version 42, so that migration 43 (which
+    /// alters `outbox_tasks`) is pending, and an open transaction that has
+    /// read `outbox_tasks`: what holds a migration's table lock up.
+    pub async fn held_before_migration_43() -> (Self, sqlx::Transaction<'static, sqlx::Postgres>) {
+        let db = Self::empty().await;
+        outbox::migrate_to(&db.pool, 42)
+            .await
+            .expect("migrate to 42");
+        let mut holder = db.pool.begin().await.expect("begin the holder");
+        sqlx::query("SELECT count(*) FROM outbox_tasks")
+            .execute(&mut *holder)
+            .await
+            .expect("read outbox_tasks");
+        (db, holder)
+    }
+
     /// Another, separate pool on this database (a second "machine").
     pub async fn pool_on(url: &str, max_connections: u32) -> PgPool {
         PgPoolOptions::new()
