@@ -353,15 +353,16 @@ pub fn latest_version() -> i64 {
 /// would hold the whole outbox up for as long as it stays open. So each
 /// lock is waited for at most `lock_timeout`; a migration that times out is
 /// rolled back whole (nothing half-applied), and tried again after a pause
-/// until `retry_for` has passed.
+/// (at least `lock_timeout`) until `retry_for` has passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigrateOptions {
     /// The longest any statement waits for a lock (PostgreSQL's
     /// `lock_timeout`), so the longest the outbox's own statements queue
-    /// behind a migration. Default 2 s.
+    /// behind a migration's wait (a migration that has its locks holds
+    /// them while it runs). Default 2 s.
     pub lock_timeout: Duration,
-    /// How long to keep trying after a lock wait timed out before giving
-    /// up, changing nothing. Default 60 s.
+    /// How long, from the call, to keep trying after a lock wait timed out
+    /// before giving up, changing nothing. Default 60 s.
     pub retry_for: Duration,
 }
 
@@ -396,11 +397,15 @@ pub async fn migrate_to(pool: &PgPool, target: i64) -> Result<MigrationReport> {
 /// [`migrate_to`] with the lock waits of `options`.
 ///
 /// One transaction holds the migration lock for all the tries, pauses
-/// included, each try in a savepoint of its own: another `migrate`
-/// meanwhile (a fleet starting at once) waits for it, then finds the
-/// schema migrated or tries on its own, rather than take turns at the
-/// tables and keep them blocked. The same holds through a transaction-mode
-/// pooler, which keeps a transaction on one server session.
+/// included, each try undone to a savepoint: another `migrate` meanwhile
+/// (a fleet starting at once) waits for it, then finds the schema migrated
+/// or tries on its own, rather than take turns at the tables and keep them
+/// blocked. The same holds through a transaction-mode pooler, which keeps
+/// a transaction on one server session. Each try applies every pending
+/// migration from the first, and holds the locks it took until it commits
+/// or is undone. Once a try has written anything the transaction keeps its
+/// id until the end, which holds vacuum back like any open transaction:
+/// keep `retry_for` short.
 pub async fn migrate_with(
     pool: &PgPool,
     target: i64,
@@ -414,6 +419,9 @@ pub async fn migrate_with(
             options.lock_timeout
         )));
     }
+    // The budget counts from the call: time spent waiting for another
+    // `migrate` to finish is part of it.
+    let started = Instant::now();
     let mut tx = crate::pooler::begin(pool).await?;
     sqlx::query(include_str!("db/sql/lock_migrations.sql"))
         .bind(MIGRATION_LOCK_KEY)
@@ -425,12 +433,13 @@ pub async fn migrate_with(
         .bind(format!("{}ms", options.lock_timeout.as_millis()))
         .execute(&mut *tx)
         .await?;
-    let started = Instant::now();
     let mut waits = 0u32;
+    // Made once: rolling back to it leaves it in place, empty, for the next
+    // try (a new one each try would nest a level per try).
+    sqlx::raw_sql("SAVEPOINT outbox_migrate")
+        .execute(&mut *tx)
+        .await?;
     loop {
-        sqlx::raw_sql("SAVEPOINT outbox_migrate")
-            .execute(&mut *tx)
-            .await?;
         match attempt(&mut tx, target).await {
             Ok(report) => {
                 tx.commit().await?;
@@ -444,7 +453,9 @@ pub async fn migrate_with(
                     .execute(&mut *tx)
                     .await?;
                 waits += 1;
-                let pause = retry_pause(waits);
+                // At least as long as a wait, so the table is free at least
+                // half of the time while this retries.
+                let pause = retry_pause(waits).max(options.lock_timeout);
                 if started.elapsed() + pause >= options.retry_for {
                     return Err(Error::Migration(format!(
                         "{what} waited for a lock {waits} time(s) over {:.0?} ({:?} each) and \

@@ -11,8 +11,9 @@ const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
 
 /// The default retry table: 1m, 5m, 15m, 30m, 1h, 2h, 4h, 8h, 12h, 1d.
-/// Ten attempts over about 28 hours (the tenth failure is final: its delay
-/// is waited only past the table's end, see [`delay_after_failure`]).
+/// Ten attempts over about 28 hours, 25 to 31 with the default jitter (the
+/// tenth failure is final: its delay is waited only past the table's end,
+/// see [`delay_after_failure`]).
 pub const DEFAULT_RETRY_DELAYS: &[Duration] = &[
     Duration::from_secs(MINUTE),
     Duration::from_secs(5 * MINUTE),

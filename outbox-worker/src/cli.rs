@@ -474,8 +474,8 @@ async fn migrate(args: MigrateArgs, limit: Duration) -> Result<(), Failure> {
     let pool = connect_operator(&args.db, 2).await?;
     // Retries end before the command's own limit, so a lock held all along
     // is reported as such, with the migration it held up: each wait takes
-    // at most a quarter of the limit, and the last one starts before half
-    // of it is left.
+    // at most a quarter of the limit, and the last try starts within its
+    // first half.
     let lock_timeout = args.lock_timeout.min(limit / 4);
     let options = outbox::MigrateOptions {
         lock_timeout,

@@ -197,3 +197,44 @@ async fn a_sigterm_delivered_twice_at_once_is_one_graceful_stop() {
     assert_eq!(status.code(), Some(0), "a graceful stop:\n{log}");
     assert!(!log.contains("second signal"), "{log}");
 }
+
+/// A second signal half a second or more after the first is an operator's
+/// second request: the worker exits at once (exit 1) without waiting for
+/// its slow task.
+#[tokio::test]
+async fn a_second_sigterm_after_half_a_second_exits_at_once() {
+    let db = TestDb::migrated().await;
+    create_executions_table(&db.pool).await;
+    outbox::submit(&mut *db.conn().await, Record { ms: 600_000 })
+        .await
+        .unwrap();
+    let mut worker = WorkerProcess::spawn(
+        WORKER,
+        &db.url,
+        &[
+            "--queue",
+            "record=2",
+            "--shutdown-grace",
+            "10m",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    wait_until(
+        &db.pool,
+        "SELECT count(*) = 1 FROM executions",
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.signal("TERM");
+    worker
+        .wait_for_log("SIGTERM received", Duration::from_secs(30))
+        .await;
+    // Apart by more than the window in which a repeat is a copy.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    worker.signal("TERM");
+    let status = worker.wait(Duration::from_secs(60)).await;
+    let log = worker.log();
+    assert_eq!(status.code(), Some(1), "exits at once:\n{log}");
+    assert!(log.contains("second signal: exiting now"), "{log}");
+}

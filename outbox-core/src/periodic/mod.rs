@@ -181,7 +181,9 @@ pub struct PeriodicRecord {
     pub queue: String,
     /// The payload.
     pub payload: serde_json::Value,
-    /// The latest tick enqueued.
+    /// The latest tick covered: enqueued (often ahead of its time), or,
+    /// for a task declared after it, the point its schedule started from
+    /// (nothing was enqueued for it).
     pub last_run: Option<DateTime<Utc>>,
     /// The next tick.
     pub next_run: Option<DateTime<Utc>>,
