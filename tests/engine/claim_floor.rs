@@ -50,8 +50,13 @@ impl TaskHandler<Work> for Runner {
 /// does not poll within the test. With `listen` off, nothing but a free
 /// place makes it claim.
 fn start(db: &TestDb, gate: &Arc<Semaphore>, listen: bool) -> RunningWorker {
+    start_on(&db.pool, gate, listen)
+}
+
+/// [`start`] on `pool`.
+fn start_on(pool: &sqlx::PgPool, gate: &Arc<Semaphore>, listen: bool) -> RunningWorker {
     RunningWorker::start(
-        Worker::builder(db.pool.clone())
+        Worker::builder(pool.clone())
             .config(WorkerConfig {
                 claim_ahead: 0,
                 listen,
@@ -217,16 +222,11 @@ async fn a_claim_with_nothing_above_the_floor_looks_behind_it() {
     worker.stop().await;
 }
 
-/// A worker that starts after a slow walk of its queue's claimable index
-/// (another producer's, recorded by migration 35) begins where that walk
-/// found its first task, and reads what lies before it only once that
-/// walk's floor lapses: a worker started beside a long-held snapshot does
-/// not step over every entry the snapshot keeps at once. The walk recorded
-/// here took a second (its floor lasts 20 s) and found "after-1" first;
-/// two tasks lie before it, as tasks that became claimable behind a floor
-/// do.
-#[tokio::test]
-async fn a_started_worker_begins_where_the_queues_last_slow_walk_did() {
+/// Five tasks due an hour ago ("before-1", "before-2", "after-1",
+/// "after-2", "after-3", in id order), and a slow walk of their queue
+/// recorded as having found "after-1" first a moment ago (it took a
+/// second: its floor lasts 20 s).
+async fn walked_queue() -> TestDb {
     let db = TestDb::migrated().await;
     // All due at one moment an hour ago: the claim order is the ids'.
     let due = Utc::now() - chrono::Duration::hours(1);
@@ -245,22 +245,67 @@ async fn a_started_worker_begins_where_the_queues_last_slow_walk_did() {
     .execute(&db.pool)
     .await
     .unwrap();
-    // Not polling: only the walk falling due brings it back for the tasks
-    // before the front.
-    let worker = start(&db, &Arc::new(Semaphore::new(0)), true);
-    wait_for(&db, "bool_and(state = 'completed')").await;
-    worker.stop().await;
-    let (last_after, first_before): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+    db
+}
+
+/// When the last "after" task and the first "before" task started.
+async fn last_after_first_before(db: &TestDb) -> (DateTime<Utc>, DateTime<Utc>) {
+    sqlx::query_as(
         "SELECT max(attempted_at) FILTER (WHERE payload->>'label' LIKE 'after-%'), \
                 min(attempted_at) FILTER (WHERE payload->>'label' LIKE 'before-%') \
          FROM outbox_all_tasks",
     )
     .fetch_one(&db.pool)
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// A worker that starts after a slow walk of its queue's claimable index
+/// (another producer's, recorded by migration 35) begins where that walk
+/// found its first task, and reads what lies before it only once that
+/// walk's floor lapses: a worker started beside a long-held snapshot does
+/// not step over every entry the snapshot keeps at once. The walk recorded
+/// here took a second (its floor lasts 20 s) and found "after-1" first;
+/// two tasks lie before it, as tasks that became claimable behind a floor
+/// do.
+#[tokio::test]
+async fn a_started_worker_begins_where_the_queues_last_slow_walk_did() {
+    let db = walked_queue().await;
+    // Not polling: only the walk falling due brings it back for the tasks
+    // before the front.
+    let worker = start(&db, &Arc::new(Semaphore::new(0)), true);
+    wait_for(&db, "bool_and(state = 'completed')").await;
+    worker.stop().await;
+    let (last_after, first_before) = last_after_first_before(&db).await;
     assert!(
         last_after < first_before,
         "the tasks from the walk's front on were claimed first ({last_after}), those before it \
          after ({first_before})"
+    );
+}
+
+/// A worker that cannot read its queue's last walk (here, a role without
+/// rights on `outbox_claim_fronts`) goes on without that hint: its first
+/// claim walks from the start, so the tasks before the recorded front run
+/// first, with no wait for that walk's floor to lapse.
+#[tokio::test]
+async fn a_worker_that_cannot_read_the_last_walk_claims_from_the_start() {
+    let db = walked_queue().await;
+    let role = db.role_without("outbox_claim_fronts").await;
+    let worker = start_on(&role.pool, &Arc::new(Semaphore::new(0)), true);
+    wait_for(&db, "bool_and(state = 'completed')").await;
+    worker.stop().await;
+    role.drop_role().await;
+    let (_, first_before) = last_after_first_before(&db).await;
+    let first_after: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT min(attempted_at) FROM outbox_all_tasks WHERE payload->>'label' LIKE 'after-%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        first_before < first_after,
+        "the tasks before the walk's front were claimed first ({first_before}), those from it \
+         after ({first_after})"
     );
 }

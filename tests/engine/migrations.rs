@@ -158,32 +158,8 @@ async fn a_worker_on_a_schema_behind_its_build_claims_nothing_until_migrated() {
 async fn a_worker_that_may_not_read_the_schema_version_claims_all_the_same() {
     use std::time::Duration;
     let db = TestDb::migrated().await;
-    let role = format!(
-        "outbox_no_version_{}",
-        db.url
-            .rsplit('/')
-            .next()
-            .unwrap()
-            .split('?')
-            .next()
-            .unwrap()
-    );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN;
-         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};
-         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};
-         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role};
-         REVOKE ALL ON outbox_migrations FROM {role};"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(options.username(&role))
-        .await
-        .unwrap();
+    let role = db.role_without("outbox_migrations").await;
+    let pool = role.pool.clone();
     let refused = outbox::schema_status(&pool).await.unwrap_err();
     assert!(
         refused.to_string().contains("permission denied"),
@@ -207,13 +183,7 @@ async fn a_worker_that_may_not_read_the_schema_version_claims_all_the_same() {
         .wait_for(outbox::TaskEventKind::Completed, 1, Duration::from_secs(60))
         .await;
     running.stop().await;
-    pool.close().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role};"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    role.drop_role().await;
 }
 
 /// A pool on `db` whose sessions carry `name` as their application_name.

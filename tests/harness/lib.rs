@@ -159,6 +159,45 @@ impl TestDb {
         (db, holder)
     }
 
+    /// A login role with every right on this database's tables, sequences
+    /// and functions but those on `table`, and a pool of its sessions: for
+    /// a test of what a worker does when it may not read one table. Drop it
+    /// with [`RoleWithout::drop_role`] at the test's end.
+    pub async fn role_without(&self, table: &str) -> RoleWithout {
+        let name = format!(
+            "outbox_no_{table}_{}",
+            self.url
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .split('?')
+                .next()
+                .unwrap()
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {name} LOGIN;
+             GRANT ALL ON ALL TABLES IN SCHEMA public TO {name};
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {name};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {name};
+             REVOKE ALL ON {table} FROM {name};"
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("create the role");
+        let options: sqlx::postgres::PgConnectOptions = self.url.parse().expect("the test URL");
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.username(&name))
+            .await
+            .expect("connect as the role");
+        RoleWithout {
+            pool,
+            name,
+            owner: self.pool.clone(),
+        }
+    }
+
     /// Another, separate pool on this database (a second "machine").
     pub async fn pool_on(url: &str, max_connections: u32) -> PgPool {
         PgPoolOptions::new()
@@ -201,6 +240,29 @@ impl TestDb {
             .fetch_all(&self.pool)
             .await
             .expect("count tasks by state")
+    }
+}
+
+/// A role made by [`TestDb::role_without`], with a pool of its sessions.
+pub struct RoleWithout {
+    /// Sessions of the role.
+    pub pool: PgPool,
+    name: String,
+    owner: PgPool,
+}
+
+impl RoleWithout {
+    /// Closes the role's sessions and drops the role (roles belong to the
+    /// whole cluster, which other tests share).
+    pub async fn drop_role(self) {
+        self.pool.close().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP OWNED BY {0}; DROP ROLE {0};",
+            self.name
+        )))
+        .execute(&self.owner)
+        .await
+        .expect("drop the role");
     }
 }
 
