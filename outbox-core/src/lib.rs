@@ -59,6 +59,7 @@ mod migrate;
 mod options;
 pub mod periodic;
 pub mod pooler;
+mod random;
 mod records;
 pub mod relay;
 pub mod retry;

@@ -51,9 +51,7 @@ pub const DEFAULT_RETRY_JITTER_PERCENT: u32 = 10;
 /// `delay` moved by up to `percent` of itself either way (capped at 100),
 /// drawn uniformly.
 pub fn jittered(delay: Duration, percent: u32) -> Duration {
-    use std::hash::{BuildHasher, RandomState};
-    let random = RandomState::new().hash_one(std::time::Instant::now());
-    spread(delay, percent, random)
+    spread(delay, percent, crate::random::u64())
 }
 
 /// `delay` moved by `percent` of itself times a point of [-1, 1) that

@@ -259,8 +259,7 @@ pub(super) fn config_problems(config: &WorkerConfig, queues: &[(String, usize)])
 
 /// `host:pid:random`, unique enough to tell workers apart on the rows.
 fn default_worker_id() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    let random = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
+    let random = crate::random::u64() & 0xffff_ffff;
     format!("{}:{}:{random:08x}", host_name(), std::process::id())
 }
 

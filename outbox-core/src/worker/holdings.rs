@@ -87,8 +87,7 @@ pub(crate) struct Holdings {
 
 impl Holdings {
     pub(crate) fn new(worker_id: &str) -> Self {
-        use std::hash::{BuildHasher, RandomState};
-        let run = RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff;
+        let run = crate::random::u64() & 0xffff_ffff;
         Self {
             inner: Mutex::default(),
             run_id: format!("{worker_id}/{run:08x}"),

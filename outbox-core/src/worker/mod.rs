@@ -429,48 +429,45 @@ impl Worker {
             stop_background.clone(),
         ));
         // Claims, relays and maintenance run this build's statements, which
-        // an older schema lacks: they start once it has caught up.
+        // an older schema lacks: they start once it has caught up (none if
+        // the worker is stopped first).
+        let ready = schema_gate::wait(&shared, &stop_claiming).await;
+        let maintainer = (ready && shared.config.maintenance)
+            .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
+        // Relays stop reading batches with the claims, and stop publishing
+        // when the grace is over.
         let abandon_relays = CancellationToken::new();
+        let relays: Vec<_> = self
+            .relay_runs
+            .into_iter()
+            .filter(|_| ready)
+            .map(|relay| {
+                tokio::spawn(crate::relay::run(
+                    relay,
+                    shared.pool.clone(),
+                    shared.config.worker_id.clone(),
+                    limits,
+                    stop_claiming.clone(),
+                    abandon_relays.clone(),
+                ))
+            })
+            .collect();
         let tracker = TaskTracker::new();
-        let (maintainer, relays, producers) = if schema_gate::wait(&shared, &stop_claiming).await {
-            let maintainer = shared
-                .config
-                .maintenance
-                .then(|| tokio::spawn(maintainer::run(Arc::clone(&shared), stop_claiming.clone())));
-            // Relays stop reading batches with the claims, and stop
-            // publishing when the grace is over.
-            let relays: Vec<_> = self
-                .relay_runs
-                .into_iter()
-                .map(|relay| {
-                    tokio::spawn(crate::relay::run(
-                        relay,
-                        shared.pool.clone(),
-                        shared.config.worker_id.clone(),
-                        limits,
-                        stop_claiming.clone(),
-                        abandon_relays.clone(),
-                    ))
-                })
-                .collect();
-            let mut producers = Vec::new();
-            for ((queue, concurrency), (lane, buffer)) in self.queues.iter().zip(producer_ends) {
-                let producer = producer::Producer {
-                    shared: Arc::clone(&shared),
-                    queue: queue.clone(),
-                    concurrency: *concurrency,
-                    waker: Arc::clone(&wakers[queue]),
-                    stop: stop_claiming.clone(),
-                    tracker: tracker.clone(),
-                    done: done_tx.clone(),
-                    lane,
-                };
-                producers.push(tokio::spawn(producer::run(producer, buffer)));
-            }
-            (maintainer, relays, producers)
-        } else {
-            (None, Vec::new(), Vec::new())
-        };
+        let mut producers = Vec::new();
+        let queues = self.queues.iter().zip(producer_ends).filter(|_| ready);
+        for ((queue, concurrency), (lane, buffer)) in queues {
+            let producer = producer::Producer {
+                shared: Arc::clone(&shared),
+                queue: queue.clone(),
+                concurrency: *concurrency,
+                waker: Arc::clone(&wakers[queue]),
+                stop: stop_claiming.clone(),
+                tracker: tracker.clone(),
+                done: done_tx.clone(),
+                lane,
+            };
+            producers.push(tokio::spawn(producer::run(producer, buffer)));
+        }
         drop(done_tx);
 
         shutdown.cancelled().await;

@@ -64,8 +64,7 @@ fn backoff(failures: u32) -> Duration {
 
 /// A duration between half of `ceiling` and all of it.
 fn jittered(ceiling: Duration) -> Duration {
-    use std::hash::{BuildHasher, RandomState};
-    let random = RandomState::new().hash_one(Instant::now());
+    let random = crate::random::u64();
     let half = ceiling / 2;
     half + half.mul_f64((random % 1024) as f64 / 1024.0)
 }
