@@ -54,8 +54,11 @@ pub async fn get_task(pool: &PgPool, id: TaskId) -> Result<Option<TaskRecord>> {
 }
 
 /// Makes these FAILED tasks (dead or waiting to retry) claimable now with a
-/// fresh attempt budget; returns the ids that were retried (others were not
-/// FAILED).
+/// fresh attempt budget, and these PENDING tasks due later (submitted with
+/// a delay, snoozed, a periodic tick enqueued ahead) due now with the
+/// budget they have; a task behind its ordering key still waits for its
+/// turn. Workers of their queues are notified. Returns the ids that were
+/// retried (others were running, due already, finished, or unknown).
 pub async fn retry_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
     let ids = ids.iter().map(|id| id.0).collect();
     Ok(db::admin::retry_tasks(pool, Some(ids), None)

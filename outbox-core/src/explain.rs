@@ -160,7 +160,10 @@ impl std::fmt::Display for Reason {
                 }
                 Ok(())
             }
-            Reason::Scheduled { at } => write!(f, "scheduled for {at}"),
+            Reason::Scheduled { at } => write!(
+                f,
+                "scheduled for {at} (an operator's retry makes it due now)"
+            ),
             Reason::WaitingForRetry {
                 at,
                 failed_attempts,

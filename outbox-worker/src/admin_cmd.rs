@@ -113,7 +113,8 @@ pub(crate) struct ShowArgs {
 pub(crate) struct RetryArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Task ids to retry.
+    /// Task ids to retry: failed or dead ones get a fresh attempt budget,
+    /// scheduled ones (pending, due later) become due now.
     // Not required with --type alone: `retry` itself then says to add
     // --dead (clap's own message listed --dead and ids together).
     #[arg(required_unless_present_any = ["dead", "task_type"], conflicts_with = "dead")]
@@ -355,7 +356,7 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
         "retried",
         &wanted,
         &done,
-        "not FAILED (pending, running or completed) or no such task",
+        "not FAILED or scheduled: due already, running or completed; or no such task",
     )
 }
 

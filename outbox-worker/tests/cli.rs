@@ -213,6 +213,25 @@ async fn submit_list_show_retry_cancel_round_trip() {
         (Some("pending"), Some(0))
     );
 
+    // A scheduled task retried is due now, its budget untouched.
+    let run_now = ok(&cli(&["tasks", "retry", &later, "--database-url", url]).await);
+    assert!(
+        run_now.contains(&format!("retried 1 task(s): {later}")),
+        "{run_now}"
+    );
+    let now_due: Value = json(&["tasks", "show", &later, "--json", "--database-url", url]).await;
+    let due_at: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(now_due["execute_at"].clone()).unwrap();
+    assert!(due_at <= chrono::Utc::now(), "{now_due}");
+    assert_eq!(now_due["max_attempts"].as_i64(), Some(7));
+    let again = cli(&["tasks", "retry", &later, "--database-url", url]).await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("not FAILED or scheduled"),
+        "{}",
+        stderr(&again)
+    );
+
     let cancelled = ok(&cli(&["tasks", "cancel", &doomed, &later, "--database-url", url]).await);
     assert!(cancelled.contains("cancelled 2 task(s)"), "{cancelled}");
     let gone: Value = json(&["tasks", "show", &later, "--json", "--database-url", url]).await;

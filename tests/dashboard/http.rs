@@ -77,6 +77,55 @@ async fn a_bearer_client_needs_no_csrf_token_and_a_wrong_bearer_gets_nothing() {
     assert_eq!(state_of(&db, id).await.state, "pending");
 }
 
+/// A scheduled task's page offers "Run now", which makes it due now.
+#[tokio::test]
+async fn a_scheduled_task_is_run_now_from_its_page() {
+    let db = TestDb::migrated().await;
+    let task = Mail {
+        to: "later@example.com".into(),
+    };
+    let options = outbox::TaskOptions::new().delay(std::time::Duration::from_secs(3600));
+    let id = outbox::submit_with(&mut *db.conn().await, task, options)
+        .await
+        .unwrap();
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let page = send(
+        Method::GET,
+        &format!("{}/tasks/{id}", served.url),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains(r#"id="retry">Run now</button>"#),
+        "{}",
+        page.body
+    );
+    assert!(state_of(&db, id).await.execute_at > chrono::Utc::now());
+    let ran = send(
+        Method::POST,
+        &format!("{}/tasks/{id}/retry", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(ran.status, StatusCode::SEE_OTHER, "{}", ran.body);
+    let row = state_of(&db, id).await;
+    assert_eq!(row.state, "pending");
+    assert!(row.execute_at <= chrono::Utc::now(), "due now: {row:?}");
+    // Due now, there is nothing more to run early.
+    let page = send(
+        Method::GET,
+        &format!("{}/tasks/{id}", served.url),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert!(!page.body.contains(r#"id="retry""#), "{}", page.body);
+}
+
 #[tokio::test]
 async fn a_request_from_another_sites_page_is_refused_even_with_the_token() {
     let db = TestDb::migrated().await;

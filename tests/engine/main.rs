@@ -24,6 +24,7 @@ mod periodic;
 mod plain_outcomes;
 mod poison;
 mod results;
+mod run_now;
 mod sql_api;
 mod startup;
 mod submit;

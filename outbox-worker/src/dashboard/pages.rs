@@ -210,7 +210,12 @@ pub(crate) async fn task(
             .result
             .as_ref()
             .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
-        let can_retry = matches!(t.state.as_str(), "failed" | "dead");
+        // A scheduled task (pending, due later, not held by a run) can be
+        // made due now: the same action.
+        let scheduled =
+            t.state == "pending" && t.claimed_by.is_none() && t.execute_at > chrono::Utc::now();
+        let can_retry = matches!(t.state.as_str(), "failed" | "dead") || scheduled;
+        let retry_label = if scheduled { "Run now" } else { "Retry now" };
         // A dead task holding its ordering key can be skipped (cancelled).
         let can_cancel = matches!(t.state.as_str(), "pending" | "failed" | "processing")
             || (t.state == "dead" && t.ordering_key.is_some());
@@ -224,6 +229,7 @@ pub(crate) async fn task(
                 payload,
                 result,
                 can_retry,
+                retry_label,
                 can_cancel,
                 why,
             },
@@ -375,7 +381,7 @@ pub(crate) async fn queue_action(
     result.unwrap_or_else(|refused| refused.page(&d.config))
 }
 
-/// Retries one failed or dead task.
+/// Retries one failed or dead task, or makes a scheduled one due now.
 pub(crate) async fn retry_one(
     State(d): State<Arc<Dashboard>>,
     Extension(identity): Extension<Identity>,

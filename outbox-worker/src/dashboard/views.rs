@@ -267,6 +267,8 @@ pub(crate) struct TaskPage<'a> {
     pub(crate) payload: String,
     pub(crate) result: Option<String>,
     pub(crate) can_retry: bool,
+    /// "Retry now" for a failed or dead task, "Run now" for a scheduled one.
+    pub(crate) retry_label: &'static str,
     pub(crate) can_cancel: bool,
     /// `tasks explain`'s reasons, as text.
     pub(crate) why: Vec<String>,

@@ -1,5 +1,9 @@
 -- Operator retry: FAILED tasks (dead, or waiting for their next attempt)
--- become claimable now with a fresh attempt budget. A unique task whose key
+-- become claimable now with a fresh attempt budget; tasks given by id that
+-- are PENDING and due later (submitted with a delay, snoozed, a periodic
+-- tick enqueued ahead) become due now, keeping their budget and their
+-- place in their key's line, as River's JobRetry does for scheduled jobs.
+-- Each queue that got a task is notified, so its workers look at once. A unique task whose key
 -- another live task holds meanwhile is left dead (retrying it would be the
 -- duplicate its uniqueness forbids), and of several dead tasks of one key
 -- retried together the first is retried and the rest stay dead (the
@@ -48,6 +52,20 @@ done AS (
               AND outbox_unique_covers(holder.unique_states, holder.state, holder.dead_at IS NOT NULL)))
     RETURNING id, queue, ordering_key, blocked
 ),
+hurried AS (
+    -- Not a task a run holds in place (claimed_by set): it starts with its
+    -- run. Intake rows are always due now.
+    UPDATE outbox_tasks
+    SET execute_at = now(), updated_at = now()
+    WHERE $1::bigint[] IS NOT NULL AND id = ANY($1)
+      AND state = 'pending' AND claimed_by IS NULL
+      AND execute_at > now()
+    RETURNING id, queue
+),
+woken AS (
+    SELECT count(pg_notify('outbox_tasks', q.queue)) AS n
+    FROM (SELECT queue FROM done UNION SELECT queue FROM hurried) AS q
+),
 handed AS (
     -- Tasks back in their key's line get it if it is free.
     SELECT outbox_keys_advance(array_agg(queue), array_agg(ordering_key)) AS n
@@ -55,4 +73,7 @@ handed AS (
     WHERE blocked
     HAVING count(*) > 0
 )
-SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0
+-- The conditions only make sure the key hand-over and the notices run.
+SELECT id FROM done WHERE (SELECT count(*) FROM handed) >= 0 AND (SELECT n FROM woken) >= 0
+UNION ALL
+SELECT id FROM hurried
