@@ -57,8 +57,11 @@ pub async fn get_task(pool: &PgPool, id: TaskId) -> Result<Option<TaskRecord>> {
 /// fresh attempt budget, and these PENDING tasks due later (submitted with
 /// a delay, snoozed, a periodic tick enqueued ahead) due now with the
 /// budget they have; a task behind its ordering key still waits for its
-/// turn. Workers of their queues are notified. Returns the ids that were
-/// retried (others were running, due already, finished, or unknown).
+/// turn. Workers of their queues are notified. A forward step of a saga
+/// that compensates or compensated, or of a workflow an operator
+/// cancelled, is not retried (its work would come back after the undo).
+/// Returns the ids that were retried (others were running, due already,
+/// finished, such a step, or unknown).
 pub async fn retry_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
     let ids = ids.iter().map(|id| id.0).collect();
     Ok(db::admin::retry_tasks(pool, Some(ids), None)
@@ -69,7 +72,8 @@ pub async fn retry_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
 }
 
 /// Makes every dead task (of one type, if given) claimable now with a fresh
-/// attempt budget; returns their ids.
+/// attempt budget, except the forward steps [`retry_tasks`] refuses;
+/// returns their ids.
 pub async fn retry_dead(pool: &PgPool, task_type: Option<&str>) -> Result<Vec<TaskId>> {
     Ok(db::admin::retry_tasks(pool, None, task_type)
         .await?

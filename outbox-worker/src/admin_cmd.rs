@@ -356,7 +356,8 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
         "retried",
         &wanted,
         &done,
-        "not FAILED or scheduled: due already, running or completed; or no such task",
+        "not FAILED or scheduled: due already, running or completed; a forward step of a \
+         workflow cancelled or compensating; or no such task",
     )
 }
 

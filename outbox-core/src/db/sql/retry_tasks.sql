@@ -3,7 +3,11 @@
 -- are PENDING and due later (submitted with a delay, snoozed, a periodic
 -- tick enqueued ahead) become due now, keeping their budget and their
 -- place in their key's line, as River's JobRetry does for scheduled jobs.
--- Each queue that got a task is notified, so its workers look at once. A unique task whose key
+-- Each queue that got a task is notified, so its workers look at once.
+-- A forward step of a saga that compensates (or compensated), or of a
+-- workflow an operator cancelled, is not retried: its effect would come
+-- back after the compensations undid what came before it (a charge made
+-- again after the refund). Its compensations can be retried. A unique task whose key
 -- another live task holds meanwhile is left dead (retrying it would be the
 -- duplicate its uniqueness forbids), and of several dead tasks of one key
 -- retried together the first is retried and the rest stay dead (the
@@ -12,16 +16,36 @@
 -- retry failed). $1 ids (null = every dead task), $2 task type filter for
 -- the dead-task form (null = any).
 WITH candidates AS (
-    SELECT id, unique_key
+    SELECT id, unique_key, workflow_id, workflow_step
     FROM outbox_tasks
     WHERE state = 'failed'
       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
            OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
 ),
+-- The candidates' workflows, locked as any change of a workflow locks it
+-- first, and read as they are once locked: a saga that began compensating
+-- while this statement waited is seen compensating.
+workflows AS (
+    SELECT w.id, w.state, w.cancelled_at
+    FROM outbox_workflows AS w
+    WHERE w.id IN (SELECT c.workflow_id FROM candidates AS c WHERE c.workflow_id IS NOT NULL)
+    FOR NO KEY UPDATE
+),
+halted AS (
+    SELECT c.id
+    FROM candidates AS c
+    JOIN workflows AS w ON w.id = c.workflow_id
+    JOIN outbox_workflow_steps AS s ON s.workflow_id = c.workflow_id AND s.name = c.workflow_step
+    WHERE s.compensates IS NULL
+      AND (w.state IN ('compensating', 'compensated', 'compensation_failed')
+           OR w.cancelled_at IS NOT NULL)
+),
 chosen AS (
-    SELECT id FROM candidates WHERE unique_key IS NULL
+    SELECT id FROM candidates WHERE unique_key IS NULL AND id NOT IN (SELECT id FROM halted)
     UNION ALL
-    SELECT min(id) FROM candidates WHERE unique_key IS NOT NULL GROUP BY unique_key
+    SELECT min(id) FROM candidates
+    WHERE unique_key IS NOT NULL AND id NOT IN (SELECT id FROM halted)
+    GROUP BY unique_key
 ),
 done AS (
     UPDATE outbox_tasks
