@@ -33,11 +33,17 @@ mod periodic;
 pub use events::{EmittedEvent, assert_emitted, assert_none_emitted, emitted};
 pub use periodic::tick;
 
-/// Every task of type `T` visible on `conn` (including those submitted in
-/// its open transaction), decoded, oldest first.
+/// The tasks of type `T` that `conn`'s open transaction submitted (in a
+/// savepoint too), decoded, oldest first: those other transactions
+/// committed are not counted, as [`emitted`] counts only the transaction's
+/// events. On a connection outside a transaction, every task of type `T`
+/// in the database (pending, running, dead or completed). A task the
+/// transaction changed (cancelled, retried) counts as written by it too.
 pub async fn submitted<T: Task>(conn: &mut PgConnection) -> Vec<(TaskId, T)> {
+    let in_transaction = sqlx::Connection::is_in_transaction(&*conn);
     let rows = sqlx::query(include_str!("db/sql/submitted_of_type.sql"))
         .bind(T::TASK_TYPE)
+        .bind(in_transaction)
         .fetch_all(conn)
         .await
         .expect("query submitted tasks");
@@ -56,8 +62,9 @@ pub async fn submitted<T: Task>(conn: &mut PgConnection) -> Vec<(TaskId, T)> {
         .collect()
 }
 
-/// Panics unless a task of type `T` equal to `expected` was submitted and is
-/// visible on `conn`; returns its id. The message lists what was submitted.
+/// Panics unless a task of type `T` equal to `expected` is among
+/// [`submitted`]'s (in `conn`'s open transaction); returns its id. The
+/// message lists what was submitted.
 pub async fn assert_submitted<T: Task + PartialEq + Debug>(
     conn: &mut PgConnection,
     expected: &T,
@@ -73,7 +80,8 @@ pub async fn assert_submitted<T: Task + PartialEq + Debug>(
     }
 }
 
-/// Panics unless no task of type `T` is visible on `conn`.
+/// Panics if [`submitted`] finds a task of type `T` (in `conn`'s open
+/// transaction).
 pub async fn assert_none_submitted<T: Task + Debug>(conn: &mut PgConnection) {
     let all = submitted::<T>(conn).await;
     assert!(

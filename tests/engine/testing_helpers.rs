@@ -48,6 +48,66 @@ async fn assert_submitted_sees_the_open_transaction_and_nothing_leaks_before_com
     assert_eq!(listed, vec![(id, expected)]);
 }
 
+fn invoice(n: i64) -> SendInvoice {
+    SendInvoice {
+        invoice: n,
+        fail: false,
+    }
+}
+
+/// The task helpers in a transaction count its own tasks only (as the
+/// event helpers do), in the intake or the task table, in a savepoint or
+/// not: a task another transaction committed made `assert_submitted` pass
+/// for a transaction that submitted nothing.
+#[tokio::test]
+async fn the_task_helpers_in_a_transaction_count_only_its_own_tasks() {
+    let db = TestDb::migrated().await;
+    // Committed elsewhere: a single submit (the intake) and a batch (the
+    // task table).
+    let mut other = db.pool.begin().await.unwrap();
+    let mut committed = vec![outbox::submit(&mut other, invoice(1)).await.unwrap()];
+    committed.extend(
+        outbox::submit_batch(&mut other, [invoice(2), invoice(3)])
+            .await
+            .unwrap(),
+    );
+    other.commit().await.unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    testing::assert_none_submitted::<SendInvoice>(&mut tx).await;
+    let single = outbox::submit(&mut tx, invoice(4)).await.unwrap();
+    let mut savepoint = sqlx::Connection::begin(&mut *tx).await.unwrap();
+    let batch = outbox::submit_batch(&mut savepoint, [invoice(5), invoice(6)])
+        .await
+        .unwrap();
+    savepoint.commit().await.unwrap();
+    let mut undone = sqlx::Connection::begin(&mut *tx).await.unwrap();
+    outbox::submit(&mut undone, invoice(7)).await.unwrap();
+    undone.rollback().await.unwrap();
+
+    assert_eq!(
+        testing::submitted::<SendInvoice>(&mut tx).await,
+        vec![
+            (single, invoice(4)),
+            (batch[0], invoice(5)),
+            (batch[1], invoice(6))
+        ]
+    );
+    assert_eq!(
+        testing::assert_submitted(&mut tx, &invoice(5)).await,
+        batch[0]
+    );
+    // Outside a transaction: every task of the type, committed ones only.
+    let everything = testing::submitted::<SendInvoice>(&mut *db.conn().await).await;
+    assert_eq!(
+        everything.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        committed
+    );
+    tx.commit().await.unwrap();
+    let everything = testing::submitted::<SendInvoice>(&mut *db.conn().await).await;
+    assert_eq!(everything.len(), 6);
+}
+
 #[tokio::test]
 #[should_panic(expected = "no \"test.helpers.invoice\" task equal to")]
 async fn assert_submitted_says_what_was_submitted_instead() {
