@@ -310,6 +310,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0047_sql_submit_max_attempts.up.sql"),
         down: include_str!("../../migrations/0047_sql_submit_max_attempts.down.sql"),
     },
+    Migration {
+        version: 48,
+        name: "cancelled_steps_that_succeed",
+        up: include_str!("../../migrations/0048_cancelled_steps_that_succeed.up.sql"),
+        down: include_str!("../../migrations/0048_cancelled_steps_that_succeed.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -33,4 +33,5 @@ mod timeouts;
 mod txcomplete;
 mod unique;
 mod vacuum;
+mod workflow_cancel;
 mod workflows;

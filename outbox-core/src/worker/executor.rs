@@ -123,8 +123,12 @@ pub(crate) async fn execute(
             // released with the rest.
             None => return,
         };
-        // An operator's cancel wins over whatever the handler said.
-        let result = if shared.holdings.cancel_requested(task.id) {
+        // An operator's cancel wins over whatever the handler said, except
+        // a workflow step's success: its work is done, and recorded as done
+        // its saga compensates it (migration 48).
+        let step_succeeded = task.workflow_id.is_some()
+            && matches!(result, Ok(Outcome::Success | Outcome::SuccessWith(_)));
+        let result = if shared.holdings.cancel_requested(task.id) && !step_succeeded {
             Ok(Outcome::GiveUp(CANCELLED.to_owned()))
         } else {
             result

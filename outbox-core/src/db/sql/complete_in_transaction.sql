@@ -1,7 +1,9 @@
 -- A handler completes its own task inside its own transaction (the
 -- transaction of the handler's database work). Fenced like the outcome
 -- writer: only while this attempt still holds the task (claims and claim
--- token), and not once an operator asked to cancel it. The task moves to
+-- token), and not once an operator asked to cancel it, unless it is a
+-- workflow's step: its success is recorded whatever the cancel, so that
+-- its saga compensates it (migration 48). The task moves to
 -- the history, unless its uniqueness covers COMPLETED (it stays here,
 -- holding its unique key; see complete_tasks.sql). $1 id, $2 claims, $3 claim
 -- token, $4 result (JSON text, or null).
@@ -11,7 +13,7 @@ WITH task AS (
     WHERE id = $1
       AND claims = $2
       AND claimed_by = $3
-      AND cancel_requested_at IS NULL
+      AND (cancel_requested_at IS NULL OR workflow_id IS NOT NULL)
     FOR UPDATE
 ),
 gone AS (
