@@ -7,14 +7,16 @@ use outbox::workflow::{self, WorkflowStatus};
 use crate::connect::{DbArgs, connect_operator_migrated};
 use crate::failure::Failure;
 
-/// The states `workflows list --state` accepts.
-const STATES: [&str; 6] = [
+/// The states `workflows list --state` accepts; `cancelled` picks the
+/// workflows an operator cancelled, whatever state they ended in.
+const STATES: [&str; 7] = [
     "running",
     "completed",
     "failed",
     "compensating",
     "compensated",
     "compensation_failed",
+    "cancelled",
 ];
 
 /// `workflows` subcommands.
@@ -33,7 +35,7 @@ pub(crate) enum WorkflowsCommand {
 pub(crate) struct ListArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Only workflows in this state.
+    /// Only workflows in this state (`cancelled`: those an operator cancelled).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(STATES))]
     state: Option<String>,
     /// At most this many (1 to 10000).
@@ -70,15 +72,22 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
         return print_json(&all);
     }
     println!(
-        "{:<10} {:<24} {:<20} {:>6} {:>6} {:<20}",
+        "{:<10} {:<24} {:<32} {:>6} {:>6} {:<20}",
         "ID", "NAME", "STATE", "STEPS", "OPEN", "CREATED (UTC)"
     );
     for w in &all {
+        // A cancel shows beside what the workflow became ("failed" alone
+        // read as a step's death).
+        let state = if w.cancelled_at.is_some() {
+            format!("{} (cancelled)", w.state)
+        } else {
+            w.state.clone()
+        };
         println!(
-            "{:<10} {:<24} {:<20} {:>6} {:>6} {:<20}",
+            "{:<10} {:<24} {:<32} {:>6} {:>6} {:<20}",
             w.id,
             w.name,
-            w.state,
+            state,
             w.steps,
             w.open_steps,
             w.created_at.format("%Y-%m-%d %H:%M:%S")

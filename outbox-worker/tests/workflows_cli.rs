@@ -80,6 +80,21 @@ async fn workflows_are_listed_shown_and_cancelled_and_bad_flags_are_refused() {
             .any(|l| l.starts_with("cancelled ") && l.contains(&cancelled_at[..19])),
         "{shown}"
     );
+    // The list tells a cancelled workflow from one whose step died, and
+    // picks the cancelled ones.
+    let listed = ok(&cli(&["workflows", "list", at[0], at[1]]).await);
+    assert!(listed.contains("failed (cancelled)"), "{listed}");
+    let cancelled = json(&[
+        "workflows",
+        "list",
+        "--state",
+        "cancelled",
+        "--json",
+        at[0],
+        at[1],
+    ])
+    .await;
+    assert_eq!(cancelled[0]["id"], id.0, "{cancelled}");
     // Cancelled again, it says the workflow had ended instead of counting
     // zeros.
     let again = ok(&cli(&["workflows", "cancel", &id_text, at[0], at[1]]).await);

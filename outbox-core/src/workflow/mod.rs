@@ -461,8 +461,10 @@ fn single_row<T: Task>(task: &T, options: TaskOptions) -> Result<NewTask> {
 fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(invalid(format!(
-            "a {what} name must be 1 to {MAX_NAME} bytes long, got {} ({name:?})",
-            name.len()
+            "a {what} name must be 1 to {MAX_NAME} bytes long, got {} ({:?})",
+            name.len(),
+            // A name far too long is shown by its start.
+            crate::task_result::excerpt(name)
         )));
     }
     if what == "step"

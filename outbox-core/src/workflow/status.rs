@@ -74,7 +74,8 @@ pub struct WorkflowStatus {
     pub step_list: Vec<StepStatus>,
 }
 
-/// The latest workflows, newest first, optionally only those in `state`.
+/// The latest workflows, newest first, optionally only those in `state`
+/// (`"cancelled"`: those an operator cancelled, whatever state they ended in).
 pub async fn list(pool: &PgPool, state: Option<&str>, limit: i64) -> Result<Vec<WorkflowSummary>> {
     let rows = crate::pooler::on(pool, async |conn| {
         sqlx::query(include_str!("../db/sql/list_workflows.sql"))

@@ -73,6 +73,12 @@ fn names_uniqueness_and_compensations_are_checked_when_added() {
             "{bad:?}"
         );
     }
+    // A name far too long is quoted by its start only.
+    let message = refused(w.add(&"y".repeat(10_000), &StepTask { n: 1 }).map(|_| ()));
+    assert!(
+        message.contains("got 10000") && message.len() < 400,
+        "{message}"
+    );
     assert!(refused(w.add("u", &UniqueTask { n: 1 }).map(|_| ())).contains("unique"));
     let keyed = Step::new().options(TaskOptions::new().unique(crate::Unique::key("k")));
     assert!(refused(w.add_step("k", &StepTask { n: 1 }, keyed).map(|_| ())).contains("uniqueness"));
