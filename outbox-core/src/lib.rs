@@ -115,6 +115,7 @@ pub use workflow::{OnParentDead, Step, Workflow, WorkflowId};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::options::unique_from_fields;
+    pub use crate::retry::{DEFAULT_RETRY_DELAYS, retry_table};
     pub use crate::task::{check_payload, no_ordering, no_unique, ordering_of, unique_of};
     pub use inventory;
     pub use std::time::Duration;

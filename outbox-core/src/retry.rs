@@ -63,6 +63,25 @@ fn spread(delay: Duration, percent: u32, random: u64) -> Duration {
     delay.mul_f64(1.0 + fraction * (2.0 * unit - 1.0))
 }
 
+/// The retry table of `N` attempts made from `source` (not empty): cut
+/// there, or its last delay repeated up to it. What `#[outbox_task(...,
+/// max_attempts = N)]` declares.
+#[doc(hidden)]
+pub const fn retry_table<const N: usize>(source: &[Duration]) -> [Duration; N] {
+    let mut table = [Duration::ZERO; N];
+    let mut i = 0;
+    while i < N {
+        let from = if i < source.len() {
+            i
+        } else {
+            source.len() - 1
+        };
+        table[i] = source[from];
+        i += 1;
+    }
+    table
+}
+
 /// The maximum number of attempts a retry table allows (its length, at
 /// least one).
 pub fn max_attempts(table: &[Duration]) -> i32 {

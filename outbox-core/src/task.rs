@@ -242,4 +242,31 @@ mod tests {
                 .any(|r| r.task_type == "test.core.registered")
         );
     }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[crate::outbox_task(task_type = "test.core.five", retry_delays = ["10s"], max_attempts = 5)]
+    struct FiveTries {}
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[crate::outbox_task(task_type = "test.core.three", max_attempts = 3)]
+    struct ThreeTries {}
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[crate::outbox_task(task_type = "test.core.once", retry_delays = ["1s", "2s"], max_attempts = 1)]
+    struct Once {}
+
+    /// `max_attempts` makes the table that long: the last delay repeated,
+    /// the default table cut, a longer table cut.
+    #[test]
+    fn max_attempts_sets_the_tables_length() {
+        assert_eq!(FiveTries::RETRY_DELAYS, &[Duration::from_secs(10); 5]);
+        assert_eq!(
+            ThreeTries::RETRY_DELAYS,
+            &crate::retry::DEFAULT_RETRY_DELAYS[..3]
+        );
+        assert_eq!(Once::RETRY_DELAYS, &[Duration::from_secs(1)]);
+        assert_eq!(crate::retry::max_attempts(FiveTries::RETRY_DELAYS), 5);
+        let declared = find_registered("test.core.five").unwrap();
+        assert_eq!(declared.retry_delays.len(), 5);
+    }
 }

@@ -13,12 +13,26 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
         .as_ref()
         .map(|q| quote!(const QUEUE: &'static str = #q;));
     let priority = task.priority.map(|p| quote!(const PRIORITY: i16 = #p;));
-    let delays = task.retry_delays_ms.as_ref().map(|ms| {
-        quote! {
+    let delays = match (&task.retry_delays_ms, task.max_attempts) {
+        (Some(ms), None) => Some(quote! {
             const RETRY_DELAYS: &'static [::outbox::__private::Duration] =
                 &[#(::outbox::__private::Duration::from_millis(#ms)),*];
+        }),
+        // The table (given, or the default) cut at max_attempts, or its
+        // last delay repeated up to it: its length is the number of attempts.
+        (given, Some(n)) => {
+            let n = n as usize;
+            let source = match given {
+                Some(ms) => quote!(&[#(::outbox::__private::Duration::from_millis(#ms)),*]),
+                None => quote!(::outbox::__private::DEFAULT_RETRY_DELAYS),
+            };
+            Some(quote! {
+                const RETRY_DELAYS: &'static [::outbox::__private::Duration] =
+                    &::outbox::__private::retry_table::<#n>(#source);
+            })
         }
-    });
+        (None, None) => None,
+    };
     let timeout = task.timeout_ms.map(|ms| {
         quote! {
             const TIMEOUT: ::core::option::Option<::outbox::__private::Duration> =

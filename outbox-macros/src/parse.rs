@@ -9,8 +9,11 @@ use syn::{Expr, ExprArray, ExprLit, Ident, Item, Lit, LitStr, Meta, Token};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: &str = "task_type, queue, priority, retry_delays, timeout, unique_by, unique_period, \
-                       unique_states, ordering_key, on_dead";
+const OPTIONS: &str = "task_type, queue, priority, retry_delays, max_attempts, timeout, unique_by, \
+                       unique_period, unique_states, ordering_key, on_dead";
+
+/// The most attempts a type may declare (`outbox::MAX_ATTEMPTS_LIMIT`).
+const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
 
 /// A checked task declaration.
 pub(crate) struct TaskDecl {
@@ -19,6 +22,9 @@ pub(crate) struct TaskDecl {
     pub(crate) queue: Option<String>,
     pub(crate) priority: Option<i16>,
     pub(crate) retry_delays_ms: Option<Vec<u64>>,
+    /// Attempts, when not the retry table's length: the table is cut there
+    /// or its last delay repeated up to it.
+    pub(crate) max_attempts: Option<u32>,
     pub(crate) timeout_ms: Option<u64>,
     /// Set when the type is unique.
     pub(crate) unique: Option<UniqueDecl>,
@@ -51,6 +57,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
     let mut queue = None;
     let mut priority = None;
     let mut retry_delays_ms = None;
+    let mut max_attempts = None;
     let mut timeout_ms = None;
     let mut unique_by: Option<Vec<Ident>> = None;
     let mut unique_period = None;
@@ -82,6 +89,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
             }
             "priority" => set_once(&mut priority, priority_value(&nv.value)?, &meta)?,
             "retry_delays" => set_once(&mut retry_delays_ms, delays(&nv.value)?, &meta)?,
+            "max_attempts" => set_once(&mut max_attempts, attempts(&nv.value)?, &meta)?,
             "timeout" => {
                 let lit = string(&nv.value, "timeout")?;
                 let ms = parse_millis(&lit.value()).map_err(|m| {
@@ -174,6 +182,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
         queue,
         priority,
         retry_delays_ms,
+        max_attempts,
         timeout_ms,
         unique,
         ordering_key,
@@ -309,6 +318,20 @@ fn priority_value(expr: &Expr) -> syn::Result<i16> {
             lit: Lit::Int(i), ..
         }) => match i.base10_parse::<i16>() {
             Ok(p) if (0..=9).contains(&p) => Ok(p),
+            _ => Err(syn::Error::new(i.span(), message)),
+        },
+        other => Err(syn::Error::new(other.span(), message)),
+    }
+}
+
+fn attempts(expr: &Expr) -> syn::Result<u32> {
+    let message =
+        format!("`max_attempts` takes an integer from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => match i.base10_parse::<u32>() {
+            Ok(n) if (1..=MAX_ATTEMPTS_LIMIT).contains(&n) => Ok(n),
             _ => Err(syn::Error::new(i.span(), message)),
         },
         other => Err(syn::Error::new(other.span(), message)),

@@ -21,4 +21,12 @@ struct BadName {}
 #[outbox_task(task_type = "a.e", timeout = "0s")]
 struct NoTime {}
 
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.f", max_attempts = 0)]
+struct NoTries {}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "a.g", max_attempts = "5")]
+struct TextTries {}
+
 fn main() {}
