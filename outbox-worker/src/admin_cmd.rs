@@ -21,7 +21,8 @@ pub(crate) enum TasksCommand {
     List(ListArgs),
     /// Show everything about one task.
     Show(ShowArgs),
-    /// Make FAILED tasks claimable now with a fresh attempt budget.
+    /// Make FAILED tasks claimable now with a fresh attempt budget, and
+    /// scheduled ones (pending, due later) due now.
     Retry(RetryArgs),
     /// Cancel tasks: waiting ones become dead at once; running ones are
     /// stopped (their worker fires the task's cancellation token) and end
@@ -32,6 +33,22 @@ pub(crate) enum TasksCommand {
     /// behind another task of its ordering key, its queue paused or at its
     /// limit, no live worker for its queue, or dead (and why).
     Explain(ShowArgs),
+    /// Send a signal to a task that waits for it (`ctx.wait_for(NAME)`):
+    /// the task wakes and reads the value. The first signal of a name wins.
+    Signal(SignalArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SignalArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The task id.
+    id: i64,
+    /// The signal's name, as the handler waits for it.
+    name: String,
+    /// The value as JSON (`-` reads standard input, `@FILE` a file);
+    /// `null` when not given.
+    value: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +171,7 @@ pub(crate) async fn tasks(command: TasksCommand) -> Result<(), Failure> {
         TasksCommand::Retry(args) => retry(args).await,
         TasksCommand::Cancel(args) => cancel(args).await,
         TasksCommand::Explain(args) => crate::explain_cmd::explain(args).await,
+        TasksCommand::Signal(args) => signal(args).await,
     }
 }
 
@@ -359,6 +377,35 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
         "not FAILED or scheduled: due already, running or completed; a forward step of a \
          workflow cancelled or compensating; or no such task",
     )
+}
+
+async fn signal(args: SignalArgs) -> Result<(), Failure> {
+    let value = match &args.value {
+        Some(arg) => crate::payload::json(arg)?.1,
+        None => serde_json::Value::Null,
+    };
+    let pool = connect_operator_migrated(&args.db, 1).await?;
+    let task = TaskId(args.id);
+    let sent = crate::commit::write_and_commit(
+        &pool,
+        async |conn| Ok(outbox::signal(conn, task, &args.name, &value).await?),
+        |_| crate::commit::Write {
+            what: format!("signal {:?} to task {task}", args.name),
+            retry: "running the same command again is safe: a task keeps the first signal \
+                    of a name"
+                .to_owned(),
+        },
+    )
+    .await?;
+    if !sent {
+        return Err(Failure::runtime(format!(
+            "task {task} was not sent signal {:?}: it was sent one of that name already, \
+             has finished, or does not exist (tasks show {task})",
+            args.name
+        )));
+    }
+    println!("sent signal {:?} to task {task}", args.name);
+    Ok(())
 }
 
 async fn cancel(args: CancelArgs) -> Result<(), Failure> {

@@ -1,0 +1,108 @@
+//! `tasks signal`: an operator sends the value a task waits for
+//! (`ctx.wait_for`) from the shell, through the real binary.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, Worker, outbox_task,
+};
+use outbox_tests::{RunningWorker, TestDb};
+use serde::{Deserialize, Serialize};
+
+mod common;
+
+use common::{cli, ok, stderr};
+
+/// Waits for an approval, then records who gave it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[outbox_task(task_type = "test.cli.approval", queue = "cli-signal")]
+struct Approval {}
+
+#[derive(Clone, Default)]
+struct Approvals(Arc<Mutex<Vec<serde_json::Value>>>);
+
+impl TaskHandler<Approval> for Approvals {
+    async fn handle(&self, ctx: TaskContext, _task: Approval) -> HandlerResult {
+        let by: serde_json::Value = ctx.wait_for("approved").await?;
+        self.0.lock().unwrap().push(by);
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test]
+async fn a_task_waiting_for_a_signal_is_sent_it_from_the_shell_once() {
+    let db = TestDb::migrated().await;
+    let at = ["--database-url", db.url.as_str()];
+    let id = outbox::submit(&mut *db.conn().await, Approval {})
+        .await
+        .unwrap();
+    let approvals = Approvals::default();
+    let mut worker = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .handler::<Approval>(approvals.clone())
+            .build()
+            .unwrap(),
+    );
+    // Suspended in wait_for: pending again after its first claim.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT coalesce((SELECT state = 'pending' AND claims > 0 \
+             FROM outbox_all_tasks WHERE id = $1), false)",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never waited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let id_text = id.to_string();
+    let bad = cli(&[
+        "tasks", "signal", &id_text, "approved", "{nope", at[0], at[1],
+    ])
+    .await;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("not valid JSON"), "{}", stderr(&bad));
+    let long = "n".repeat(1000);
+    let bad = cli(&["tasks", "signal", &id_text, &long, at[0], at[1]]).await;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("signal name"), "{}", stderr(&bad));
+
+    let sent = ok(&cli(&[
+        "tasks",
+        "signal",
+        &id_text,
+        "approved",
+        r#"{"by": "ada"}"#,
+        at[0],
+        at[1],
+    ])
+    .await);
+    assert!(
+        sent.contains(&format!("sent signal \"approved\" to task {id}")),
+        "{sent}"
+    );
+    worker
+        .wait_for(TaskEventKind::Completed, 1, Duration::from_secs(60))
+        .await;
+    worker.stop().await;
+    assert_eq!(
+        *approvals.0.lock().unwrap(),
+        [serde_json::json!({"by": "ada"})]
+    );
+
+    // Finished: nothing would read a second one.
+    let again = cli(&["tasks", "signal", &id_text, "approved", at[0], at[1]]).await;
+    assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("was not sent signal \"approved\""),
+        "{}",
+        stderr(&again)
+    );
+}
