@@ -229,6 +229,9 @@ pub struct Explanation {
     pub task: TaskRecord,
     /// Why it is not running now (or that it is, or finished).
     pub reasons: Vec<Reason>,
+    /// The workflow whose step the task is, and the step's name; known
+    /// while the task has not completed.
+    pub workflow: Option<(i64, String)>,
 }
 
 /// Explains task `id`; `None` when there is no such task.
@@ -248,8 +251,12 @@ pub async fn explain_task(pool: &PgPool, id: TaskId) -> Result<Option<Explanatio
         return Ok(Some(Explanation {
             reasons: Vec::new(),
             task,
+            workflow: None,
         }));
     };
+    let workflow = ctx
+        .try_get::<Option<i64>, _>("workflow_id")?
+        .zip(ctx.try_get::<Option<String>, _>("workflow_step")?);
     let mut reasons = Vec::new();
     match task.state.as_str() {
         "completed" => reasons.push(Reason::Completed {
@@ -276,7 +283,11 @@ pub async fn explain_task(pool: &PgPool, id: TaskId) -> Result<Option<Explanatio
         }),
         _ => waiting_reasons(pool, &task, &ctx, &mut reasons).await?,
     }
-    Ok(Some(Explanation { task, reasons }))
+    Ok(Some(Explanation {
+        task,
+        reasons,
+        workflow,
+    }))
 }
 
 async fn waiting_reasons(

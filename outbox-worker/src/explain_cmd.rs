@@ -20,6 +20,9 @@ pub(crate) async fn explain(args: ShowArgs) -> Result<(), Failure> {
         return Ok(());
     }
     print_task(&found.task);
+    if let Some((workflow, step)) = &found.workflow {
+        println!("workflow      {workflow}, step {step} (workflows show {workflow})");
+    }
     println!();
     for reason in &found.reasons {
         println!("why: {reason}");

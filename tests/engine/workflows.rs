@@ -1010,6 +1010,12 @@ async fn retrying_a_step_of_a_cancelled_workflow_is_refused() {
     );
     let row = outbox::admin::get_task(&db.pool, a).await.unwrap().unwrap();
     assert_eq!(row.state, "dead", "{row:?}");
+    // Explained, the task names its workflow and step.
+    let explained = outbox::admin::explain_task(&db.pool, a)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(explained.workflow, Some((id.0, "a".to_owned())));
     let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
     assert_eq!(
         (status.workflow.state.as_str(), status.workflow.open_steps),

@@ -203,7 +203,10 @@ pub(crate) async fn task(
         let Some(found) = query("task", admin::explain_task(&d.pool, TaskId(id))).await? else {
             return Err(Refusal::new(StatusCode::NOT_FOUND, format!("no task {id}")));
         };
-        let why = found.reasons.iter().map(ToString::to_string).collect();
+        let mut why: Vec<String> = found.reasons.iter().map(ToString::to_string).collect();
+        if let Some((workflow, step)) = &found.workflow {
+            why.push(format!("it is step {step} of workflow {workflow}"));
+        }
         let t = found.task;
         let payload = serde_json::to_string_pretty(&t.payload).unwrap_or_default();
         let result = t

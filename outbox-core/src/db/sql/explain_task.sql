@@ -4,14 +4,18 @@
 -- live workers serving the queue, and how many due tasks are ahead of it
 -- in its queue, the intake's included (counted up to 10,000), and
 -- whether the worker that claimed it is alive (a claim token starts with
--- its worker's id and '/'; null when no worker's row is left). $1 task
--- id.
+-- its worker's id and '/'; null when no worker's row is left), and the
+-- workflow step it is. $1 task id.
 WITH t AS (
     SELECT id, queue, ordering_key, priority, execute_at, skip_dead, claimed_by
     FROM outbox_all_tasks WHERE id = $1
 )
 SELECT
     t.skip_dead,
+    -- The workflow step it is, while it is here (the history keeps no
+    -- workflow).
+    (SELECT x.workflow_id FROM outbox_tasks AS x WHERE x.id = t.id) AS workflow_id,
+    (SELECT x.workflow_step FROM outbox_tasks AS x WHERE x.id = t.id) AS workflow_step,
     (SELECT bool_or(w.expires_at > now()) FROM outbox_workers AS w
       WHERE left(t.claimed_by, length(w.id) + 1) = w.id || '/') AS claimer_alive,
     (SELECT h.id FROM outbox_tasks AS h
