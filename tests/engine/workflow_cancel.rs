@@ -6,12 +6,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox::workflow::{WorkflowStatus, workflow_status};
+use outbox::workflow::workflow_status;
 use outbox::{
     HandlerResult, Outcome, TaskContext, TaskHandler, TaskId, Worker, WorkerConfig, Workflow,
     WorkflowId, outbox_task,
 };
 use outbox_tests::{RunningWorker, TestDb};
+
+use crate::workflows::{pairs, step_states, task_of, wait_state};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
@@ -103,35 +105,6 @@ fn start(db: &TestDb, shared: &Arc<Shared>, listen: bool) -> RunningWorker {
     )
 }
 
-async fn wait_state(db: &TestDb, id: WorkflowId, state: &str) -> WorkflowStatus {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
-        if status.workflow.state == state && status.workflow.open_steps == 0 {
-            return status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "workflow never reached {state}: {status:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn states(status: &WorkflowStatus) -> Vec<(String, String)> {
-    status
-        .step_list
-        .iter()
-        .map(|s| (s.name.clone(), s.state.clone()))
-        .collect()
-}
-
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-    list.iter()
-        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_cancelled_sagas_step_that_finishes_its_work_anyway_is_compensated() {
     let db = TestDb::migrated().await;
@@ -144,10 +117,10 @@ async fn a_cancelled_sagas_step_that_finishes_its_work_anyway_is_compensated() {
         .unwrap()
         .unwrap();
     assert_eq!((report.steps_cancelled, report.tasks_cancelled), (1, 1));
-    let status = wait_state(&db, id, "compensated").await;
+    let status = wait_state(&db.pool, id, "compensated").await;
     worker.stop().await;
     assert_eq!(
-        states(&status),
+        step_states(&status),
         pairs(&[
             ("charge", "completed"),
             ("ship", "cancelled"),
@@ -168,12 +141,7 @@ async fn a_step_whose_cancel_the_worker_never_heard_of_completes_when_it_succeed
     let mut worker = start(&db, &shared, false);
     shared.started.acquire().await.unwrap().forget();
     let status = workflow_status(&db.pool, id).await.unwrap().unwrap();
-    let charge: TaskId = status
-        .step_list
-        .iter()
-        .find(|s| s.name == "charge")
-        .and_then(|s| s.task_id)
-        .unwrap();
+    let charge: TaskId = task_of(&status, "charge");
     assert_eq!(
         outbox::admin::cancel_tasks(&db.pool, &[charge])
             .await
@@ -181,13 +149,13 @@ async fn a_step_whose_cancel_the_worker_never_heard_of_completes_when_it_succeed
         [charge]
     );
     shared.go.add_permits(1);
-    let status = wait_state(&db, id, "completed").await;
+    let status = wait_state(&db.pool, id, "completed").await;
     worker
         .wait_for(outbox::TaskEventKind::Completed, 2, Duration::from_secs(30))
         .await;
     worker.stop().await;
     assert_eq!(
-        states(&status),
+        step_states(&status),
         pairs(&[("charge", "completed"), ("ship", "completed")])
     );
     assert_eq!(*shared.log.lock().unwrap(), ["charge", "ship"]);

@@ -104,7 +104,7 @@ async fn submit(db: &TestDb, workflow: Workflow) -> WorkflowId {
 
 /// Waits (60 s at most) until workflow `id` is in `state` with no open
 /// step, and returns it.
-async fn wait_state(pool: &PgPool, id: WorkflowId, state: &str) -> WorkflowStatus {
+pub(crate) async fn wait_state(pool: &PgPool, id: WorkflowId, state: &str) -> WorkflowStatus {
     wait_for(pool, id, &format!("state {state}"), |status| {
         status.workflow.state == state && status.workflow.open_steps == 0
     })
@@ -133,7 +133,7 @@ async fn wait_for(
     }
 }
 
-fn step_states(status: &WorkflowStatus) -> Vec<(String, String)> {
+pub(crate) fn step_states(status: &WorkflowStatus) -> Vec<(String, String)> {
     status
         .step_list
         .iter()
@@ -146,7 +146,7 @@ fn result_of(status: &WorkflowStatus, step: &str) -> Option<i64> {
     s.result.as_ref().map(|v| v.as_i64().unwrap())
 }
 
-fn task_of(status: &WorkflowStatus, step: &str) -> TaskId {
+pub(crate) fn task_of(status: &WorkflowStatus, step: &str) -> TaskId {
     status
         .step_list
         .iter()
@@ -155,7 +155,7 @@ fn task_of(status: &WorkflowStatus, step: &str) -> TaskId {
         .unwrap_or_else(|| panic!("step {step} has no task: {status:#?}"))
 }
 
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(crate) fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
         .collect()
