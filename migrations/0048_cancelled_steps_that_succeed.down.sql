@@ -1,5 +1,7 @@
 -- Back to migration 43's outcome: a cancel asked for turns every success
--- into a dead task, a workflow's step too.
+-- into a dead task, a workflow's step too; and to migration 21's finish of
+-- a workflow, and migration 25's settle, which undo a cancelled saga only
+-- if a step ended badly.
 CREATE OR REPLACE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integer[],
                                       attempt_tokens text[], clock timestamptz,
                                       hand_queues text[], hand_places integer[],
@@ -354,5 +356,265 @@ BEGIN
                deferred_key, NULL, NULL
         FROM handed WHERE deferred_key IS NOT NULL;
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_workflow_finish(wf bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    current text;
+    forward_failed boolean;
+    undo_failed boolean;
+    undos integer;
+    first_undo text;
+BEGIN
+    SELECT state INTO current FROM outbox_workflows WHERE id = wf;
+    SELECT coalesce(bool_or(compensates IS NULL AND state IN ('dead', 'cancelled')), false),
+           coalesce(bool_or(compensates IS NOT NULL AND state IN ('dead', 'cancelled')), false)
+    INTO forward_failed, undo_failed
+    FROM outbox_workflow_steps
+    WHERE workflow_id = wf;
+
+    IF current = 'compensating' THEN
+        UPDATE outbox_workflows
+        SET state = CASE WHEN undo_failed THEN 'compensation_failed' ELSE 'compensated' END,
+            finished_at = clock_timestamp(), updated_at = now()
+        WHERE id = wf;
+        RETURN;
+    END IF;
+    IF NOT forward_failed THEN
+        UPDATE outbox_workflows
+        SET state = 'completed', finished_at = clock_timestamp(), updated_at = now()
+        WHERE id = wf;
+        RETURN;
+    END IF;
+
+    -- The undo chain: undo:<step> for every completed step with a
+    -- compensation, latest completion first, each waiting on the one
+    -- before it.
+    WITH done AS (
+        SELECT s.name, s.compensation,
+               row_number() OVER (ORDER BY s.finished_at DESC, s.seq DESC) AS n,
+               lag(s.name) OVER (ORDER BY s.finished_at DESC, s.seq DESC) AS undone_before
+        FROM outbox_workflow_steps AS s
+        WHERE s.workflow_id = wf AND s.compensates IS NULL
+          AND s.state = 'completed' AND s.compensation IS NOT NULL
+    ),
+    base AS (
+        SELECT max(seq) AS seq FROM outbox_workflow_steps WHERE workflow_id = wf
+    ),
+    added AS (
+        INSERT INTO outbox_workflow_steps (workflow_id, name, seq, task_type, queue, payload,
+                                           priority, max_attempts, compensates, parents,
+                                           waiting_on, parent_names)
+        SELECT wf, 'undo:' || done.name, base.seq + done.n::integer,
+               done.compensation->>'task_type', done.compensation->>'queue',
+               done.compensation->'payload', (done.compensation->>'priority')::smallint,
+               (done.compensation->>'max_attempts')::integer, done.name,
+               least(done.n - 1, 1), least(done.n - 1, 1),
+               CASE WHEN done.undone_before IS NULL THEN '{}'
+                    ELSE ARRAY['undo:' || done.undone_before] END
+        FROM done, base
+        RETURNING name, seq
+    )
+    SELECT count(*), (array_agg(name ORDER BY seq))[1] INTO undos, first_undo FROM added;
+
+    IF undos = 0 THEN
+        UPDATE outbox_workflows
+        SET state = 'failed', finished_at = clock_timestamp(), updated_at = now()
+        WHERE id = wf;
+        RETURN;
+    END IF;
+    INSERT INTO outbox_workflow_edges (workflow_id, parent, child)
+    SELECT wf, lag(name) OVER (ORDER BY seq), name
+    FROM outbox_workflow_steps
+    WHERE workflow_id = wf AND compensates IS NOT NULL
+    ORDER BY seq
+    OFFSET 1;
+    UPDATE outbox_workflows
+    SET state = 'compensating', steps = steps + undos, open_steps = undos, updated_at = now()
+    WHERE id = wf;
+    PERFORM outbox_workflow_release(wf, ARRAY[first_undo]);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_workflow_settle(wfs bigint[], names text[], ended_well boolean[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    f_wf bigint[] := wfs;
+    f_name text[] := names;
+    f_well boolean[] := ended_well;
+    closed_wf bigint[] := wfs;
+    next_wf bigint[];
+    next_name text[];
+    next_well boolean[];
+    ready_wf bigint[];
+    ready_name text[];
+    ended bigint;
+    ending bigint[];
+    counted_wf bigint[];
+    counted_n integer[];
+    woke integer;
+    dead_edges tid[];
+    children tid[];
+    bad_children jsonb;
+    -- Whether bad_children has any: most settles have none, and skip the
+    -- lookups.
+    any_bad boolean;
+    written bigint;
+    counts jsonb;
+    -- The sequence behind outbox_tasks.id, for the ids drawn below.
+    task_ids regclass := pg_get_serial_sequence('outbox_tasks', 'id')::regclass;
+BEGIN
+    PERFORM 1 FROM outbox_workflows
+    WHERE id = ANY (wfs)
+    ORDER BY id
+    FOR NO KEY UPDATE;
+    WHILE cardinality(f_name) > 0 LOOP
+        -- The frontier's edges not yet counted, each step's by the primary
+        -- key, then the children they count, each by its own: the rows to
+        -- write, by ctid; those a parent that died or was cancelled counts
+        -- in (bad); and how many parents each counts now, by ctid.
+        WITH edge AS MATERIALIZED (
+            SELECT f.wf, e.child, f.well AS good, e.row_id
+            FROM unnest(f_wf, f_name, f_well) AS f(wf, name, well)
+            CROSS JOIN LATERAL (
+                SELECT e.ctid AS row_id, e.child
+                FROM outbox_workflow_edges AS e
+                WHERE e.workflow_id = f.wf AND e.parent = f.name AND NOT e.settled
+                OFFSET 0) AS e
+        ),
+        hits AS (
+            SELECT edge.wf, edge.child, count(*) AS n, count(*) FILTER (WHERE NOT edge.good) AS bad
+            FROM edge
+            GROUP BY edge.wf, edge.child
+        ),
+        kids AS (
+            SELECT s.row_id, hits.n, hits.bad
+            FROM hits
+            CROSS JOIN LATERAL (
+                SELECT s.ctid AS row_id
+                FROM outbox_workflow_steps AS s
+                WHERE s.workflow_id = hits.wf AND s.name = hits.child AND s.state = 'waiting'
+                OFFSET 0) AS s
+        )
+        SELECT (SELECT coalesce(array_agg(edge.row_id), '{}') FROM edge WHERE NOT edge.good),
+               coalesce(array_agg(kids.row_id), '{}'),
+               coalesce(jsonb_object_agg(kids.row_id::text, true) FILTER (WHERE kids.bad > 0), '{}'),
+               coalesce(jsonb_object_agg(kids.row_id::text, kids.n), '{}')
+        INTO dead_edges, children, bad_children, counts
+        FROM kids;
+        any_bad := bad_children <> '{}'::jsonb;
+        -- A death is counted by marking its edges settled, so that the
+        -- step's completion after an operator's retry (the only way a step
+        -- reaches a final state twice) does not count again. A completion
+        -- is final: its edges are read, not written.
+        IF cardinality(dead_edges) > 0 THEN
+            UPDATE outbox_workflow_edges SET settled = true WHERE ctid = ANY (dead_edges);
+        END IF;
+        -- Every counted parent leaves the child's count: a child that runs
+        -- anyway waits for the rest, and one a dead parent cancels or
+        -- skips is final (its count is not read again; an operator's retry
+        -- recounts it). A child waiting on nothing more and without an
+        -- ordering key is released in the same write: its task's id is
+        -- drawn here and the task inserted with it below. Keyed children
+        -- are released by outbox_workflow_release_steps, which inserts in
+        -- key order.
+        WITH changed AS (
+            UPDATE outbox_workflow_steps AS s
+            SET waiting_on = s.waiting_on - (counts ->> s.ctid::text)::integer,
+                state = CASE WHEN any_bad AND bad_children ? s.ctid::text
+                                  AND s.on_parent_dead = 'cancel' THEN 'cancelled'
+                             WHEN any_bad AND bad_children ? s.ctid::text
+                                  AND s.on_parent_dead = 'skip' THEN 'skipped'
+                             WHEN s.ordering_key IS NULL
+                                  AND s.waiting_on = (counts ->> s.ctid::text)::integer
+                             THEN 'released'
+                             ELSE s.state END,
+                task_id = CASE WHEN (NOT (any_bad AND bad_children ? s.ctid::text)
+                                     OR s.on_parent_dead = 'run')
+                                    AND s.ordering_key IS NULL
+                                    AND s.waiting_on = (counts ->> s.ctid::text)::integer
+                               THEN nextval(task_ids) END,
+                finished_at = CASE WHEN any_bad AND bad_children ? s.ctid::text
+                                        AND s.on_parent_dead <> 'run'
+                                   THEN clock_timestamp() END
+            WHERE s.ctid = ANY (children) AND s.state = 'waiting'
+            RETURNING s.*
+        ),
+        inserted AS (
+            INSERT INTO outbox_tasks (id, task_type, queue, payload, priority, max_attempts,
+                                      execute_at, skip_dead, workflow_id, workflow_step)
+            OVERRIDING SYSTEM VALUE
+            SELECT task_id, task_type, queue, payload, priority, max_attempts,
+                   coalesce(run_at, now() + coalesce(delay_us, 0) * interval '1 microsecond'),
+                   skip_dead, workflow_id, name
+            FROM changed
+            WHERE state = 'released'
+            RETURNING queue, execute_at
+        ),
+        woken AS (
+            SELECT pg_notify('outbox_tasks', q)
+            FROM (SELECT DISTINCT queue AS q FROM inserted WHERE execute_at <= now()) AS due
+        )
+        SELECT coalesce(array_agg(workflow_id) FILTER (WHERE state IN ('cancelled', 'skipped')), '{}'),
+               coalesce(array_agg(name) FILTER (WHERE state IN ('cancelled', 'skipped')), '{}'),
+               coalesce(array_agg(state = 'skipped') FILTER (WHERE state IN ('cancelled', 'skipped')), '{}'),
+               coalesce(array_agg(workflow_id) FILTER (WHERE state = 'waiting' AND waiting_on = 0), '{}'),
+               coalesce(array_agg(name) FILTER (WHERE state = 'waiting' AND waiting_on = 0), '{}'),
+               (SELECT count(*) FROM woken), count(*)
+        INTO next_wf, next_name, next_well, ready_wf, ready_name, woke, written
+        FROM changed;
+        -- The workflows' rows are held: every child found is there to be
+        -- written.
+        IF written <> cardinality(children) THEN
+            RAISE EXCEPTION 'outbox: % workflow steps found to count down, % written',
+                cardinality(children), written;
+        END IF;
+        IF cardinality(ready_name) > 0 THEN
+            PERFORM outbox_workflow_release_steps(ready_wf, ready_name);
+        END IF;
+        closed_wf := closed_wf || next_wf;
+        f_wf := next_wf;
+        f_name := next_name;
+        f_well := next_well;
+    END LOOP;
+    -- Each workflow's open steps counted down; those with none left end:
+    -- the usual end (running, no step dead or cancelled) for all of them
+    -- at once, the others one by one (they fail or compensate). Rows are
+    -- found by `id = ANY`, not by a join, which a planner that thinks the
+    -- table empty could run by walking all of it for each workflow.
+    SELECT array_agg(wf ORDER BY wf), array_agg(n ORDER BY wf)
+    INTO counted_wf, counted_n
+    FROM (SELECT wf, count(*)::integer AS n FROM unnest(closed_wf) AS wf GROUP BY wf) AS c;
+    WITH written AS (
+        UPDATE outbox_workflows AS w
+        SET open_steps = w.open_steps - counted_n[array_position(counted_wf, w.id)],
+            updated_at = now()
+        WHERE w.id = ANY (counted_wf)
+        RETURNING w.id, w.open_steps, w.finished_at
+    )
+    SELECT coalesce(array_agg(id) FILTER (WHERE open_steps = 0 AND finished_at IS NULL), '{}')
+    INTO ending
+    FROM written;
+    IF cardinality(ending) = 0 THEN
+        RETURN;
+    END IF;
+    WITH completed AS (
+        UPDATE outbox_workflows AS w
+        SET state = 'completed', finished_at = clock_timestamp()
+        WHERE w.id = ANY (ending) AND w.state = 'running'
+          AND NOT EXISTS (SELECT 1 FROM outbox_workflow_steps AS s
+                          WHERE s.workflow_id = w.id AND s.state IN ('dead', 'cancelled'))
+        RETURNING w.id
+    )
+    SELECT coalesce(array_agg(e ORDER BY e), '{}') INTO ending
+    FROM unnest(ending) AS e
+    WHERE e NOT IN (SELECT id FROM completed);
+    FOREACH ended IN ARRAY ending LOOP
+        PERFORM outbox_workflow_finish(ended);
+    END LOOP;
 END
 $$;

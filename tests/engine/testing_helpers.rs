@@ -76,6 +76,12 @@ async fn the_task_helpers_in_a_transaction_count_only_its_own_tasks() {
     let mut tx = db.pool.begin().await.unwrap();
     testing::assert_none_submitted::<SendInvoice>(&mut tx).await;
     let single = outbox::submit(&mut tx, invoice(4)).await.unwrap();
+    // Committed by a transaction that began after this one had its id: a
+    // later id, which only the in-progress check tells from this one's.
+    let later = outbox::submit(&mut *db.conn().await, invoice(8))
+        .await
+        .unwrap();
+    committed.push(later);
     let mut savepoint = sqlx::Connection::begin(&mut *tx).await.unwrap();
     let batch = outbox::submit_batch(&mut savepoint, [invoice(5), invoice(6)])
         .await
@@ -105,7 +111,7 @@ async fn the_task_helpers_in_a_transaction_count_only_its_own_tasks() {
     );
     tx.commit().await.unwrap();
     let everything = testing::submitted::<SendInvoice>(&mut *db.conn().await).await;
-    assert_eq!(everything.len(), 6);
+    assert_eq!(everything.len(), 7);
 }
 
 #[tokio::test]

@@ -124,11 +124,13 @@ pub(crate) async fn execute(
             None => return,
         };
         // An operator's cancel wins over whatever the handler said, except
-        // a workflow step's success: its work is done, and recorded as done
-        // its saga compensates it (migration 48).
-        let step_succeeded = task.workflow_id.is_some()
-            && matches!(result, Ok(Outcome::Success | Outcome::SuccessWith(_)));
-        let result = if shared.holdings.cancel_requested(task.id) && !step_succeeded {
+        // a success, which the database judges as it writes it: a workflow
+        // step's is recorded (its work is done, and done its saga
+        // compensates it: migration 48), any other task ends dead as here.
+        // The worker cannot tell: a step handed on by its key comes
+        // without its workflow.
+        let succeeded = matches!(result, Ok(Outcome::Success | Outcome::SuccessWith(_)));
+        let result = if shared.holdings.cancel_requested(task.id) && !succeeded {
             Ok(Outcome::GiveUp(CANCELLED.to_owned()))
         } else {
             result

@@ -15,20 +15,27 @@
 -- key: all of them made live would break the unique index, and the whole
 -- retry failed). $1 ids (null = every dead task), $2 task type filter for
 -- the dead-task form (null = any).
+-- Locks: the candidate tasks first, in id order, then their workflows in
+-- id order, as an outcome does (its rows, then the workflows its statement
+-- trigger settles, sorted by id): never the other way round, which could
+-- deadlock with an outcome of the same workflow. A candidate a claim took
+-- meanwhile is no longer FAILED once locked, and is left out.
 WITH candidates AS (
     SELECT id, unique_key, workflow_id, workflow_step
     FROM outbox_tasks
     WHERE state = 'failed'
       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
            OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+    ORDER BY id
+    FOR UPDATE
 ),
--- The candidates' workflows, locked as any change of a workflow locks it
--- first, and read as they are once locked: a saga that began compensating
--- while this statement waited is seen compensating.
+-- The candidates' workflows, read as they are once locked: a saga that
+-- began compensating while this statement waited is seen compensating.
 workflows AS (
     SELECT w.id, w.state, w.cancelled_at
     FROM outbox_workflows AS w
     WHERE w.id IN (SELECT c.workflow_id FROM candidates AS c WHERE c.workflow_id IS NOT NULL)
+    ORDER BY w.id
     FOR NO KEY UPDATE
 ),
 halted AS (
@@ -80,7 +87,10 @@ hurried AS (
     -- Not a task a run holds in place (claimed_by set): it starts with its
     -- run. Intake rows are always due now.
     UPDATE outbox_tasks
-    SET execute_at = now(), updated_at = now()
+    -- dead_at named, unchanged: whether the workflows' statement trigger
+    -- on `UPDATE OF dead_at` fires is decided by the statement's last
+    -- UPDATE of the table (migration 15), which may be this one.
+    SET execute_at = now(), updated_at = now(), dead_at = dead_at
     WHERE $1::bigint[] IS NOT NULL AND id = ANY($1)
       AND state = 'pending' AND claimed_by IS NULL
       AND execute_at > now()

@@ -6,8 +6,10 @@
 -- writer is still in progress and that it can see. Its xmin is a 32-bit
 -- xid at or after the transaction's own (modulo 2^32): widened from there,
 -- it names an xid that was assigned, which pg_xact_status can be asked
--- about. Rows from before the transaction's xid, and frozen ones (xmin
--- 2), are not its own and are not asked about.
+-- about. Rows from before the transaction's xid are not its own and are
+-- not asked about. (A row frozen more than 2^31 transactions ago keeps its
+-- raw xmin, which can read as "after": asked about, it may be a future xid
+-- and fail the helper. A test database never lives that long.)
 -- Tasks of this transaction are in outbox_tasks or the intake (a claim
 -- moves only committed rows).
 WITH me AS (
@@ -24,6 +26,7 @@ written AS (
 after_top AS (
     SELECT w.id, w.payload, (w.x - me.top % 4294967296 + 4294967296) % 4294967296 AS d, me.top
     FROM written AS w, me
+    -- 0 to 2 are never a transaction's own (invalid, bootstrap, frozen).
     WHERE $2 AND w.x >= 3
 )
 SELECT id, payload FROM after_top
