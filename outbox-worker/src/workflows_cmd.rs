@@ -174,6 +174,9 @@ fn print_status(s: &WorkflowStatus) {
         if let Some(undone) = &step.compensates {
             parts.push(format!("undoes {undone}"));
         }
+        if let Some(due) = step.due_at.filter(|d| *d > chrono::Utc::now()) {
+            parts.push(format!("due {}", due.format("%Y-%m-%d %H:%M:%S UTC")));
+        }
         if let Some(error) = &step.last_error {
             parts.push(format!("error: {error}"));
         }

@@ -421,6 +421,14 @@ async fn a_retried_parent_that_completes_is_not_counted_twice_by_a_child_that_ru
         "waiting",
         "a counted twice: {status:#?}"
     );
+    // What `workflows show` prints: a completed step's task as completed,
+    // a released one due later with when.
+    let step = |name: &str| status.step_list.iter().find(|s| s.name == name).unwrap();
+    assert_eq!(step("a").task_state.as_deref(), Some("completed"));
+    assert!(
+        step("hold").due_at.is_some_and(|d| d > chrono::Utc::now()),
+        "{status:#?}"
+    );
 
     make_due(&db.pool, task_of(&status, "hold")).await;
     let status = wait_state(&db.pool, id, "completed").await;

@@ -47,9 +47,12 @@ pub struct StepStatus {
     pub after: Vec<String>,
     /// Its task, once released.
     pub task_id: Option<TaskId>,
-    /// The live task's state (pending, processing, failed, or dead) while
-    /// it exists.
+    /// The task's state: pending, processing, failed or dead while it is
+    /// live, completed once it is in the history.
     pub task_state: Option<String>,
+    /// When the live task is due (pending, or failed and waiting for its
+    /// retry).
+    pub due_at: Option<DateTime<Utc>>,
     /// Failed attempts of the live task.
     pub retry_count: Option<i32>,
     /// The live task's last error.
@@ -114,6 +117,7 @@ pub async fn workflow_status(pool: &PgPool, id: WorkflowId) -> Result<Option<Wor
                 after: r.try_get("after")?,
                 task_id: r.try_get::<Option<i64>, _>("task_id")?.map(TaskId),
                 task_state: r.try_get("task_state")?,
+                due_at: r.try_get("due_at")?,
                 retry_count: r.try_get("retry_count")?,
                 last_error: r.try_get("last_error")?,
                 compensates: r.try_get("compensates")?,

@@ -274,6 +274,7 @@ mod tests {
             after: after.iter().map(|s| (*s).to_owned()).collect(),
             task_id: None,
             task_state: None,
+            due_at: None,
             retry_count: None,
             last_error: None,
             compensates: None,
