@@ -316,6 +316,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0048_cancelled_steps_that_succeed.up.sql"),
         down: include_str!("../../migrations/0048_cancelled_steps_that_succeed.down.sql"),
     },
+    Migration {
+        version: 49,
+        name: "sql_signal",
+        up: include_str!("../../migrations/0049_sql_signal.up.sql"),
+        down: include_str!("../../migrations/0049_sql_signal.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -889,3 +889,72 @@ async fn a_worker_on_a_schema_without_the_sql_api_is_listed_and_declares_its_typ
     declared(&db.pool).await;
     running.stop().await;
 }
+
+/// `outbox_signal` (migration 49): the first signal of a name wins, a
+/// finished or unknown task takes none, SQL's NULL is JSON's null, and a
+/// bad name or a value too large is refused with 22023.
+#[tokio::test]
+async fn a_signal_sent_from_sql_is_recorded_once() {
+    let db = TestDb::migrated().await;
+    let task: i64 =
+        sqlx::query_scalar("SELECT outbox_submit('outbox.noop', '{}', '{\"queue\": \"signals\"}')")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let send = |name: &'static str, value: Option<serde_json::Value>| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT outbox_signal($1, $2, $3)")
+                .bind(task)
+                .bind(name)
+                .bind(value)
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    assert!(send("approved", Some(json!({"by": "sql"}))).await.unwrap());
+    assert!(
+        !send("approved", Some(json!({"by": "again"})))
+            .await
+            .unwrap()
+    );
+    assert!(send("nothing", None).await.unwrap());
+    let kept: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        "SELECT name, value FROM outbox_task_signals WHERE task_id = $1 ORDER BY name",
+    )
+    .bind(task)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kept,
+        [
+            ("approved".to_owned(), json!({"by": "sql"})),
+            ("nothing".to_owned(), serde_json::Value::Null)
+        ]
+    );
+    let unknown: bool = sqlx::query_scalar("SELECT outbox_signal(987654, 'approved')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(!unknown);
+    for (sql, expected) in [
+        (
+            "SELECT outbox_signal($1, '')",
+            "must be 1 to 200 bytes long, got 0",
+        ),
+        (
+            "SELECT outbox_signal($1, 'big', to_jsonb(repeat('x', 70000)))",
+            "the most kept is 65536",
+        ),
+    ] {
+        let err = sqlx::query(sql)
+            .bind(task)
+            .execute(&db.pool)
+            .await
+            .expect_err(expected);
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.code().as_deref(), Some("22023"), "{db_err}");
+        assert!(db_err.message().contains(expected), "{expected}: {db_err}");
+    }
+}

@@ -1,0 +1,1 @@
+DROP FUNCTION outbox_signal(bigint, text, jsonb);
