@@ -87,8 +87,10 @@ async fn a_late_outcome_from_a_stale_attempt_changes_nothing() {
     );
     assert_eq!(started.recv().await, Some(id.0));
 
-    // Two minutes later recovery presumes A dead and frees the task.
-    let t1 = t0 + chrono::Duration::minutes(2);
+    // Later, once A's row has expired too (it renews it every heartbeat
+    // interval, an hour here, and it is alive for three), recovery presumes
+    // A dead and frees the task.
+    let t1 = t0 + chrono::Duration::hours(4);
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let report =
         outbox::maintenance::recover_stuck(&mut conn, Duration::from_secs(60), &Clock::fixed(t1))
@@ -385,4 +387,91 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listen_connection_comes_back() {
         .unwrap();
     worker.wait_for(TaskEventKind::Completed, 1, quick).await;
     worker.stop().await;
+}
+
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.crash.elsewhere", queue = "elsewhere")]
+struct Elsewhere {}
+
+struct Idle;
+
+impl TaskHandler<Elsewhere> for Idle {
+    async fn handle(&self, _ctx: TaskContext, _task: Elsewhere) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+/// Recovery judges a task's heartbeat by the leader's timeout, which other
+/// workers need not share: a worker that heartbeats every 10 s beside a
+/// leader that gives up after 1 s is alive all the same, and its task must
+/// not be taken from it and run twice (a new operator ran workers with
+/// different settings and saw it). Its row, alive for three of its own
+/// intervals, says it is.
+#[tokio::test]
+async fn a_leader_with_a_shorter_timeout_takes_no_task_from_a_live_slower_worker() {
+    let db = TestDb::migrated().await;
+    let id = outbox::submit(&mut *db.conn().await, Gated {})
+        .await
+        .unwrap();
+    let (gate, mut started) = Gate::new();
+    let mut slow = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                heartbeat_interval: Duration::from_secs(10),
+                heartbeat_timeout: Duration::from_secs(60),
+                maintenance: false,
+                ..WorkerConfig::default()
+            })
+            .handler::<Gated>(gate.clone())
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(started.recv().await, Some(id.0));
+    let leader = RunningWorker::start(
+        Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                heartbeat_interval: Duration::from_millis(300),
+                heartbeat_timeout: Duration::from_secs(1),
+                maintenance_interval: Duration::from_millis(300),
+                ..WorkerConfig::default()
+            })
+            .handler::<Elsewhere>(Idle)
+            .build()
+            .unwrap(),
+    );
+    // The leader holds the maintenance lease, and the running task's
+    // heartbeat is several of the leader's timeouts old (the slow worker
+    // renews it every 10 s): recovery had its chances to take it (or took
+    // it, and a second claim says so).
+    wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM outbox_leases WHERE name = 'maintenance' \
+         AND expires_at > now())",
+        WAIT,
+    )
+    .await;
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT coalesce((SELECT claims > 1 OR heartbeat_at < now() - interval '5 seconds' \
+             FROM outbox_all_tasks WHERE id = {id}), false)"
+        ),
+        WAIT,
+    )
+    .await;
+    gate.permits.add_permits(1);
+    slow.wait_for(TaskEventKind::Completed, 1, WAIT).await;
+    slow.stop().await;
+    leader.stop().await;
+    let (claims, retries): (i32, i32) =
+        sqlx::query_as("SELECT claims, retry_count FROM outbox_all_tasks WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (claims, retries),
+        (1, 0),
+        "the live worker's task was recovered"
+    );
 }

@@ -43,6 +43,10 @@ const ARGS: &[&str] = &[
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
+/// How long a silent worker's row says it is alive: three heartbeat
+/// intervals, at least 3 s. Recovery waits for it as well as for the
+/// heartbeat timeout.
+const ROW_ALIVE: Duration = Duration::from_secs(3);
 /// Slack for a shared, noisy machine on top of every bound.
 const SLACK: Duration = Duration::from_secs(3);
 
@@ -80,14 +84,14 @@ async fn a_silent_leader_is_replaced_its_tasks_recovered_and_its_late_outcomes_f
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
     let (proxy, proxied) = FaultProxy::start(&db.url).await;
-    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
+    let bound = HEARTBEAT_TIMEOUT.max(ROW_ALIVE) + 3 * MAINTENANCE_INTERVAL;
     silent_leader(
         &db,
         &proxy,
         &proxied,
         ARGS,
         bound,
-        "heartbeat timeout + 3 maintenance intervals",
+        "the longer of the heartbeat timeout and the worker row's life + 3 maintenance intervals",
         false,
     )
     .await;
@@ -103,14 +107,14 @@ async fn a_silent_leaders_tasks_submitted_one_by_one_are_recovered_and_later_one
     let db = TestDb::migrated().await;
     create_executions_table(&db.pool).await;
     let (proxy, proxied) = FaultProxy::start(&db.url).await;
-    let bound = HEARTBEAT_TIMEOUT + 3 * MAINTENANCE_INTERVAL;
+    let bound = HEARTBEAT_TIMEOUT.max(ROW_ALIVE) + 3 * MAINTENANCE_INTERVAL;
     silent_leader(
         &db,
         &proxy,
         &proxied,
         ARGS,
         bound,
-        "heartbeat timeout + 3 maintenance intervals",
+        "the longer of the heartbeat timeout and the worker row's life + 3 maintenance intervals",
         true,
     )
     .await;
@@ -133,7 +137,8 @@ async fn behind_pgbouncer_a_silent_leader_is_replaced_its_tasks_recovered_and_it
     let (proxy, proxied) = FaultProxy::start(&bouncer.url(&db.url)).await;
     let args = [ARGS, &["--pooler"]].concat();
     let idle_in_transaction = 2 * (STATEMENT_TIMEOUT + outbox::CLIENT_MARGIN);
-    let bound = HEARTBEAT_TIMEOUT.max(idle_in_transaction) + 3 * MAINTENANCE_INTERVAL;
+    let bound =
+        HEARTBEAT_TIMEOUT.max(idle_in_transaction).max(ROW_ALIVE) + 3 * MAINTENANCE_INTERVAL;
     silent_leader(
         &db,
         &proxy,

@@ -35,7 +35,9 @@ async fn crash_at(point: &str) -> (i64, String, i32) {
     )
     .await
     .unwrap();
-    let mut first = WorkerProcess::spawn(WORKER, &db.url, &["--queue", "ship=4"]);
+    // Its row says it is alive for three of its heartbeat intervals after
+    // it dies, and recovery waits for that too: the same fast settings.
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, FAST_RECOVERY);
     let status = first.wait(Duration::from_secs(30)).await;
     assert!(
         !status.success(),

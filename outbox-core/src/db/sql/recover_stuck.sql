@@ -1,5 +1,6 @@
 -- Stuck-task recovery: PROCESSING tasks whose worker stopped heartbeating
--- become claimable again at once. It counts as a failed attempt, so a task
+-- (their heartbeat a timeout old, and the worker's row expired) become
+-- claimable again at once. It counts as a failed attempt, so a task
 -- that kills its worker every time ends dead instead of looping forever;
 -- the tasks of a run go back to their key's line without one (below).
 -- $1 heartbeat timeout in microseconds, $2 batch size, $3 clock override,
@@ -12,6 +13,15 @@ WITH candidates AS (
     FROM outbox_tasks
     WHERE state = 'processing'
       AND heartbeat_at < coalesce($3::timestamptz, now()) - $1 * interval '1 microsecond'
+      -- And its worker is gone: no live row (each worker keeps its row
+      -- alive for three of its own heartbeat intervals). The timeout is
+      -- the leader's; a worker that heartbeats more slowly than the leader
+      -- expects is alive all the same, and its tasks were taken from it
+      -- and run twice.
+      AND NOT EXISTS (
+            SELECT 1 FROM outbox_workers AS w
+            WHERE w.expires_at > coalesce($3::timestamptz, now())
+              AND left(outbox_tasks.claimed_by, length(w.id) + 1) = w.id || '/')
       AND ($4::text IS NULL OR EXISTS (
             SELECT 1 FROM outbox_leases
             WHERE name = 'maintenance' AND holder = $4 AND expires_at > now()))
