@@ -390,7 +390,7 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listen_connection_comes_back() {
 }
 
 #[derive(Serialize, Deserialize)]
-#[outbox_task(task_type = "test.crash.elsewhere", queue = "elsewhere")]
+#[outbox_task(task_type = "test.crash.elsewhere", queue = "crash-elsewhere")]
 struct Elsewhere {}
 
 struct Idle;
