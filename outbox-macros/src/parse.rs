@@ -312,26 +312,32 @@ fn check_name(lit: &LitStr, option: &str) -> syn::Result<()> {
 }
 
 fn priority_value(expr: &Expr) -> syn::Result<i16> {
-    let message = "`priority` takes an integer from 0 (runs first) to 9 (runs last)";
-    match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(i), ..
-        }) => match i.base10_parse::<i16>() {
-            Ok(p) if (0..=9).contains(&p) => Ok(p),
-            _ => Err(syn::Error::new(i.span(), message)),
-        },
-        other => Err(syn::Error::new(other.span(), message)),
-    }
+    int_in(
+        expr,
+        0..=9,
+        "`priority` takes an integer from 0 (runs first) to 9 (runs last)",
+    )
 }
 
 fn attempts(expr: &Expr) -> syn::Result<u32> {
-    let message =
-        format!("`max_attempts` takes an integer from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
+    int_in(
+        expr,
+        1..=MAX_ATTEMPTS_LIMIT,
+        &format!("`max_attempts` takes an integer from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}"),
+    )
+}
+
+/// An integer literal within `range`; anything else is `message`, at it.
+fn int_in<N>(expr: &Expr, range: std::ops::RangeInclusive<N>, message: &str) -> syn::Result<N>
+where
+    N: std::str::FromStr + PartialOrd,
+    N::Err: std::fmt::Display,
+{
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Int(i), ..
-        }) => match i.base10_parse::<u32>() {
-            Ok(n) if (1..=MAX_ATTEMPTS_LIMIT).contains(&n) => Ok(n),
+        }) => match i.base10_parse::<N>() {
+            Ok(n) if range.contains(&n) => Ok(n),
             _ => Err(syn::Error::new(i.span(), message)),
         },
         other => Err(syn::Error::new(other.span(), message)),

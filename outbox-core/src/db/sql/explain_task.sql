@@ -13,9 +13,9 @@ WITH t AS (
 SELECT
     t.skip_dead,
     -- The workflow step it is, while it is here (the history keeps no
-    -- workflow).
-    (SELECT x.workflow_id FROM outbox_tasks AS x WHERE x.id = t.id) AS workflow_id,
-    (SELECT x.workflow_step FROM outbox_tasks AS x WHERE x.id = t.id) AS workflow_step,
+    -- workflow): one lookup for both columns.
+    wf.workflow_id,
+    wf.workflow_step,
     (SELECT bool_or(w.expires_at > now()) FROM outbox_workers AS w
       WHERE left(t.claimed_by, length(w.id) + 1) = w.id || '/') AS claimer_alive,
     (SELECT h.id FROM outbox_tasks AS h
@@ -51,3 +51,5 @@ SELECT
     now() AS now
 FROM t
 LEFT JOIN outbox_queues AS q ON q.name = t.queue
+LEFT JOIN LATERAL (SELECT x.workflow_id, x.workflow_step FROM outbox_tasks AS x
+                   WHERE x.id = t.id) AS wf ON true
