@@ -322,6 +322,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0049_sql_signal.up.sql"),
         down: include_str!("../../migrations/0049_sql_signal.down.sql"),
     },
+    Migration {
+        version: 50,
+        name: "key_places_in_order",
+        up: include_str!("../../migrations/0050_key_places_in_order.up.sql"),
+        down: include_str!("../../migrations/0050_key_places_in_order.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -14,6 +14,7 @@ mod failures;
 mod hand_on;
 mod history;
 mod intake;
+mod key_places;
 mod key_runs;
 mod lookups_by_id;
 mod migrations;

@@ -17,6 +17,8 @@
 //! ones while another worker idles, and a higher-priority task that
 //! arrives waits at most about one window. Queues with a global
 //! concurrency or a rate get no buffer: their limits count claimed tasks.
+//! Nor do queues with a per-key concurrency above 1, so that a key's
+//! places go to tasks that start (see the producer).
 //!
 //! A run of a key's tasks (worker/runs.rs) keeps its place while each
 //! task's outcome is written, neither running nor buffered then. The runs

@@ -190,8 +190,12 @@ async fn claim_loop(
         let rate = current.rate_per_second;
         // A queue with limits gets no buffer: its limits count claimed
         // tasks, and a buffered one would hold a place another worker could
-        // run now.
-        let target = if limited {
+        // run now. Nor does a queue whose keys run several tasks at once: a
+        // buffered task holds one of its key's places without running, and
+        // a later task of its key, handed the other, would start before it
+        // elsewhere (or be claimed before it, once it is given back at
+        // shutdown).
+        let target = if limited || current.per_key_concurrency > 1 {
             0
         } else {
             sizer.target(
