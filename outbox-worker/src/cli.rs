@@ -99,12 +99,12 @@ struct MigrateArgs {
     #[command(flatten)]
     db: DbArgs,
     /// The longest a migration waits for a table's lock (100ms to 1m, and
-    /// at most a quarter of --command-timeout). The outbox's own
-    /// statements on that table queue behind it meanwhile; when it times
-    /// out the migration is rolled back and tried again, for half of
-    /// --command-timeout.
-    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "2s", value_parser = flags::duration(100 * MS, MINUTE))]
-    lock_timeout: Duration,
+    /// at most a quarter of --command-timeout; default 2s, or that quarter
+    /// if less). The outbox's own statements on that table queue behind it
+    /// meanwhile; when it times out the migration is rolled back and tried
+    /// again, for half of --command-timeout.
+    #[arg(allow_hyphen_values = true, long, env = "OUTBOX_LOCK_TIMEOUT", value_parser = flags::duration(100 * MS, MINUTE))]
+    lock_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -470,13 +470,28 @@ async fn within(
         })
 }
 
+/// How long `migrate` waits for a table's lock unless told.
+const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn migrate(args: MigrateArgs, limit: Duration) -> Result<(), Failure> {
-    let pool = connect_operator(&args.db, 2).await?;
     // Retries end before the command's own limit, so a lock held all along
     // is reported as such, with the migration it held up: each wait takes
     // at most a quarter of the limit, and the last try starts within its
     // first half.
-    let lock_timeout = args.lock_timeout.min(limit / 4);
+    let lock_timeout = match args.lock_timeout {
+        None => DEFAULT_LOCK_TIMEOUT.min(limit / 4),
+        Some(asked) if asked > limit / 4 => {
+            return Err(Failure::config(format!(
+                "--lock-timeout ({}) must be at most a quarter of --command-timeout ({}): \
+                 lower it, or raise --command-timeout to at least {}",
+                humantime::format_duration(asked),
+                humantime::format_duration(limit),
+                humantime::format_duration(asked * 4)
+            )));
+        }
+        Some(asked) => asked,
+    };
+    let pool = connect_operator(&args.db, 2).await?;
     let options = outbox::MigrateOptions {
         lock_timeout,
         retry_for: limit / 2,

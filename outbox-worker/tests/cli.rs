@@ -81,6 +81,35 @@ async fn migrate_behind_a_long_transaction_gives_up_naming_the_migration() {
     assert!(applied.contains("applied migrations [43,"), "{applied}");
 }
 
+/// A lock timeout longer than a quarter of the command's is refused, not
+/// cut down without a word; left unset, it fits the command's.
+#[tokio::test]
+async fn migrate_refuses_a_lock_timeout_its_command_timeout_cannot_hold() {
+    let db = TestDb::empty().await;
+    let mut args = vec![
+        "migrate",
+        "--database-url",
+        &db.url,
+        "--lock-timeout",
+        "20s",
+        "--command-timeout",
+        "30s",
+    ];
+    refused(
+        &args,
+        2,
+        "--lock-timeout (20s) must be at most a quarter of --command-timeout (30s): lower it, \
+         or raise --command-timeout to at least 1m 20s",
+    )
+    .await;
+    assert_eq!(outbox::schema_status(&db.pool).await.unwrap().current, 0);
+    // The default (2 s) fits a short command timeout by shrinking to it.
+    args.drain(3..5);
+    args[4] = "4s";
+    let applied = ok(&cli(&args).await);
+    assert!(applied.contains("applied migrations [1,"), "{applied}");
+}
+
 /// A listing whose reader has gone (`tasks list | head -1`) ends with
 /// success and says nothing, not with a panic and exit code 101.
 #[tokio::test]
