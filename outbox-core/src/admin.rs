@@ -111,6 +111,21 @@ pub async fn list_queues(pool: &PgPool) -> Result<Vec<QueueSettings>> {
     Ok(db::queues::list(pool).await?)
 }
 
+/// The queues `overview` counts tasks for that have no settings row: no
+/// worker has served them yet and no operator set them, so they run with
+/// the defaults (not paused, no limits, one task per key at a time).
+/// Listings show them beside [`list_queues`]'s.
+pub fn queues_without_settings<'a>(
+    settings: &[QueueSettings],
+    overview: &'a Overview,
+) -> Vec<&'a QueueOverview> {
+    overview
+        .queues
+        .iter()
+        .filter(|o| !settings.iter().any(|s| s.name == o.queue))
+        .collect()
+}
+
 /// Checks a queue's name as [`set_queue`] does, writing nothing: for a
 /// caller that looks the queue up first.
 pub fn check_queue_name(queue: &str) -> Result<()> {

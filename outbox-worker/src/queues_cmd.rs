@@ -196,13 +196,17 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
     let pool = connect_operator_migrated(&args.db, 1).await?;
     let queues = admin::list_queues(&pool).await?;
     let overview = admin::overview(&pool).await?;
+    let unset = admin::queues_without_settings(&queues, &overview);
     if args.json {
         let rows: Vec<_> = queues
             .iter()
             .map(|q| {
                 let counts = overview.queues.iter().find(|o| o.queue == q.name);
-                serde_json::json!({"settings": q, "counts": counts})
+                serde_json::json!({"name": q.name, "settings": q, "counts": counts})
             })
+            .chain(unset.iter().map(|counts| {
+                serde_json::json!({"name": counts.queue, "settings": null, "counts": counts})
+            }))
             .collect();
         println!(
             "{}",
@@ -214,12 +218,25 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
         "{:<20} {:<8} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>6}",
         "queue", "state", "global", "rate", "per key", "available", "blocked", "running", "dead"
     );
-    for q in &queues {
-        let counts = overview.queues.iter().find(|o| o.queue == q.name);
+    let row = |name: &str, state: &str, global: String, rate: String, per_key: i32| {
+        let counts = overview.queues.iter().find(|o| o.queue == name);
         let count = |f: fn(&admin::QueueOverview) -> i64| counts.map_or(0, f);
         println!(
             "{:<20} {:<8} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>6}",
-            q.name,
+            name,
+            state,
+            global,
+            rate,
+            per_key,
+            count(|o| o.available),
+            count(|o| o.blocked),
+            count(|o| o.processing),
+            count(|o| o.dead),
+        );
+    };
+    for q in &queues {
+        row(
+            &q.name,
             if q.paused_at.is_some() {
                 "paused"
             } else {
@@ -230,14 +247,17 @@ async fn list(args: JsonArgs) -> Result<(), Failure> {
             q.rate_per_second
                 .map_or("-".to_owned(), outbox::admin::show_rate),
             q.per_key_concurrency,
-            count(|o| o.available),
-            count(|o| o.blocked),
-            count(|o| o.processing),
-            count(|o| o.dead),
         );
     }
-    if queues.is_empty() {
+    for counts in &unset {
+        row(&counts.queue, "default", "-".to_owned(), "-".to_owned(), 1);
+    }
+    if queues.is_empty() && unset.is_empty() {
         println!("(no queues: workers add theirs when they start)");
+    } else if !unset.is_empty() {
+        println!(
+            "(default: tasks but no settings yet; a worker serving the queue or `queues set` adds them)"
+        );
     }
     Ok(())
 }

@@ -358,3 +358,60 @@ async fn ordered_submits_are_explained_and_workers_listed() {
         "{table}"
     );
 }
+
+/// A queue with tasks but no settings row (no worker has served it) is
+/// listed, with the defaults it runs under, and can be paused by name.
+#[tokio::test]
+async fn a_queue_with_tasks_but_no_settings_is_listed_with_the_defaults() {
+    let db = TestDb::migrated().await;
+    let url = db.url.as_str();
+    ok(&cli(&[
+        "tasks",
+        "submit",
+        "outbox.noop",
+        "{}",
+        "--queue",
+        "reports",
+        "--database-url",
+        url,
+    ])
+    .await);
+    let table = ok(&cli(&["queues", "list", "--database-url", url]).await);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("reports"))
+        .unwrap_or_else(|| panic!("a row for reports:\n{table}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        columns,
+        ["reports", "default", "-", "-", "1", "1", "0", "0", "0"],
+        "{table}"
+    );
+    assert!(table.contains("no settings yet"), "{table}");
+    let listed: Value = serde_json::from_str(&ok(&cli(&[
+        "queues",
+        "list",
+        "--json",
+        "--database-url",
+        url,
+    ])
+    .await))
+    .unwrap();
+    let reports = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "reports")
+        .expect("reports in the JSON listing");
+    assert!(reports["settings"].is_null(), "{reports}");
+    assert_eq!(reports["counts"]["available"], 1);
+    ok(&cli(&["queues", "pause", "reports", "--database-url", url]).await);
+    let table = ok(&cli(&["queues", "list", "--database-url", url]).await);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("reports") && l.contains("paused")),
+        "{table}"
+    );
+    assert!(!table.contains("no settings yet"), "{table}");
+}

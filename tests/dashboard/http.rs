@@ -269,8 +269,22 @@ async fn a_script_pauses_and_resumes_a_queue_and_a_foreign_page_cannot() {
     assert_eq!(typo.status, StatusCode::NOT_FOUND, "{}", typo.body);
     assert!(typo.body.contains("no queue named"), "{}", typo.body);
     assert!(admin::list_queues(&db.pool).await.unwrap().is_empty());
-    // Known once a task waits on it.
+    // Known once a task waits on it, and listed with the defaults it runs
+    // under until a worker or an operator gives it a row.
     super::submit(&db, Mail { to: "a@b".into() }).await;
+    let page = send(
+        Method::GET,
+        &format!("{}/queues", served.url),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains("<td class=\"queue-state\">default</td>"),
+        "{}",
+        page.body
+    );
     let reply = send(
         Method::POST,
         &format!("{}/queues/mail/pause", served.url),

@@ -310,6 +310,22 @@ pub(crate) async fn queues(
         let settings = query("queues", admin::list_queues(&d.pool)).await?;
         let overview = query("overview", admin::overview(&d.pool)).await?;
         let workers = query("workers", admin::list_workers(&d.pool)).await?;
+        // Queues with tasks but no settings row run with the defaults.
+        let unset: Vec<QueueSettingsRow> = admin::queues_without_settings(&settings, &overview)
+            .into_iter()
+            .map(|o| QueueSettingsRow {
+                name: o.queue.clone(),
+                paused: false,
+                unset: true,
+                global: "-".to_owned(),
+                rate: "-".to_owned(),
+                per_key: 1,
+                available: o.available,
+                blocked: o.blocked,
+                running: o.processing,
+                dead: o.dead,
+            })
+            .collect();
         let queues = settings
             .into_iter()
             .map(|q| {
@@ -317,6 +333,7 @@ pub(crate) async fn queues(
                 let count = |f: fn(&admin::QueueOverview) -> i64| counts.map_or(0, f);
                 QueueSettingsRow {
                     paused: q.paused_at.is_some(),
+                    unset: false,
                     global: q
                         .global_concurrency
                         .map_or("-".to_owned(), |n| n.to_string()),
@@ -331,6 +348,7 @@ pub(crate) async fn queues(
                     name: q.name,
                 }
             })
+            .chain(unset)
             .collect();
         Ok(render(
             StatusCode::OK,

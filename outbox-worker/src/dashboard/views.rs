@@ -278,6 +278,8 @@ pub(crate) struct TaskPage<'a> {
 pub(crate) struct QueueSettingsRow {
     pub(crate) name: String,
     pub(crate) paused: bool,
+    /// No settings row yet: the defaults apply.
+    pub(crate) unset: bool,
     pub(crate) global: String,
     pub(crate) rate: String,
     pub(crate) per_key: i32,
