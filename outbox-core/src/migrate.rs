@@ -328,6 +328,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0050_key_places_in_order.up.sql"),
         down: include_str!("../../migrations/0050_key_places_in_order.down.sql"),
     },
+    Migration {
+        version: 51,
+        name: "leader_settings",
+        up: include_str!("../../migrations/0051_leader_settings.up.sql"),
+        down: include_str!("../../migrations/0051_leader_settings.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -1041,6 +1041,57 @@ async fn a_periodic_task_the_leader_does_not_declare_is_warned_about() {
     drop(leader);
 }
 
+/// A worker that does not lead, started with a recovery timeout and a
+/// worker-row retention of its own, says that the leader's apply (only the
+/// leader recovers tasks and forgets workers) instead of accepting them in
+/// silence.
+#[tokio::test]
+async fn maintenance_settings_that_differ_from_the_leaders_are_warned_about() {
+    let db = TestDb::migrated().await;
+    // The leader renews every 5 s a lease of 10 s: a loaded machine does
+    // not hand leadership to the follower.
+    let leader = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &["--maintenance-interval", "5s"],
+    );
+    outbox_tests::process::wait_until(
+        &db.pool,
+        "SELECT EXISTS (SELECT 1 FROM outbox_leases WHERE name = 'maintenance' \
+         AND expires_at > now() AND settings IS NOT NULL)",
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut follower = outbox_tests::process::WorkerProcess::spawn(
+        BIN,
+        &db.url,
+        &[
+            "--maintenance-interval",
+            "1s",
+            "--heartbeat-timeout",
+            "30s",
+            "--forget-workers-after",
+            "2h",
+        ],
+    );
+    let log = follower
+        .wait_for_log(
+            "maintenance settings differ from the leader's",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        log.contains("heartbeat_timeout: 30s here, 5m on the leader")
+            && log.contains("forget_workers_after: 2h here, 1h on the leader"),
+        "{log}"
+    );
+    assert!(!log.contains("maintenance_interval"), "{log}");
+    follower.signal("TERM");
+    assert_eq!(follower.wait(Duration::from_secs(30)).await.code(), Some(0));
+    assert!(!leader.log().contains("differ from the leader's"));
+    drop(leader);
+}
+
 /// `/health` stays 200 while the database is black-holed (a liveness probe
 /// must not restart a worker that rides the outage out); `/ready` turns 503
 /// within its 2 s deadline and back to 200 when the database returns, and

@@ -801,23 +801,37 @@ pub(crate) fn run_again(error: &sqlx::Error, tries: &mut u32) -> bool {
     true
 }
 
-/// Takes or renews lease `name` for `holder` for `ttl_us`; returns `None`
-/// when `holder` does not hold it now, else whether its leadership began
-/// with this call (taken, or taken back after it ran out) rather than went
-/// on.
+/// Takes or renews lease `name` for `holder` for `ttl_us`, recording the
+/// `settings` it applies meanwhile (JSON); returns `None` when `holder`
+/// does not hold it now, else whether its leadership began with this call
+/// (taken, or taken back after it ran out) rather than went on.
 pub(crate) async fn acquire_lease(
     conn: &mut PgConnection,
     name: &str,
     holder: &str,
     ttl_us: i64,
+    settings: Option<&serde_json::Value>,
 ) -> sqlx::Result<Option<bool>> {
     let held: Option<(i64, bool)> = sqlx::query_as(include_str!("sql/acquire_lease.sql"))
         .bind(name)
         .bind(holder)
         .bind(ttl_us)
+        .bind(settings)
         .fetch_optional(conn)
         .await?;
     Ok(held.map(|(_, began)| began))
+}
+
+/// The live holder of lease `name` and the settings it recorded, if any
+/// worker holds it now.
+pub(crate) async fn lease_holder(
+    conn: &mut PgConnection,
+    name: &str,
+) -> sqlx::Result<Option<(String, Option<serde_json::Value>)>> {
+    sqlx::query_as(include_str!("sql/lease_holder.sql"))
+        .bind(name)
+        .fetch_optional(conn)
+        .await
 }
 
 /// Gives lease `name` up at once if `holder` has it.

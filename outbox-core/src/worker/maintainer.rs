@@ -47,6 +47,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let interval = shared.config.maintenance_interval;
     let ttl_us = delay_micros(lease_ttl(interval)).unwrap_or(i64::MAX);
     let holder = shared.holdings.run_id().to_owned();
+    let settings = super::leader_settings::of(&shared.config);
     let mut outage = Outage::new("maintenance");
     let mut leading = false;
     let mut declared = false;
@@ -63,7 +64,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         // ended), so a slow round does not delay the next renewal.
         let round = Instant::now();
         let renew = call(&shared.engine, shared.deadline, "lease", async |conn| {
-            db::acquire_lease(conn, MAINTENANCE_LEASE, &holder, ttl_us).await
+            db::acquire_lease(conn, MAINTENANCE_LEASE, &holder, ttl_us, Some(&settings)).await
         });
         let held = tokio::select! {
             r = renew => r,
@@ -75,7 +76,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 outage.ok();
                 let since = *reachable_since.get_or_insert_with(Instant::now);
                 if !leading {
-                    tracing::info!(worker_id = %shared.config.worker_id, "elected maintenance leader");
+                    tracing::info!(
+                        worker_id = %shared.config.worker_id,
+                        %settings,
+                        "elected maintenance leader"
+                    );
                     leading = true;
                     declared = false;
                 } else if began {
@@ -126,7 +131,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                     );
                     leading = false;
                 }
-                let check = follower.check(&shared);
+                let check = follower.check(&shared, &settings);
                 tokio::select! {
                     () = check => {}
                     () = stop.cancelled() => break,
@@ -158,21 +163,66 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// How often a worker that does not lead checks that the leader declares
-/// its periodic tasks.
+/// its periodic tasks and applies its maintenance settings.
 const FOLLOWER_CHECK_EVERY: Duration = Duration::from_secs(300);
 
 /// A worker that does not lead checks now and then that the leader
-/// declares its periodic tasks as it does. Only the leader enqueues ticks,
-/// so a task declared on this worker alone (a scheduler worker beside a
-/// leader without it, or a deploy that added it while a worker of the
-/// previous build leads) would not run, without a word.
+/// declares its periodic tasks as it does, and applies the maintenance
+/// settings it was given. Only the leader enqueues ticks, so a task
+/// declared on this worker alone (a scheduler worker beside a leader
+/// without it, or a deploy that added it while a worker of the previous
+/// build leads) would not run, without a word; and only the leader
+/// recovers and cleans up, so this worker's recovery timeout or retentions
+/// would be ignored, without a word (worker/leader_settings.rs).
 #[derive(Default)]
 struct FollowerCheck {
     next: Option<Instant>,
+    /// When the leader's settings are next compared, and the leader they
+    /// were last compared with (warned about once per leader).
+    next_settings: Option<Instant>,
+    compared_with: Option<String>,
 }
 
 impl FollowerCheck {
-    async fn check(&mut self, shared: &Shared) {
+    async fn check(&mut self, shared: &Shared, own: &serde_json::Value) {
+        self.check_settings(shared, own).await;
+        self.check_periodic(shared).await;
+    }
+
+    async fn check_settings(&mut self, shared: &Shared, own: &serde_json::Value) {
+        if self.next_settings.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let leader = call(&shared.engine, shared.deadline, "lease", async |conn| {
+            db::lease_holder(conn, MAINTENANCE_LEASE).await
+        })
+        .await;
+        match leader {
+            // No leader now (or one of an older build): next round.
+            Ok(None | Some((_, None))) => {}
+            Ok(Some((holder, Some(theirs)))) => {
+                self.next_settings = Some(Instant::now() + FOLLOWER_CHECK_EVERY);
+                if self.compared_with.as_deref() == Some(holder.as_str()) {
+                    return;
+                }
+                let differ = super::leader_settings::differences(own, &theirs);
+                if !differ.is_empty() {
+                    tracing::warn!(
+                        leader = %holder,
+                        differ = ?differ,
+                        "this worker's maintenance settings differ from the leader's: only the \
+                         leader recovers tasks, cleans up and forgets workers, so the leader's \
+                         apply, and this worker's only while it leads; give every worker the \
+                         same"
+                    );
+                }
+                self.compared_with = Some(holder);
+            }
+            Err(error) => tracing::debug!(%error, "could not read the leader's settings"),
+        }
+    }
+
+    async fn check_periodic(&mut self, shared: &Shared) {
         if shared.periodic.is_empty() || self.next.is_some_and(|t| Instant::now() < t) {
             return;
         }

@@ -33,6 +33,7 @@ mod executor;
 mod hand_on;
 mod heartbeat;
 mod holdings;
+mod leader_settings;
 mod listener;
 mod maintainer;
 mod tick_wake;

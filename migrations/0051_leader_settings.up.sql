@@ -1,0 +1,13 @@
+-- The maintenance leader's settings, beside its lease (found by an
+-- operator's walkthrough: a worker started with --heartbeat-timeout or a
+-- retention of its own accepted them and changed nothing, because only the
+-- leader recovers, cleans up and forgets workers).
+--
+-- The leader writes what it applies (recovery's timeout, the retentions,
+-- the intervals; JSON, each value as an operator writes it) with every
+-- renewal of its lease. A worker that does not lead compares its own and
+-- warns, naming the settings that differ and the leader, so that settings
+-- which take effect only while a worker leads are not silently ignored.
+-- A nullable column: added without rewriting the table, and an older
+-- worker that leads writes none (nothing is compared then).
+ALTER TABLE outbox_leases ADD COLUMN settings jsonb;
