@@ -165,7 +165,9 @@ impl Unique {
     }
 
     /// At most one task with this key per `period` (1 second or more),
-    /// periods counted from the Unix epoch on the database clock.
+    /// periods counted from the Unix epoch on the database clock, among the
+    /// states the uniqueness covers: a task that completed within the
+    /// period counts only with [`Unique::including_completed`].
     pub fn per(mut self, period: Duration) -> Self {
         self.period = Some(period);
         self

@@ -74,10 +74,18 @@ pub(crate) struct SubmitArgs {
     /// written and the existing task's id is printed with "duplicate".
     #[arg(long)]
     unique_key: Option<String>,
-    /// With --unique-key: at most one task with the key per period (1s to
-    /// 100 years), e.g. 1h.
+    /// With --unique-key: the key counts within one period (1s to 100
+    /// years, e.g. 1h, counted from the Unix epoch), so a later period takes
+    /// a new task. A task that completed within the period is not counted
+    /// unless --unique-including completed.
     #[arg(allow_hyphen_values = true, long, requires = "unique_key", value_parser = flags::duration(Duration::from_secs(1), 36_500 * DAY))]
     unique_period: Option<Duration>,
+    /// With --unique-key: also count tasks in these states, comma-separated:
+    /// `completed` (until cleanup deletes them; with --unique-period, at
+    /// most one task per period, run or not) and `dead` (until an operator
+    /// retries or deletes them).
+    #[arg(long, requires = "unique_key", value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(["completed", "dead"]))]
+    unique_including: Vec<String>,
     /// Ordering key (instead of the task type's own): tasks with the same
     /// key in a queue run one at a time, in commit order.
     #[arg(long)]
@@ -199,6 +207,12 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         let mut unique = outbox::Unique::key(key);
         if let Some(period) = args.unique_period {
             unique = unique.per(period);
+        }
+        for state in &args.unique_including {
+            unique = match state.as_str() {
+                "completed" => unique.including_completed(),
+                _ => unique.including_dead(),
+            };
         }
         options = options.unique(unique);
     }

@@ -1552,7 +1552,45 @@ async fn submit_with_a_unique_key_prints_the_holder_and_says_duplicate() {
         "--unique-period",
     )
     .await;
+    refused(
+        &submit(&["--unique-key", "x", "--unique-including", "running"]),
+        2,
+        "[possible values: completed, dead]",
+    )
+    .await;
+    refused(
+        &submit(&["--unique-including", "completed"]),
+        2,
+        "--unique-key",
+    )
+    .await;
     assert_eq!(db.task_count().await, 3);
+    // A completed task keeps the key of its period only when its
+    // uniqueness covers completed tasks.
+    let daily = |including: &'static [&'static str]| {
+        let mut args = submit(&["--unique-key", "d", "--unique-period", "1d"]);
+        args.extend_from_slice(including);
+        args
+    };
+    let complete = |id: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE outbox_tasks SET state = 'completed', finished_at = now() WHERE id = $1",
+            )
+            .bind(id.trim().parse::<i64>().unwrap())
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let live_only = ok(&cli(&daily(&[])).await);
+    complete(live_only).await;
+    let covering = ok(&cli(&daily(&["--unique-including", "completed,dead"])).await);
+    assert!(!covering.contains("duplicate"), "{covering}");
+    complete(covering.clone()).await;
+    let again = ok(&cli(&daily(&[])).await);
+    assert_eq!(again.trim(), format!("{} duplicate", covering.trim()));
     let shown = ok(&cli(&["tasks", "show", "--database-url", url, &id.to_string()]).await);
     assert!(
         shown.contains("unique key    outbox.noop:nightly"),
