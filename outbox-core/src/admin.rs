@@ -71,6 +71,20 @@ pub async fn retry_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
         .collect())
 }
 
+/// Why each of these tasks would not be retried by [`retry_tasks`], read
+/// as it is now: `running`, `completed`, `due already`, `due, waiting for
+/// its ordering key`, `its unique key is held by task N`, `a forward step
+/// of workflow N, which is compensating` (or cancelled, ...), `no such
+/// task`. For the tasks a retry left: what to tell the operator.
+pub async fn why_not_retried(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<(TaskId, String)>> {
+    let ids = ids.iter().map(|id| id.0).collect();
+    Ok(db::admin::retry_refusals(pool, ids)
+        .await?
+        .into_iter()
+        .map(|(id, why)| (TaskId(id), why))
+        .collect())
+}
+
 /// Makes every dead task (of one type, if given) claimable now with a fresh
 /// attempt budget, except the forward steps [`retry_tasks`] refuses;
 /// returns their ids.

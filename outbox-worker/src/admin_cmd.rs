@@ -384,13 +384,30 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
     }
     let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
     let done = admin::retry_tasks(&pool, &wanted).await?;
-    report(
-        "retried",
-        &wanted,
-        &done,
-        "not FAILED or scheduled: due already, running or completed; a forward step of a \
-         workflow cancelled or compensating; or no such task",
-    )
+    println!("retried {} task(s){}", done.len(), id_list(&done));
+    let missed: Vec<TaskId> = wanted
+        .iter()
+        .filter(|id| !done.contains(id))
+        .copied()
+        .collect();
+    if missed.is_empty() {
+        return Ok(());
+    }
+    let why = admin::why_not_retried(&pool, &missed).await?;
+    let shown: Vec<String> = why
+        .iter()
+        .take(20)
+        .map(|(id, reason)| format!("{id} ({reason})"))
+        .collect();
+    let more = if why.len() > 20 {
+        format!("; and {} more", why.len() - 20)
+    } else {
+        String::new()
+    };
+    Err(Failure::runtime(format!(
+        "not retried: {}{more}",
+        shown.join("; ")
+    )))
 }
 
 async fn signal(args: SignalArgs) -> Result<(), Failure> {

@@ -256,7 +256,7 @@ async fn submit_list_show_retry_cancel_round_trip() {
     let again = cli(&["tasks", "retry", &later, "--database-url", url]).await;
     assert_eq!(again.status.code(), Some(1));
     assert!(
-        stderr(&again).contains("not FAILED or scheduled"),
+        stderr(&again).contains(&format!("not retried: {later} (due already)")),
         "{}",
         stderr(&again)
     );
@@ -272,7 +272,7 @@ async fn submit_list_show_retry_cancel_round_trip() {
     let missing = cli(&["tasks", "retry", "999999", "--database-url", url]).await;
     assert_eq!(missing.status.code(), Some(1));
     assert!(
-        stderr(&missing).contains("not retried: 999999"),
+        stderr(&missing).contains("not retried: 999999 (no such task)"),
         "{}",
         stderr(&missing)
     );

@@ -124,6 +124,22 @@ async fn a_scheduled_task_is_run_now_from_its_page() {
     )
     .await;
     assert!(!page.body.contains(r#"id="retry""#), "{}", page.body);
+    // A request made anyway (a stale page) says why nothing changed.
+    let again = send(
+        Method::POST,
+        &format!("{}/tasks/{id}/retry", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    assert!(
+        again
+            .body
+            .contains(&format!("task {id} was not retried: due already")),
+        "{}",
+        again.body
+    );
 }
 
 #[tokio::test]

@@ -164,6 +164,20 @@ async fn a_key_is_free_again_once_its_task_left_the_covered_states() {
             .unwrap()
             .is_empty()
     );
+    // And the operator is told which task holds the key.
+    assert_eq!(
+        admin::why_not_retried(&db.pool, &[second.id, third.id, TaskId(i64::MAX)])
+            .await
+            .unwrap(),
+        [
+            (
+                second.id,
+                format!("its unique key is held by task {}", third.id)
+            ),
+            (third.id, "due already".to_owned()),
+            (TaskId(i64::MAX), "no such task".to_owned()),
+        ]
+    );
     assert_eq!(
         admin::get_task(&db.pool, second.id)
             .await

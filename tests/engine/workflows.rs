@@ -1012,6 +1012,15 @@ async fn retrying_a_step_of_a_cancelled_workflow_is_refused() {
         []
     );
     assert_eq!(
+        outbox::admin::why_not_retried(&db.pool, &[a])
+            .await
+            .unwrap(),
+        [(
+            a,
+            format!("a forward step of workflow {id}, which is cancelled")
+        )]
+    );
+    assert_eq!(
         outbox::admin::retry_dead(&db.pool, None).await.unwrap(),
         [],
         "nor is it retried with every dead task"

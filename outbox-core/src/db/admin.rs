@@ -66,6 +66,21 @@ pub(crate) async fn retry_tasks(
     .await
 }
 
+/// Why each of `ids` was not retried, read as the task is now, in the
+/// order given.
+pub(crate) async fn retry_refusals(
+    pool: &PgPool,
+    ids: Vec<i64>,
+) -> sqlx::Result<Vec<(i64, String)>> {
+    crate::pooler::on(pool, async |conn| {
+        sqlx::query_as(include_str!("sql/retry_refusals.sql"))
+            .bind(&ids)
+            .fetch_all(conn)
+            .await
+    })
+    .await
+}
+
 /// Cancels tasks `ids` inside the caller's transaction: moves those still
 /// in the intake into outbox_tasks, locks them
 /// (cancel_lock.sql), then cancels each by the state it has under the lock

@@ -287,6 +287,14 @@ async fn one(
             return Err(Refusal::new(StatusCode::NOT_FOUND, "no such task"));
         };
         let changed = action.apply(&d, &[TaskId(id)]).await?;
+        if changed.is_empty() && matches!(action, Action::Retry) {
+            let why = query("retry", admin::why_not_retried(&d.pool, &[TaskId(id)])).await?;
+            let reason = why.first().map_or("no such task", |(_, r)| r.as_str());
+            return Err(Refusal::new(
+                StatusCode::CONFLICT,
+                format!("task {id} was not retried: {reason}"),
+            ));
+        }
         if changed.is_empty() {
             return Err(Refusal::new(
                 StatusCode::CONFLICT,
