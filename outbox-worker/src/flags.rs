@@ -31,6 +31,12 @@ pub(crate) fn duration(
                 short(max)
             ));
         }
+        if let Some(unit) = calendar_unit(s) {
+            return Err(format!(
+                "{s} uses {unit:?}, a month or a year of 30.44 or 365.25 days (\"M\" is a \
+                 month, not a minute): write days (30d) or minutes (1m)"
+            ));
+        }
         let d = humantime::parse_duration(s).map_err(|e| {
             format!("{s:?} is not a duration ({e}); write it like 250ms, 30s, 5m or 7d")
         })?;
@@ -43,6 +49,14 @@ pub(crate) fn duration(
         }
         Ok(d)
     }
+}
+
+/// The first unit of `s` that is a month or a year: humantime reads `1M`
+/// as a month, which an operator who meant a minute would not notice until
+/// the task ran a month late.
+fn calendar_unit(s: &str) -> Option<&str> {
+    s.split(|c: char| !c.is_ascii_alphabetic())
+        .find(|unit| matches!(*unit, "M" | "month" | "months" | "y" | "year" | "years"))
 }
 
 /// A duration as an operator writes it: `3650d`, `1h`, `100ms`.
@@ -212,5 +226,18 @@ mod tests {
         assert!(long("9999d").unwrap_err().contains("use 0s to 3650d"));
         assert!(parse("soon").unwrap_err().contains("not a duration"));
         assert!(parse("99999999999999999999years").is_err());
+    }
+
+    #[test]
+    fn months_and_years_are_refused_for_days_or_minutes() {
+        let long = duration(Duration::ZERO, 36_500 * DAY);
+        for calendar in ["1M", "2months", "1y", "1year 2d", "3d 1M"] {
+            let err = long(calendar).unwrap_err();
+            assert!(err.contains("write days (30d) or minutes (1m)"), "{err}");
+        }
+        assert_eq!(long("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(long("2min 30s"), Ok(Duration::from_secs(150)));
+        assert_eq!(long("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(long("30d"), Ok(30 * DAY));
     }
 }

@@ -400,7 +400,8 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             &["run", "--heartbeat-interval", "0s"],
             "out of range: use 100ms to 1h",
         ),
-        (&["run", "--heartbeat-timeout", "100years"], "out of range"),
+        (&["run", "--heartbeat-timeout", "100000d"], "out of range"),
+        (&["run", "--heartbeat-timeout", "100years"], "write days (30d)"),
         (
             &["run", "--poll-interval", "0s"],
             "out of range: use 1ms to 1h",
@@ -409,7 +410,7 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
         (&["run", "--statement-timeout", "0s"], "out of range"),
         (&["run", "--keepalive", "10ms"], "out of range"),
         (&["run", "--flush-timeout", "2h"], "out of range"),
-        (&["run", "--retention", "99999years"], "out of range"),
+        (&["run", "--retention", "99999d"], "out of range"),
         (
             &["run", "--history-partition", "30s"],
             "out of range: use 1m to 366d",
@@ -539,9 +540,13 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
                 "outbox.noop",
                 "{}",
                 "--delay",
-                "999999999years",
+                "999999999d",
             ],
             "out of range",
+        ),
+        (
+            &["tasks", "submit", "outbox.noop", "{}", "--delay", "1M"],
+            "\"M\" is a month, not a minute",
         ),
         (
             &["tasks", "submit", "outbox.noop", "{}", "--priority=-1"],
