@@ -11,8 +11,8 @@ use crate::task::TaskId;
 pub use crate::explain::{Explanation, Reason, explain_task};
 pub use crate::records::{
     MinuteThroughput, Overview, QueueChange, QueueDeletion, QueueHealth, QueueOverview,
-    QueueSettings, TableHealth, TaskFilter, TaskPage, TaskRecord, TypeStateCount, WorkerQueue,
-    WorkerRecord,
+    QueueSettings, SignalRecord, TableHealth, TaskFilter, TaskPage, TaskRecord, TypeStateCount,
+    WorkerQueue, WorkerRecord,
 };
 
 /// The states an operator can filter on. `dead` is FAILED with no attempts
@@ -51,6 +51,20 @@ pub async fn list_tasks_where(
 /// One task, if it exists.
 pub async fn get_task(pool: &PgPool, id: TaskId) -> Result<Option<TaskRecord>> {
     Ok(db::admin::get_task(pool, id.0).await?)
+}
+
+/// The signals sent to task `id`, in the order they were sent (the first
+/// of each name is kept; a handler's `ctx.wait_for(name)` returns it).
+pub async fn task_signals(pool: &PgPool, id: TaskId) -> Result<Vec<SignalRecord>> {
+    Ok(db::admin::task_signals(pool, id.0)
+        .await?
+        .into_iter()
+        .map(|(name, value, sent_at)| SignalRecord {
+            name,
+            value: value.0,
+            sent_at,
+        })
+        .collect())
 }
 
 /// Makes these FAILED tasks (dead or waiting to retry) claimable now with a

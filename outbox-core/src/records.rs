@@ -6,6 +6,18 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+/// A signal sent to a task ([`crate::signal`]), as [`crate::admin::task_signals`]
+/// lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SignalRecord {
+    /// Its name (what `ctx.wait_for` names).
+    pub name: String,
+    /// The value sent.
+    pub value: serde_json::Value,
+    /// When the transaction that sent it wrote it.
+    pub sent_at: DateTime<Utc>,
+}
+
 /// Everything stored about one task.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TaskRecord {

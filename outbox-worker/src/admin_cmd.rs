@@ -317,18 +317,22 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     let Some(t) = admin::get_task(&pool, TaskId(args.id)).await? else {
         return Err(Failure::runtime(format!("no task with id {}", args.id)));
     };
+    let signals = admin::task_signals(&pool, TaskId(args.id)).await?;
     if args.json {
+        let mut shown = serde_json::to_value(&t).map_err(Failure::runtime)?;
+        shown["signals"] = serde_json::to_value(&signals).map_err(Failure::runtime)?;
         println!(
             "{}",
-            serde_json::to_string_pretty(&t).map_err(Failure::runtime)?
+            serde_json::to_string_pretty(&shown).map_err(Failure::runtime)?
         );
     } else {
-        print_task(&t);
+        print_task(&t, &signals);
     }
     Ok(())
 }
 
-pub(crate) fn print_task(t: &TaskRecord) {
+/// A task as `tasks show` prints it, with the signals sent to it.
+pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]) {
     let time =
         |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
     println!("id            {}", t.id);
@@ -361,6 +365,14 @@ pub(crate) fn print_task(t: &TaskRecord) {
         println!(
             "result        {}",
             serde_json::to_string_pretty(result).unwrap_or_default()
+        );
+    }
+    for s in signals {
+        println!(
+            "signal        {} = {} (sent {})",
+            s.name,
+            one_line(&s.value.to_string(), 200),
+            s.sent_at.to_rfc3339()
         );
     }
     println!(

@@ -19,7 +19,7 @@ pub(crate) async fn explain(args: ShowArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    print_task(&found.task);
+    print_task(&found.task, &[]);
     if let Some((workflow, step)) = &found.workflow {
         println!("workflow      {workflow}, step {step} (workflows show {workflow})");
     }

@@ -401,7 +401,10 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "out of range: use 100ms to 1h",
         ),
         (&["run", "--heartbeat-timeout", "100000d"], "out of range"),
-        (&["run", "--heartbeat-timeout", "100years"], "write days (30d)"),
+        (
+            &["run", "--heartbeat-timeout", "100years"],
+            "write days (30d)",
+        ),
         (
             &["run", "--poll-interval", "0s"],
             "out of range: use 1ms to 1h",

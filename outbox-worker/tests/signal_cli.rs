@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::{
-    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, Worker, outbox_task,
+    HandlerResult, Outcome, TaskContext, TaskEventKind, TaskHandler, Worker, WorkerConfig,
+    outbox_task,
 };
 use outbox_tests::{RunningWorker, TestDb};
 use serde::{Deserialize, Serialize};
@@ -39,7 +40,13 @@ async fn a_task_waiting_for_a_signal_is_sent_it_from_the_shell_once() {
         .unwrap();
     let approvals = Approvals::default();
     let mut worker = RunningWorker::start(
+        // No maintenance: nothing prunes the signal that `tasks show` lists
+        // after the task completed.
         Worker::builder(db.pool.clone())
+            .config(WorkerConfig {
+                maintenance: false,
+                ..WorkerConfig::default()
+            })
             .handler::<Approval>(approvals.clone())
             .build()
             .unwrap(),
@@ -63,6 +70,8 @@ async fn a_task_waiting_for_a_signal_is_sent_it_from_the_shell_once() {
     }
 
     let id_text = id.to_string();
+    let shown = ok(&cli(&["tasks", "show", &id_text, at[0], at[1]]).await);
+    assert!(!shown.contains("signal "), "{shown}");
     let bad = cli(&[
         "tasks", "signal", &id_text, "approved", "{nope", at[0], at[1],
     ])
@@ -97,6 +106,22 @@ async fn a_task_waiting_for_a_signal_is_sent_it_from_the_shell_once() {
         [serde_json::json!({"by": "ada"})]
     );
 
+    // `tasks show` lists what it was sent.
+    let shown = ok(&cli(&["tasks", "show", &id_text, at[0], at[1]]).await);
+    assert!(
+        shown.contains(r#"signal        approved = {"by":"ada"} (sent "#),
+        "{shown}"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&ok(&cli(&[
+        "tasks", "show", &id_text, "--json", at[0], at[1],
+    ])
+    .await))
+    .unwrap();
+    assert_eq!(shown["signals"][0]["name"], "approved");
+    assert_eq!(
+        shown["signals"][0]["value"],
+        serde_json::json!({"by": "ada"})
+    );
     // Finished: nothing would read a second one.
     let again = cli(&["tasks", "signal", &id_text, "approved", at[0], at[1]]).await;
     assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));

@@ -66,6 +66,26 @@ pub(crate) async fn retry_tasks(
     .await
 }
 
+/// The signals sent to task `id`: (name, value, sent at).
+pub(crate) async fn task_signals(
+    pool: &PgPool,
+    id: i64,
+) -> sqlx::Result<
+    Vec<(
+        String,
+        sqlx::types::Json<serde_json::Value>,
+        chrono::DateTime<chrono::Utc>,
+    )>,
+> {
+    crate::pooler::on(pool, async |conn| {
+        sqlx::query_as(include_str!("sql/task_signals.sql"))
+            .bind(id)
+            .fetch_all(conn)
+            .await
+    })
+    .await
+}
+
 /// Why each of `ids` was not retried, read as the task is now, in the
 /// order given.
 pub(crate) async fn retry_refusals(
