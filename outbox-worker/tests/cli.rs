@@ -1094,6 +1094,16 @@ async fn maintenance_settings_that_differ_from_the_leaders_are_warned_about() {
         "{log}"
     );
     assert!(!log.contains("maintenance_interval"), "{log}");
+    // The id `workers list` shows is the run id the log starts with.
+    let run_id = log
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("run_id="))
+        .unwrap_or_else(|| panic!("no run_id in the log:\n{log}"));
+    let listed = ok(&cli(&["workers", "list", "--database-url", &db.url]).await);
+    assert!(
+        listed.lines().any(|l| l.starts_with(run_id)),
+        "{run_id} not in:\n{listed}"
+    );
     follower.signal("TERM");
     assert_eq!(follower.wait(Duration::from_secs(30)).await.code(), Some(0));
     assert!(!leader.log().contains("differ from the leader's"));

@@ -78,6 +78,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 if !leading {
                     tracing::info!(
                         worker_id = %shared.config.worker_id,
+                        run_id = %holder,
                         %settings,
                         "elected maintenance leader"
                     );

@@ -387,8 +387,11 @@ impl Worker {
             handler_cancel: CancellationToken::new(),
             counters: Arc::clone(&self.counters),
         });
+        // run_id: the id `workers list` shows, and the start of every claim
+        // token this run writes (claimed_by).
         tracing::info!(
             worker_id = %shared.config.worker_id,
+            run_id = %shared.holdings.run_id(),
             queues = ?self.queues,
             "worker starting"
         );
