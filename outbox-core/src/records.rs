@@ -62,6 +62,10 @@ pub struct TaskRecord {
     pub key_seq: Option<i64>,
     /// Waiting for earlier tasks of its ordering key.
     pub blocked: bool,
+    /// Dead, whether it let its ordering key go on (its type's
+    /// `on_dead = "skip"`, or an operator's cancel), so that later tasks of
+    /// the key ran past it, rather than hold the key until an operator acts.
+    pub skip_dead: bool,
     /// When its latest attempt started.
     pub attempted_at: Option<DateTime<Utc>>,
     /// What its handler returned ([`crate::Outcome::success_with`]).

@@ -354,10 +354,18 @@ pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]
     println!("last error    {}", t.last_error.as_deref().unwrap_or("-"));
     println!("unique key    {}", t.unique_key.as_deref().unwrap_or("-"));
     if let Some(key) = &t.ordering_key {
+        let place = if t.blocked {
+            ", waiting for it"
+        } else if t.state == "dead" && t.skip_dead {
+            ", skipped: later tasks of the key went on"
+        } else if t.state == "dead" {
+            ", holding it: later tasks of the key wait (tasks retry runs it, tasks cancel skips it)"
+        } else {
+            ""
+        };
         println!(
-            "ordering key  {key} (#{}{})",
-            t.key_seq.unwrap_or_default(),
-            if t.blocked { ", waiting for it" } else { "" }
+            "ordering key  {key} (#{}{place})",
+            t.key_seq.unwrap_or_default()
         );
     }
     println!("attempted at  {}", time(t.attempted_at));

@@ -172,10 +172,17 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_skips_it() {
         "{:?}",
         why.reasons
     );
+    let record = admin::get_task(&db.pool, head).await.unwrap().unwrap();
+    assert!(!record.skip_dead, "it holds its key");
     // The operator skips it (a cancel of a dead task with a key).
     assert_eq!(
         admin::cancel_tasks(&db.pool, &[head]).await.unwrap(),
         vec![head]
+    );
+    let record = admin::get_task(&db.pool, head).await.unwrap().unwrap();
+    assert!(
+        record.state == "dead" && record.skip_dead,
+        "skipped, it says so: {record:?}"
     );
     wait_until(
         &db.pool,

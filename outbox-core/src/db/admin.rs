@@ -32,6 +32,7 @@ fn record(r: &PgRow) -> sqlx::Result<TaskRecord> {
         ordering_key: r.try_get("ordering_key")?,
         key_seq: r.try_get("key_seq")?,
         blocked: r.try_get("blocked")?,
+        skip_dead: r.try_get("skip_dead")?,
         attempted_at: r.try_get("attempted_at")?,
         result: r
             .try_get::<Option<String>, _>("result")?

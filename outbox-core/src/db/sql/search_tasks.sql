@@ -10,7 +10,7 @@ SELECT id, task_type, queue,
        CASE WHEN dead_at IS NOT NULL THEN 'dead' ELSE state::text END AS state,
        priority, retry_count, max_attempts, claims, execute_at, created_at, updated_at,
        finished_at, dead_at, claimed_by, heartbeat_at, last_error, unique_key,
-       ordering_key, key_seq, blocked, attempted_at,
+       ordering_key, key_seq, blocked, skip_dead, attempted_at,
        CASE WHEN NOT $8 THEN result::text END AS result,
        CASE WHEN $8 THEN 'null' ELSE payload::text END AS payload
 FROM outbox_all_tasks
