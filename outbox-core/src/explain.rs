@@ -155,14 +155,15 @@ impl std::fmt::Display for Reason {
                         f,
                         "; but that worker is gone (last heartbeat {}): stuck-task recovery \
                          puts it back once its heartbeat is a heartbeat timeout old",
-                        heartbeat_at.map_or_else(|| "never".to_owned(), |t| t.to_string())
+                        heartbeat_at.map_or_else(|| "never".to_owned(), moment)
                     )?;
                 }
                 Ok(())
             }
             Reason::Scheduled { at } => write!(
                 f,
-                "scheduled for {at} (an operator's retry makes it due now)"
+                "scheduled for {} (an operator's retry makes it due now)",
+                moment(*at)
             ),
             Reason::WaitingForRetry {
                 at,
@@ -170,13 +171,15 @@ impl std::fmt::Display for Reason {
                 error,
             } => write!(
                 f,
-                "waiting for its next attempt at {at} after {failed_attempts} failed attempt(s); last error: {}",
+                "waiting for its next attempt at {} after {failed_attempts} failed attempt(s); last error: {}",
+                moment(*at),
                 error.as_deref().unwrap_or("none")
             ),
             Reason::Suspended { until } => write!(
                 f,
-                "suspended until {until}: its handler slept, snoozed or waits for a signal \
-                 (ctx.sleep, Outcome::RetryAfter, ctx.wait_for); a signal sent to it wakes it at once"
+                "suspended until {}: its handler slept, snoozed or waits for a signal \
+                 (ctx.sleep, Outcome::RetryAfter, ctx.wait_for); a signal sent to it wakes it at once",
+                moment(*until)
             ),
             Reason::BehindKey {
                 key,
@@ -193,7 +196,9 @@ impl std::fmt::Display for Reason {
                     "waiting for its ordering key {key:?} (the hand-over is due; maintenance completes it)"
                 ),
             },
-            Reason::QueuePaused { since } => write!(f, "its queue is paused (since {since})"),
+            Reason::QueuePaused { since } => {
+                write!(f, "its queue is paused (since {})", moment(*since))
+            }
             Reason::AtGlobalLimit { running, limit } => write!(
                 f,
                 "its queue is at its global concurrency: {running} running, limit {limit}"
@@ -353,4 +358,9 @@ async fn waiting_reasons(
         });
     }
     Ok(())
+}
+
+/// A moment as the CLI's detail views print it: `2026-11-30 16:15:21.123 UTC`.
+fn moment(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
 }

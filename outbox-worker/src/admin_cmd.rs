@@ -290,7 +290,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
             t.queue,
             t.state,
             format!("{}/{}", t.retry_count, t.max_attempts),
-            t.execute_at.format("%Y-%m-%d %H:%M:%S"),
+            crate::when::column(t.execute_at),
             one_line(t.last_error.as_deref().unwrap_or(""), 60)
         );
     }
@@ -333,8 +333,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
 
 /// A task as `tasks show` prints it, with the signals sent to it.
 pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]) {
-    let time =
-        |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), crate::when::at);
     println!("id            {}", t.id);
     println!("type          {}", t.task_type);
     println!("queue         {}", t.queue);
@@ -344,9 +343,9 @@ pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]
         "attempts      {} failed of {} allowed ({} claims)",
         t.retry_count, t.max_attempts, t.claims
     );
-    println!("created at    {}", t.created_at.to_rfc3339());
-    println!("execute at    {}", t.execute_at.to_rfc3339());
-    println!("updated at    {}", t.updated_at.to_rfc3339());
+    println!("created at    {}", crate::when::at(t.created_at));
+    println!("execute at    {}", crate::when::at(t.execute_at));
+    println!("updated at    {}", crate::when::at(t.updated_at));
     println!("finished at   {}", time(t.finished_at));
     println!("dead at       {}", time(t.dead_at));
     println!("claimed by    {}", t.claimed_by.as_deref().unwrap_or("-"));
@@ -380,7 +379,7 @@ pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]
             "signal        {} = {} (sent {})",
             s.name,
             one_line(&s.value.to_string(), 200),
-            s.sent_at.to_rfc3339()
+            crate::when::at(s.sent_at)
         );
     }
     println!(

@@ -386,10 +386,10 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
         e.aggregate_id,
         e.event_type,
         e.stream,
-        e.created_at.to_rfc3339()
+        crate::when::at(e.created_at)
     );
     if let Some(at) = e.publish_at {
-        println!("  delayed until {}", at.to_rfc3339());
+        println!("  delayed until {}", crate::when::at(at));
     }
     if let Some(h) = &e.headers {
         println!("  headers {h}");
@@ -415,7 +415,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
                     |e| format!("refused: {e}"),
                 );
                 let when = s.retry_at.map_or_else(String::new, |t| {
-                    format!("; tried again at {}", t.to_rfc3339())
+                    format!("; tried again at {}", crate::when::at(t))
                 });
                 format!(": {why}{when} (see `events parked`)")
             }
@@ -546,7 +546,7 @@ async fn parked(args: ParkedArgs) -> Result<(), Failure> {
                     r.position,
                 ));
                 r.retry_at
-                    .map_or_else(|| "(operator)".to_owned(), |t| t.to_rfc3339())
+                    .map_or_else(|| "(operator)".to_owned(), crate::when::at)
             }
         };
         println!(
@@ -625,7 +625,7 @@ async fn act(args: AggregateArgs, action: Action) -> Result<(), Failure> {
             match delayed {
                 Some(at) => println!(
                     "{sub} holds {t}/{i} back until {}: its first event {id} is delayed until then (a retry does not cut a delay short; `--now` does)",
-                    at.to_rfc3339()
+                    crate::when::at(at)
                 ),
                 None => println!("{sub} tries {t}/{i} again now, from event {id}"),
             }

@@ -27,6 +27,7 @@ mod periodic_cmd;
 mod queues_cmd;
 mod signals;
 mod task_types;
+mod when;
 mod workflows_cmd;
 
 pub use cli::{main, main_with};

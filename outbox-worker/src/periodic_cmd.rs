@@ -145,10 +145,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
-        t.map_or_else(
-            || "-".to_owned(),
-            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
-        )
+        t.map_or_else(|| "-".to_owned(), crate::when::column)
     };
     // Ticks are enqueued ahead of their time, so the latest covered is
     // often still to come: it is not the last that ran. A new declaration

@@ -298,8 +298,8 @@ pub(crate) async fn workers(command: WorkersCommand) -> Result<(), Failure> {
             if w.leader { "yes" } else { "" },
             w.host,
             w.pid,
-            w.started_at.format("%Y-%m-%d %H:%M:%S"),
-            w.last_seen_at.format("%Y-%m-%d %H:%M:%S"),
+            crate::when::column(w.started_at),
+            crate::when::column(w.last_seen_at),
             queues.join(",")
         );
     }

@@ -90,7 +90,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
             state,
             w.steps,
             w.open_steps,
-            w.created_at.format("%Y-%m-%d %H:%M:%S")
+            crate::when::column(w.created_at)
         );
     }
     if all.is_empty() {
@@ -152,12 +152,12 @@ fn print_status(s: &WorkflowStatus) {
     println!("workflow  {} ({})", w.id, w.name);
     println!("state     {}", w.state);
     println!("steps     {} ({} open)", w.steps, w.open_steps);
-    println!("created   {}", w.created_at.to_rfc3339());
+    println!("created   {}", crate::when::at(w.created_at));
     if let Some(at) = w.cancelled_at {
-        println!("cancelled {}", at.to_rfc3339());
+        println!("cancelled {}", crate::when::at(at));
     }
     if let Some(at) = w.finished_at {
-        println!("finished  {}", at.to_rfc3339());
+        println!("finished  {}", crate::when::at(at));
     }
     println!();
     println!(
@@ -175,7 +175,7 @@ fn print_status(s: &WorkflowStatus) {
             parts.push(format!("undoes {undone}"));
         }
         if let Some(due) = step.due_at.filter(|d| *d > chrono::Utc::now()) {
-            parts.push(format!("due {}", due.format("%Y-%m-%d %H:%M:%S UTC")));
+            parts.push(format!("due {}", crate::when::at(due)));
         }
         if let Some(error) = &step.last_error {
             parts.push(format!("error: {error}"));

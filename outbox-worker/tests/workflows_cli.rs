@@ -75,9 +75,9 @@ async fn workflows_are_listed_shown_and_cancelled_and_bad_flags_are_refused() {
     let load = shown.lines().find(|l| l.starts_with("load")).unwrap();
     assert!(load.ends_with(" after extract"), "{shown}");
     assert!(
-        shown
-            .lines()
-            .any(|l| l.starts_with("cancelled ") && l.contains(&cancelled_at[..19])),
+        shown.lines().any(|l| l.starts_with("cancelled ")
+            && l.contains(&cancelled_at[..19].replace('T', " "))
+            && l.ends_with(" UTC")),
         "{shown}"
     );
     // The list tells a cancelled workflow from one whose step died, and
