@@ -71,25 +71,33 @@ pub async fn task_signals(pool: &PgPool, id: TaskId) -> Result<Vec<SignalRecord>
 /// fresh attempt budget, and these PENDING tasks due later (submitted with
 /// a delay, snoozed, a periodic tick enqueued ahead) due now with the
 /// budget they have; a task behind its ordering key still waits for its
-/// turn. Workers of their queues are notified. A forward step of a saga
-/// that compensates or compensated, or of a workflow an operator
-/// cancelled, is not retried (its work would come back after the undo).
-/// Returns the ids that were retried (others were running, due already,
-/// finished, such a step, or unknown).
+/// turn. COMPLETED tasks run again, as River's `JobRetry` and Oban's
+/// `retry_job` allow: due now with a fresh budget, without their result,
+/// behind the tasks waiting for their ordering key (a completed task kept
+/// for its uniqueness queues first in its key's line). Workers of their
+/// queues are notified. Not retried: a forward step of a saga that
+/// compensates or compensated, or of a workflow an operator cancelled (its
+/// work would come back after the undo); a workflow's completed step (it
+/// would run outside its workflow); a unique task whose key a live task
+/// holds. Returns the ids that were retried; [`why_not_retried`] says why
+/// the others were not.
 pub async fn retry_tasks(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<TaskId>> {
-    let ids = ids.iter().map(|id| id.0).collect();
-    Ok(db::admin::retry_tasks(pool, Some(ids), None)
-        .await?
-        .into_iter()
-        .map(TaskId)
-        .collect())
+    let wanted: Vec<i64> = ids.iter().map(|id| id.0).collect();
+    let mut done = db::admin::retry_tasks(pool, Some(wanted.clone()), None).await?;
+    // The rest may be in the history: completed, to run again.
+    let rest: Vec<i64> = wanted.into_iter().filter(|id| !done.contains(id)).collect();
+    if !rest.is_empty() {
+        done.extend(db::admin::revive_completed(pool, rest).await?);
+    }
+    Ok(done.into_iter().map(TaskId).collect())
 }
 
 /// Why each of these tasks would not be retried by [`retry_tasks`], read
-/// as it is now: `running`, `completed`, `due already`, `due, waiting for
-/// its ordering key`, `its unique key is held by task N`, `a forward step
-/// of workflow N, which is compensating` (or cancelled, ...), `no such
-/// task`. For the tasks a retry left: what to tell the operator.
+/// as it is now: `running`, `due already`, `due, waiting for its ordering
+/// key`, `its unique key is held by task N`, `a forward step of workflow N,
+/// which is compensating` (or cancelled, ...), `a completed step of a
+/// workflow: ...`, `no such task`. For the tasks a retry left: what to
+/// tell the operator.
 pub async fn why_not_retried(pool: &PgPool, ids: &[TaskId]) -> Result<Vec<(TaskId, String)>> {
     let ids = ids.iter().map(|id| id.0).collect();
     Ok(db::admin::retry_refusals(pool, ids)

@@ -21,8 +21,9 @@ pub(crate) enum TasksCommand {
     List(ListArgs),
     /// Show everything about one task.
     Show(ShowArgs),
-    /// Make FAILED tasks claimable now with a fresh attempt budget, and
-    /// scheduled ones (pending, due later) due now.
+    /// Make FAILED tasks claimable now with a fresh attempt budget,
+    /// scheduled ones (pending, due later) due now, and completed ones run
+    /// again.
     Retry(RetryArgs),
     /// Cancel tasks: waiting ones become dead at once; running ones are
     /// stopped (their worker fires the task's cancellation token) and end
@@ -139,7 +140,8 @@ pub(crate) struct RetryArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Task ids to retry: failed or dead ones get a fresh attempt budget,
-    /// scheduled ones (pending, due later) become due now.
+    /// scheduled ones (pending, due later) become due now, completed ones
+    /// run again (not a workflow's step).
     // Not required with --type alone: `retry` itself then says to add
     // --dead (clap's own message listed --dead and ids together).
     #[arg(required_unless_present_any = ["dead", "task_type"], conflicts_with = "dead")]

@@ -142,6 +142,58 @@ async fn a_scheduled_task_is_run_now_from_its_page() {
     );
 }
 
+/// Delivers mail at once: what makes a completed task here.
+struct Deliver;
+
+impl outbox::TaskHandler<Mail> for Deliver {
+    async fn handle(&self, _ctx: outbox::TaskContext, _task: Mail) -> outbox::HandlerResult {
+        Ok(outbox::Outcome::Success)
+    }
+}
+
+/// A completed task's page offers "Run again", which puts it back to run.
+#[tokio::test]
+async fn a_completed_task_is_run_again_from_its_page() {
+    let db = TestDb::migrated().await;
+    let id = super::submit(
+        &db,
+        Mail {
+            to: "again@example.com".into(),
+        },
+    )
+    .await;
+    let worker = outbox::Worker::builder(db.pool.clone())
+        .handler::<Mail>(Deliver)
+        .build()
+        .unwrap();
+    let report = outbox::testing::drain(worker, std::time::Duration::from_secs(60)).await;
+    assert_eq!(report.count(outbox::TaskEventKind::Completed), 1);
+    assert_eq!(state_of(&db, id).await.state, "completed");
+    let served = ServedDashboard::start(db.pool.clone(), token_auth()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let page = send(
+        Method::GET,
+        &format!("{}/tasks/{id}", served.url),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert!(
+        page.body.contains(r#"id="retry">Run again</button>"#),
+        "{}",
+        page.body
+    );
+    let again = send(
+        Method::POST,
+        &format!("{}/tasks/{id}/retry", served.url),
+        &[("authorization", &bearer), FORM],
+        "",
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER, "{}", again.body);
+    assert_eq!(state_of(&db, id).await.state, "pending");
+}
+
 #[tokio::test]
 async fn a_request_from_another_sites_page_is_refused_even_with_the_token() {
     let db = TestDb::migrated().await;

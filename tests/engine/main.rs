@@ -25,6 +25,7 @@ mod periodic;
 mod plain_outcomes;
 mod poison;
 mod results;
+mod retry_completed;
 mod run_now;
 mod sql_api;
 mod startup;

@@ -199,6 +199,22 @@ async fn a_chain_runs_in_order_and_each_step_reads_results_typed() {
     assert!(status.workflow.finished_at.is_some());
     let b = status.step_list.iter().find(|s| s.name == "b").unwrap();
     assert_eq!(b.after, ["a"]);
+    // A completed step is not run again by an operator's retry: outside
+    // its workflow it would miss its parents' results.
+    let c = task_of(&status, "c");
+    assert_eq!(
+        outbox::admin::retry_tasks(&db.pool, &[c]).await.unwrap(),
+        []
+    );
+    assert_eq!(
+        outbox::admin::why_not_retried(&db.pool, &[c])
+            .await
+            .unwrap(),
+        [(
+            c,
+            "a completed step of a workflow: run outside it, it would miss its parents".to_owned()
+        )]
+    );
 }
 
 #[tokio::test]

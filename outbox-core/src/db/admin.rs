@@ -67,6 +67,18 @@ pub(crate) async fn retry_tasks(
     .await
 }
 
+/// Moves completed tasks `ids` back from the history to run again
+/// (revive_completed.sql says which); returns the ids moved.
+pub(crate) async fn revive_completed(pool: &PgPool, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
+    crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar(include_str!("sql/revive_completed.sql"))
+            .bind(&ids)
+            .fetch_all(conn)
+            .await
+    })
+    .await
+}
+
 /// The signals sent to task `id`: (name, value, sent at).
 pub(crate) async fn task_signals(
     pool: &PgPool,

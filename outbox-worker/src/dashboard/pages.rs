@@ -217,8 +217,14 @@ pub(crate) async fn task(
         // made due now: the same action.
         let scheduled =
             t.state == "pending" && t.claimed_by.is_none() && t.execute_at > chrono::Utc::now();
-        let can_retry = matches!(t.state.as_str(), "failed" | "dead") || scheduled;
-        let retry_label = if scheduled { "Run now" } else { "Retry now" };
+        // A completed one runs again (refused, with the reason, for a
+        // workflow's step or a unique key a live task holds).
+        let can_retry = matches!(t.state.as_str(), "failed" | "dead" | "completed") || scheduled;
+        let retry_label = match t.state.as_str() {
+            _ if scheduled => "Run now",
+            "completed" => "Run again",
+            _ => "Retry now",
+        };
         // A dead task holding its ordering key can be skipped (cancelled).
         let can_cancel = matches!(t.state.as_str(), "pending" | "failed" | "processing")
             || (t.state == "dead" && t.ordering_key.is_some());

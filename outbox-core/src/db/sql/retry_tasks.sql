@@ -1,5 +1,6 @@
--- Operator retry: FAILED tasks (dead, or waiting for their next attempt)
--- become claimable now with a fresh attempt budget; tasks given by id that
+-- Operator retry: FAILED tasks (dead, or waiting for their next attempt),
+-- and COMPLETED ones kept here given by id, become claimable now with a
+-- fresh attempt budget; tasks given by id that
 -- are PENDING and due later (submitted with a delay, snoozed, a periodic
 -- tick enqueued ahead) become due now, keeping their budget and their
 -- place in their key's line, as River's JobRetry does for scheduled jobs.
@@ -23,9 +24,15 @@
 WITH candidates AS (
     SELECT id, unique_key, workflow_id, workflow_step
     FROM outbox_tasks
-    WHERE state = 'failed'
-      AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
-           OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL AND ($2::text IS NULL OR task_type = $2)))
+    WHERE (state = 'failed'
+           AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+                OR ($1::bigint[] IS NULL AND dead_at IS NOT NULL
+                    AND ($2::text IS NULL OR task_type = $2))))
+       -- A completed task kept here (its uniqueness covers completed
+       -- tasks) runs again when given by id; the history's are moved back
+       -- by revive_completed.sql. Not a workflow's step.
+       OR (state = 'completed' AND $1::bigint[] IS NOT NULL AND id = ANY($1)
+           AND workflow_id IS NULL)
     ORDER BY id
     FOR UPDATE
 ),
@@ -62,10 +69,13 @@ done AS (
         cancel_requested_at = NULL,
         finished_at = NULL,
         execute_at = now(),
-        -- A task that had let its ordering key go on (skipped) queues for it
-        -- again; one that held it (a dead head) holds it still; one still in
-        -- its key's line (blocked) stays there.
-        blocked = (ordering_key IS NOT NULL AND (blocked OR (dead_at IS NOT NULL AND skip_dead))),
+        -- A task that had let its ordering key go on (skipped, or
+        -- completed) queues for it again; one that held it (a dead head)
+        -- holds it still; one still in its key's line (blocked) stays there.
+        blocked = (ordering_key IS NOT NULL
+                   AND (blocked OR (dead_at IS NOT NULL AND skip_dead) OR state = 'completed')),
+        -- A completed task's result goes: the new run writes its own.
+        result = CASE WHEN state = 'completed' THEN NULL ELSE result END,
         -- An operator's cancel set skip_dead to let the key go on past this
         -- death; retried, the task is its type's again (`on_dead = "skip"`
         -- as the workers declared it), so that dying again it holds its key
@@ -75,7 +85,7 @@ done AS (
                               WHERE d.task_type = outbox_tasks.task_type), false),
         updated_at = now()
     WHERE id IN (SELECT id FROM chosen)
-      AND state = 'failed'
+      AND state IN ('failed', 'completed')
       AND (unique_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM outbox_tasks AS holder
             WHERE holder.unique_key = outbox_tasks.unique_key
