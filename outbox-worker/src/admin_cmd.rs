@@ -406,11 +406,7 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
     let done = admin::retry_tasks(&pool, &wanted).await?;
     println!("retried {} task(s){}", done.len(), id_list(&done));
-    let missed: Vec<TaskId> = wanted
-        .iter()
-        .filter(|id| !done.contains(id))
-        .copied()
-        .collect();
+    let missed = left_out(&wanted, &done);
     if missed.is_empty() {
         return Ok(());
     }
@@ -475,11 +471,7 @@ async fn cancel(args: CancelArgs) -> Result<(), Failure> {
 /// Prints what was done; fails (exit 1) if any requested id was not.
 fn report(verb: &str, wanted: &[TaskId], done: &[TaskId], why_not: &str) -> Result<(), Failure> {
     println!("{verb} {} task(s){}", done.len(), id_list(done));
-    let missed: Vec<TaskId> = wanted
-        .iter()
-        .filter(|id| !done.contains(id))
-        .copied()
-        .collect();
+    let missed = left_out(wanted, done);
     if missed.is_empty() {
         Ok(())
     } else {
@@ -488,6 +480,15 @@ fn report(verb: &str, wanted: &[TaskId], done: &[TaskId], why_not: &str) -> Resu
             id_list(&missed)
         )))
     }
+}
+
+/// The ids asked for that were not done, in the order asked.
+fn left_out(wanted: &[TaskId], done: &[TaskId]) -> Vec<TaskId> {
+    wanted
+        .iter()
+        .filter(|id| !done.contains(id))
+        .copied()
+        .collect()
 }
 
 fn id_list(ids: &[TaskId]) -> String {
