@@ -199,8 +199,12 @@ impl FollowerCheck {
         })
         .await;
         match leader {
-            // No leader now (or one of an older build): next round.
-            Ok(None | Some((_, None))) => {}
+            // No leader now: next round.
+            Ok(None) => {}
+            // A leader of an older build, which records nothing: later.
+            Ok(Some((_, None))) => {
+                self.next_settings = Some(Instant::now() + FOLLOWER_CHECK_EVERY);
+            }
             Ok(Some((holder, Some(theirs)))) => {
                 self.next_settings = Some(Instant::now() + FOLLOWER_CHECK_EVERY);
                 if self.compared_with.as_deref() == Some(holder.as_str()) {
