@@ -72,6 +72,9 @@ pub(crate) fn differences(own: &Value, leader: &Value) -> Vec<String> {
 /// `d` in the largest unit that holds it whole: `5m`, `7d`, `1500ms`.
 fn whole_unit(d: Duration) -> String {
     let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
     for (unit, size) in [
         ("d", 86_400_000),
         ("h", 3_600_000),
@@ -122,6 +125,6 @@ mod tests {
         assert_eq!(whole_unit(ms(604_800_000)), "7d");
         assert_eq!(whole_unit(ms(90_000)), "90s");
         assert_eq!(whole_unit(ms(1_500)), "1500ms");
-        assert_eq!(whole_unit(ms(0)), "0ms");
+        assert_eq!(whole_unit(ms(0)), "0s");
     }
 }
