@@ -200,7 +200,20 @@ async fn a_killed_worker_holding_hundreds_of_tasks_from_one_claim_loses_none() {
         "the kill caught {in_flight} tasks in flight"
     );
 
-    let mut second = WorkerProcess::spawn(WORKER, &db.url, &wide());
+    // The worker that drains and recovers runs 500 handlers of its own,
+    // and leads: with the fast settings' 4 s timeout, a machine loaded by
+    // three suites at once held its heartbeats back long enough that it
+    // recovered its own 100 live tasks, counted as attempts and run twice
+    // (once in a flake hunt's three runs). Its own timeout, the one
+    // recovery judges by, is longer; the killed worker's tasks come back
+    // after it.
+    let mut patient = wide();
+    let at = patient
+        .iter()
+        .position(|a| *a == "--heartbeat-timeout")
+        .expect("the fast settings name a heartbeat timeout");
+    patient[at + 1] = "20s";
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, &patient);
     let all = format!("SELECT count(*) = {MANY} FROM outbox_all_tasks WHERE state = 'completed'");
     wait_until(&db.pool, &all, Duration::from_secs(90)).await;
     assert!(
