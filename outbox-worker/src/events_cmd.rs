@@ -43,7 +43,9 @@ pub(crate) enum EventsCommand {
     /// Move a subscription's cursors back, to publish retained events
     /// again (a consumer lost its data), or forward, to pass a backlog no
     /// one wants. Its relay workers let its partitions go and take them
-    /// again from there once their leases have run out.
+    /// again from there once their leases have run out. NATS JetStream
+    /// drops events it stored within its duplicate window (10 minutes by
+    /// default) as repeats; the relay warns when it does.
     Rewind(RewindArgs),
 }
 

@@ -102,3 +102,44 @@ async fn nats_relay_survives_kills_restarts_and_poison() {
     scenario::run("nats", &mut nats).await;
     let _ = nats.server.log();
 }
+
+/// An event published twice within the stream's duplicate window (a
+/// relay's republish, or an operator's rewind) is acknowledged and not
+/// stored again: the sink counts it, and warns, so that a rewind that
+/// delivered nothing does not pass for one that did.
+#[tokio::test]
+async fn a_repeat_jetstream_drops_is_counted() {
+    use outbox::relay::Sink as _;
+    use outbox::relay::nats::{NatsSink, StreamSpec};
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let sink = NatsSink::connect(
+        &nats.url(),
+        Some(StreamSpec {
+            name: "REPEATS".to_owned(),
+            subjects: vec!["repeats.>".to_owned()],
+            duplicate_window: std::time::Duration::from_secs(600),
+        }),
+    )
+    .await
+    .unwrap();
+    let message = outbox::relay::Message {
+        event_id: "0191f0a0-0000-7000-8000-000000000001".to_owned(),
+        aggregate_type: "order".to_owned(),
+        aggregate_id: "1".to_owned(),
+        event_type: "placed".to_owned(),
+        payload: b"{}".to_vec(),
+        headers: Vec::new(),
+        sequence: 1,
+        created_at: chrono::Utc::now(),
+        destination: "repeats.order".to_owned(),
+    };
+    sink.publish(&message).await.unwrap();
+    assert_eq!(sink.repeats_acknowledged(), 0);
+    sink.publish(&message).await.unwrap();
+    assert_eq!(sink.repeats_acknowledged(), 1, "acknowledged, not stored");
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let mut stream = js.get_stream("REPEATS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}

@@ -39,7 +39,16 @@ pub struct NatsSink {
     /// empty): those of the relay's route, set when the worker checks it
     /// ([`Sink::check_route`]).
     route_subjects: std::sync::OnceLock<Vec<String>>,
+    /// Events JetStream acknowledged as repeats (not stored again) since
+    /// the last warning, and when that warning was: see
+    /// [`NatsSink::note_duplicate`].
+    repeats: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+    /// Every such repeat since the sink was made.
+    repeats_total: std::sync::atomic::AtomicU64,
 }
+
+/// The least time between two warnings about repeats JetStream dropped.
+const REPEATS_WARNING_EVERY: Duration = Duration::from_secs(30);
 
 /// A stream the sink makes when it is missing.
 #[derive(Debug, Clone)]
@@ -84,6 +93,8 @@ impl NatsSink {
             client,
             stream,
             stream_ready: AtomicBool::new(false),
+            repeats: std::sync::Mutex::new((0, None)),
+            repeats_total: std::sync::atomic::AtomicU64::new(0),
             making_stream: Mutex::new(()),
             route_subjects: std::sync::OnceLock::new(),
         })
@@ -162,7 +173,12 @@ impl NatsSink {
             .map_err(classify)?;
         match ack.await {
             // A duplicate within the window: the stream has it already.
-            Ok(_ack) => Ok(()),
+            Ok(ack) => {
+                if ack.duplicate {
+                    self.note_duplicate(&ack.stream);
+                }
+                Ok(())
+            }
             Err(e) => {
                 match &self.stream {
                     Some(spec) if e.kind() == PublishErrorKind::StreamNotFound => {
@@ -184,6 +200,44 @@ impl NatsSink {
                 }
             }
         }
+    }
+}
+
+impl NatsSink {
+    /// How many events JetStream acknowledged as repeats, without storing
+    /// them again, since this sink was made (see the warning it logs).
+    pub fn repeats_acknowledged(&self) -> u64 {
+        self.repeats_total.load(Ordering::Relaxed)
+    }
+
+    /// Counts an event JetStream acknowledged without storing it (a repeat
+    /// of a `Nats-Msg-Id` within its duplicate window) and warns, at most
+    /// every 30 s, with the count. A relay's republish after a crash is
+    /// such a repeat, and harmless; an operator's `events rewind` within
+    /// the window is too, and then the events are not delivered again,
+    /// which the operator would not see otherwise (the relay counts them
+    /// published: JetStream acknowledged them).
+    fn note_duplicate(&self, stream: &str) {
+        self.repeats_total.fetch_add(1, Ordering::Relaxed);
+        let mut repeats = self.repeats.lock().unwrap_or_else(|e| e.into_inner());
+        repeats.0 += 1;
+        let now = std::time::Instant::now();
+        if repeats
+            .1
+            .is_some_and(|at| now.duration_since(at) < REPEATS_WARNING_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            stream,
+            repeats = repeats.0,
+            "JetStream acknowledged events as repeats of messages it stored within its \
+             duplicate window (same Nats-Msg-Id) and did not store them again: after a \
+             relay's restart that is expected; after `events rewind`, those events were not \
+             delivered again (wait the window out, duplicate_window_s, or replay to a new \
+             subscription with start=)"
+        );
+        *repeats = (0, Some(now));
     }
 }
 
