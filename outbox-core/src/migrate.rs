@@ -334,6 +334,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0051_leader_settings.up.sql"),
         down: include_str!("../../migrations/0051_leader_settings.down.sql"),
     },
+    Migration {
+        version: 52,
+        name: "subscription_sinks",
+        up: include_str!("../../migrations/0052_subscription_sinks.up.sql"),
+        down: include_str!("../../migrations/0052_subscription_sinks.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

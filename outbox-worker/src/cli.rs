@@ -594,15 +594,18 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     if let Some((name, _)) = args.relays.iter().find(|(n, _)| !names.insert(n)) {
         return Err(Failure::config(format!("two relays are named {name:?}")));
     }
+    let mut kinds = Vec::new();
     for (name, url) in &args.relays {
         let relay = outbox::relay::Relay::from_url(name, url)
             .await
             .map_err(|e| Failure::config(with_build_hint(e, url)))?;
+        kinds.push((name.clone(), relay.sink_kind()));
         builder = builder.relay(relay);
     }
     let worker = builder.build()?;
     let relays = worker.relays().to_vec();
     refuse_relays_of_other_streams(&pool, &relays).await?;
+    refuse_relays_of_other_sinks(&pool, &kinds).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let server = match metrics {
@@ -660,6 +663,32 @@ async fn refuse_relays_of_other_streams(
                      {subscribed:?} (set when it was created): give the relay queue={subscribed}, \
                      or delete the subscription with `outbox-worker events delete-subscription \
                      {name}` (a new one starts where the relay's start= says)"
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a relay whose sink is of another kind than the one its existing
+/// subscription publishes to (recorded by its first relay): a relay
+/// deployed under a taken name would send the subscription's events to
+/// another broker than its consumers read (the relay itself would log an
+/// error and not run).
+async fn refuse_relays_of_other_sinks(
+    pool: &sqlx::PgPool,
+    relays: &[(String, &'static str)],
+) -> Result<(), Failure> {
+    for (name, kind) in relays {
+        match outbox::relay::subscription_sink(pool, name).await? {
+            Some(subscribed) if subscribed != *kind => {
+                return Err(Failure::config(format!(
+                    "relay {name:?} publishes to {kind}, but its subscription publishes to \
+                     {subscribed}: name this relay otherwise, or, to move the subscription to \
+                     another broker, delete it with `outbox-worker events delete-subscription \
+                     {name}` and start the new relay with start= at the position `events \
+                     subscriptions` showed"
                 )));
             }
             _ => {}

@@ -2340,6 +2340,32 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
         .await
         .unwrap();
     ok(&cli(&["events", "subscriptions", "--database-url", &db.url]).await);
+    // The subscription recorded its kind of sink: a relay of its name that
+    // publishes elsewhere (deployed under a taken name) is refused at start
+    // instead of taking the subscription's events to another broker.
+    assert_eq!(
+        outbox::relay::subscription_sink(&db.pool, "hooks")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("webhook")
+    );
+    let elsewhere = cli(&[
+        "run",
+        "--relay",
+        "hooks=redis://127.0.0.1:9?route=elsewhere",
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert_eq!(elsewhere.status.code(), Some(2), "{}", stderr(&elsewhere));
+    assert!(
+        stderr(&elsewhere).contains(
+            "relay \"hooks\" publishes to redis, but its subscription publishes to webhook"
+        ),
+        "{}",
+        stderr(&elsewhere)
+    );
     // A skip that names another event than the first held back drops
     // nothing; a malformed id is refused.
     for (event, says) in [

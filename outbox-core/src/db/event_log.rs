@@ -226,8 +226,9 @@ pub(crate) struct Holder<'a> {
 }
 
 /// A new subscription as created: its stream and partitions as recorded,
-/// and where its cursors start when this call created it.
-pub(crate) type Subscribed = (String, i32, Option<i64>);
+/// where its cursors start when this call created it, and its kind of
+/// sink as recorded.
+pub(crate) type Subscribed = (String, i32, Option<i64>, Option<String>);
 
 /// Creates the subscription unless it exists, its cursors where `start`
 /// says; returns it as recorded, or none when a concurrent creator got
@@ -238,6 +239,7 @@ pub(crate) async fn subscribe(
     stream: &str,
     partitions: i32,
     start: crate::relay::Start,
+    sink: &str,
 ) -> sqlx::Result<Option<Subscribed>> {
     let (mode, position, time) = start_params(start);
     sqlx::query_as(include_str!("sql/event_subscribe.sql"))
@@ -247,6 +249,7 @@ pub(crate) async fn subscribe(
         .bind(mode)
         .bind(position)
         .bind(time)
+        .bind(sink)
         .fetch_optional(conn)
         .await
 }

@@ -402,6 +402,21 @@ pub async fn subscription_stream(pool: &PgPool, name: &str) -> Result<Option<Str
     .await?)
 }
 
+/// The kind of sink subscription `name` publishes to (`nats`, `kafka`,
+/// `rabbitmq`, `redis`, `webhook`, or a custom sink's), as its first relay
+/// recorded it; none when there is no such subscription or none recorded
+/// yet. A relay of that name with another kind of sink does not run.
+pub async fn subscription_sink(pool: &PgPool, name: &str) -> Result<Option<String>> {
+    Ok(crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar("SELECT sink FROM outbox_event_subscriptions WHERE name = $1")
+            .bind(name)
+            .fetch_optional(conn)
+            .await
+    })
+    .await?
+    .flatten())
+}
+
 /// What [`delete_subscription`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

@@ -68,7 +68,7 @@ pub use admin::{
     Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked,
     retry_all_parked, retry_parked, retry_parked_now, rewind_subscription, sequence_problem,
     skip_parked, skip_parked_event, stream_has_subscription, subscription_exists,
-    subscription_stream, subscriptions,
+    subscription_sink, subscription_stream, subscriptions,
 };
 pub use event_status::{EventAt, EventLookup, EventStatus, event_status};
 pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
@@ -330,6 +330,12 @@ impl Relay {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The kind of its sink: `nats`, `kafka`, `rabbitmq`, `redis`,
+    /// `webhook`, or a custom sink's own.
+    pub fn sink_kind(&self) -> &'static str {
+        self.sink.kind()
     }
 
     /// How many aggregates it publishes at once (set, or its sink's

@@ -57,7 +57,7 @@ pub(crate) async fn run(
     ]);
     let deadline = limits.deadline();
     let mut outage = Outage::new("relay");
-    let (stream, partitions, created_at) = loop {
+    let (stream, partitions, created_at, sink) = loop {
         let subscribed = call(&engine, deadline, "relay subscribe", async |conn| {
             event_log::subscribe(
                 conn,
@@ -65,6 +65,7 @@ pub(crate) async fn run(
                 &relay.queue,
                 relay.partitions,
                 relay.start,
+                relay.sink.kind(),
             )
             .await
         })
@@ -99,6 +100,15 @@ pub(crate) async fn run(
             "the subscription reads another stream than this relay names: the relay does not \
              run (give it the subscription's stream, or delete the subscription, losing its \
              place, with `outbox-worker events delete-subscription`)");
+        return;
+    }
+    if let Some(sink) = sink.filter(|s| s != relay.sink.kind()) {
+        // Its events would go to another broker than the one the
+        // subscription's consumers read; the CLI refuses at start too.
+        tracing::error!(relay = %relay.name, subscribed = %sink, configured = relay.sink.kind(),
+            "the subscription publishes to another kind of sink than this relay: the relay does \
+             not run (name this relay otherwise, or delete the subscription with `outbox-worker \
+             events delete-subscription` and start the new one where the old one was)");
         return;
     }
     if partitions != relay.partitions {

@@ -1,0 +1,1 @@
+ALTER TABLE outbox_event_subscriptions DROP COLUMN sink;
