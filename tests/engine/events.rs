@@ -1634,6 +1634,10 @@ async fn bad_events_and_relays_are_refused_and_write_nothing() {
             "an RFC 3339 time",
         ),
         (
+            "nats://127.0.0.1:1?start=2026-11-28T09:00:00+01:00",
+            "write an offset's + as %2B",
+        ),
+        (
             "nats://127.0.0.1:1?poll_ms=0",
             "poll_ms=\"0\" is out of range",
         ),

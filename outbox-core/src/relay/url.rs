@@ -153,9 +153,17 @@ async fn build(name: &str, url: &str, secret: Option<String>) -> Result<Relay, S
     )?;
     let start = match params.take("start") {
         None => super::Start::Beginning,
-        Some(text) => text
-            .parse::<super::Start>()
-            .map_err(|e| format!("option start={e}"))?,
+        Some(text) => text.parse::<super::Start>().map_err(|e| {
+            // A URL's query reads `+` as a space: a time's offset
+            // `+01:00` arrives as ` 01:00`.
+            let hint = if text.contains(' ') {
+                " (a + in a URL's query reads as a space: write an offset's + as %2B, or the \
+                 time in UTC with Z)"
+            } else {
+                ""
+            };
+            format!("option start={e}{hint}")
+        })?,
     };
     let sink: Arc<dyn Sink> = match parsed.scheme() {
         #[cfg(feature = "nats")]
