@@ -95,12 +95,13 @@ BEGIN
                -- place here go to the claims' order behind it, not to this
                -- worker ahead of it. Only a key that runs several at once
                -- can have one (with one place, a task handed it had no
-               -- holder before it).
-               coalesce(s.per_key_concurrency, 1) > 1 AND EXISTS (
+               -- holder before it); a CASE, so that the probe is certain
+               -- not to run for those.
+               CASE WHEN coalesce(s.per_key_concurrency, 1) > 1 THEN EXISTS (
                    SELECT 1 FROM outbox_tasks AS e
                    WHERE e.queue = keys.q AND e.ordering_key = keys.k
                      AND NOT e.blocked AND e.state = 'pending' AND e.claimed_by IS NULL
-                     AND e.dead_at IS NULL) AS queued,
+                     AND e.dead_at IS NULL) ELSE false END AS queued,
                coalesce(s.per_key_concurrency, 1) - (
                    SELECT count(*) FROM (
                        SELECT 1 FROM outbox_tasks AS h

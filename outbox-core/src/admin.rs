@@ -162,6 +162,12 @@ pub fn queues_without_settings<'a>(
         .collect()
 }
 
+/// A moment as the operator's views print it: `2026-11-30 16:15:21.123
+/// UTC` (UTC always, to the millisecond).
+pub fn show_time(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
+}
+
 /// Checks a queue's name as [`set_queue`] does, writing nothing: for a
 /// caller that looks the queue up first.
 pub fn check_queue_name(queue: &str) -> Result<()> {

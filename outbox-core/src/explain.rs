@@ -155,7 +155,7 @@ impl std::fmt::Display for Reason {
                         f,
                         "; but that worker is gone (last heartbeat {}): stuck-task recovery \
                          puts it back once its heartbeat is a heartbeat timeout old",
-                        heartbeat_at.map_or_else(|| "never".to_owned(), moment)
+                        heartbeat_at.map_or_else(|| "never".to_owned(), crate::admin::show_time)
                     )?;
                 }
                 Ok(())
@@ -163,7 +163,7 @@ impl std::fmt::Display for Reason {
             Reason::Scheduled { at } => write!(
                 f,
                 "scheduled for {} (an operator's retry makes it due now)",
-                moment(*at)
+                crate::admin::show_time(*at)
             ),
             Reason::WaitingForRetry {
                 at,
@@ -172,14 +172,14 @@ impl std::fmt::Display for Reason {
             } => write!(
                 f,
                 "waiting for its next attempt at {} after {failed_attempts} failed attempt(s); last error: {}",
-                moment(*at),
+                crate::admin::show_time(*at),
                 error.as_deref().unwrap_or("none")
             ),
             Reason::Suspended { until } => write!(
                 f,
                 "suspended until {}: its handler slept, snoozed or waits for a signal \
                  (ctx.sleep, Outcome::RetryAfter, ctx.wait_for); a signal sent to it wakes it at once",
-                moment(*until)
+                crate::admin::show_time(*until)
             ),
             Reason::BehindKey {
                 key,
@@ -197,7 +197,11 @@ impl std::fmt::Display for Reason {
                 ),
             },
             Reason::QueuePaused { since } => {
-                write!(f, "its queue is paused (since {})", moment(*since))
+                write!(
+                    f,
+                    "its queue is paused (since {})",
+                    crate::admin::show_time(*since)
+                )
             }
             Reason::AtGlobalLimit { running, limit } => write!(
                 f,
@@ -358,9 +362,4 @@ async fn waiting_reasons(
         });
     }
     Ok(())
-}
-
-/// A moment as the CLI's detail views print it: `2026-11-30 16:15:21.123 UTC`.
-fn moment(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
 }

@@ -413,17 +413,11 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let why = admin::why_not_retried(&pool, &missed).await?;
     let shown: Vec<String> = why
         .iter()
-        .take(20)
         .map(|(id, reason)| format!("{id} ({reason})"))
         .collect();
-    let more = if why.len() > 20 {
-        format!("; and {} more", why.len() - 20)
-    } else {
-        String::new()
-    };
     Err(Failure::runtime(format!(
-        "not retried: {}{more}",
-        shown.join("; ")
+        "not retried{}",
+        first_twenty(&shown, "; ")
     )))
 }
 
@@ -492,16 +486,22 @@ fn left_out(wanted: &[TaskId], done: &[TaskId]) -> Vec<TaskId> {
 }
 
 fn id_list(ids: &[TaskId]) -> String {
-    if ids.is_empty() {
+    first_twenty(ids, " ")
+}
+
+/// `: a b c` (joined by `sep`), the first twenty of `items` and how many
+/// more; nothing when there are none.
+fn first_twenty<T: std::fmt::Display>(items: &[T], sep: &str) -> String {
+    if items.is_empty() {
         return String::new();
     }
-    let shown: Vec<String> = ids.iter().take(20).map(ToString::to_string).collect();
-    let more = if ids.len() > 20 {
-        format!(" and {} more", ids.len() - 20)
+    let shown: Vec<String> = items.iter().take(20).map(ToString::to_string).collect();
+    let more = if items.len() > 20 {
+        format!("{sep}and {} more", items.len() - 20)
     } else {
         String::new()
     };
-    format!(": {}{more}", shown.join(" "))
+    format!(": {}{more}", shown.join(sep))
 }
 
 /// What `stats --json` prints; the fields are documented in the README.

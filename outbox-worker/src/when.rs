@@ -1,13 +1,14 @@
 //! How the commands print a moment for people (JSON output keeps RFC 3339):
 //! UTC always, one shape. Detail views (`tasks show`, `workflows show`,
-//! `events`) give milliseconds and say UTC; list columns give seconds, and
-//! their headers say UTC.
+//! `events`) give milliseconds and say UTC, as explain's reasons do
+//! (`outbox::admin::show_time`); list columns give seconds, and their
+//! headers say UTC.
 
 use chrono::{DateTime, Utc};
 
 /// `2026-11-30 16:15:21.123 UTC`: a moment in a detail view.
 pub(crate) fn at(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
+    outbox::admin::show_time(t)
 }
 
 /// `2026-11-30 16:15:21`: a moment in a list column headed `(UTC)`.
