@@ -419,3 +419,85 @@ async fn a_killed_workers_runs_are_recovered_in_key_order_and_each_step_complete
          run without one"
     );
 }
+
+/// kill -9 of a worker on a queue whose keys run two tasks at once (per-key
+/// concurrency 2: no claim ahead, and a hand-over that leaves a key's next
+/// task to the claims while an earlier one waits for a claim). Recovery
+/// returns what it held; every step completes exactly once, and the worker
+/// that drains never runs more than two of a key at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_of_keys_with_two_places_loses_nothing() {
+    const KEYS: i64 = 4;
+    const STEPS: i64 = 16;
+    let db = TestDb::migrated().await;
+    create_intervals_table(&db.pool).await;
+    outbox::admin::set_queue(
+        &db.pool,
+        "ordered",
+        &outbox::admin::QueueChange::new().per_key_concurrency(2),
+    )
+    .await
+    .unwrap();
+    let mut batch = outbox::Batch::new();
+    for n in 1..=STEPS {
+        for k in 0..KEYS {
+            batch.push(&Step::new(&format!("k{k}"), n, 30)).unwrap();
+        }
+    }
+    batch.submit(&mut *db.conn().await).await.unwrap();
+    let mut first = WorkerProcess::spawn(WORKER, &db.url, RUNS);
+    let in_flight = first.kill_mid_flight(&db.pool, 4, 2).await;
+
+    let mut second = WorkerProcess::spawn(WORKER, &db.url, RUNS);
+    wait_until(
+        &db.pool,
+        &format!(
+            "SELECT count(*) = {} FROM outbox_all_tasks WHERE state = 'completed'",
+            KEYS * STEPS
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    second.terminate_within(Duration::from_secs(10)).await;
+
+    let (rows, distinct, ran): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT id), \
+                (SELECT count(DISTINCT task_id) FROM intervals) FROM outbox_all_tasks",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (rows, distinct, ran),
+        (KEYS * STEPS, KEYS * STEPS, KEYS * STEPS)
+    );
+    // The draining worker's attempts of one key: never three at once.
+    let crowded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM intervals AS a WHERE a.pid <> $1 AND ( \
+             SELECT count(*) FROM intervals AS b \
+             WHERE b.pid <> $1 AND b.key = a.key \
+               AND b.started_at <= a.started_at AND b.finished_at > a.started_at) > 2",
+    )
+    .bind(i64::from(first.pid()))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(crowded, 0, "three of a key ran at once");
+    let recovered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks WHERE retry_count = 1 \
+         AND last_error LIKE 'worker lost (heartbeat expired): %:' || $1 || ':%'",
+    )
+    .bind(first.pid().to_string())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    eprintln!(
+        "kill -9 with two places per key: {in_flight} in flight at the kill, {recovered} \
+         recovered; {} steps completed once",
+        KEYS * STEPS
+    );
+    assert_eq!(
+        recovered, in_flight,
+        "each task held at the kill recovered once"
+    );
+}
