@@ -596,9 +596,10 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     }
     let mut kinds = Vec::new();
     for (name, url) in &args.relays {
-        let relay = outbox::relay::Relay::from_url(name, url)
+        let mut relay = outbox::relay::Relay::from_url(name, url)
             .await
             .map_err(|e| Failure::config(with_build_hint(e, url)))?;
+        look_before_start(&mut relay).await?;
         kinds.push((name.clone(), relay.sink_kind()));
         builder = builder.relay(relay);
     }
@@ -644,6 +645,26 @@ fn with_build_hint(error: String, url: &str) -> String {
              --features {feature} (or --features all-sinks)"
         ),
         _ => error,
+    }
+}
+
+/// Refuses a relay whose broker answers that what it publishes to does not
+/// exist (no NATS stream on its subjects, no RabbitMQ exchange): every
+/// publish would fail, retried for ever as an outage. A broker that cannot
+/// be asked now is only warned about: the relay retries it as any outage.
+async fn look_before_start(relay: &mut outbox::relay::Relay) -> Result<(), Failure> {
+    match relay.preflight().await {
+        Ok(()) => Ok(()),
+        Err(outbox::relay::Preflight::Missing(why)) => {
+            Err(Failure::config(format!("relay {:?}: {why}", relay.name())))
+        }
+        Err(outbox::relay::Preflight::Unreachable(why)) => {
+            tracing::warn!(
+                relay = relay.name(),
+                "{why}; the worker starts, and the relay retries as for any outage"
+            );
+            Ok(())
+        }
     }
 }
 

@@ -42,6 +42,13 @@ impl Sink for Counting {
         self.inner.unreachable()
     }
 
+    fn preflight<'a>(
+        &'a self,
+        route: &'a outbox::relay::Route,
+    ) -> outbox::relay::PreflightFuture<'a> {
+        self.inner.preflight(route)
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;

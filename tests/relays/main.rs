@@ -9,6 +9,7 @@
 mod blackhole;
 mod kafka;
 mod nats;
+mod preflight;
 mod rabbitmq;
 mod redis;
 mod scenario;

@@ -71,7 +71,7 @@ pub use admin::{
     subscription_sink, subscription_stream, subscriptions,
 };
 pub use event_status::{EventAt, EventLookup, EventStatus, event_status};
-pub use sink::{Message, PublishError, PublishFuture, Route, Sink};
+pub use sink::{Message, Preflight, PreflightFuture, PublishError, PublishFuture, Route, Sink};
 pub use url::sink_kinds;
 
 pub(crate) use service::run;
@@ -163,6 +163,9 @@ pub struct Relay {
     pub(crate) batch: i64,
     pub(crate) poll: Duration,
     pub(crate) lease: Duration,
+    /// Whoever built it already looked at the broker ([`Relay::preflight`]),
+    /// so the running relay does not look again.
+    pub(crate) preflighted: bool,
 }
 
 impl std::fmt::Debug for Relay {
@@ -213,6 +216,7 @@ impl Relay {
             batch: DEFAULT_BATCH,
             poll: DEFAULT_POLL,
             lease: DEFAULT_LEASE,
+            preflighted: false,
         }
     }
 
@@ -319,8 +323,8 @@ impl Relay {
 
     /// Replaces the sink with what `wrap` makes of it (a decorator that
     /// times or counts publishes, say). The decorator forwards
-    /// [`Sink::check`], [`Sink::check_route`], [`Sink::unreachable`] and
-    /// [`Sink::default_concurrency`] to the sink it wraps: the trait's
+    /// [`Sink::check`], [`Sink::check_route`], [`Sink::unreachable`],
+    /// [`Sink::preflight`] and [`Sink::default_concurrency`] to the sink it wraps: the trait's
     /// defaults would silently turn off what the wrapped sink checks.
     pub fn wrap_sink(mut self, wrap: impl FnOnce(Arc<dyn Sink>) -> Arc<dyn Sink>) -> Self {
         self.sink = wrap(self.sink);
@@ -356,6 +360,24 @@ impl Relay {
         let route = self.route.as_ref().ok()?;
         let refused = self.sink.check_route(route).err()?;
         Some(format!("relay {:?}: {refused}", self.name))
+    }
+
+    /// Asks the broker whether what the relay publishes to can exist there
+    /// ([`Sink::preflight`]), for a program that refuses to start on
+    /// [`Preflight::Missing`] (the CLI's `run` exits 2). The running relay
+    /// then does not ask again; one that was not asked asks when it starts
+    /// and logs what it found, publishing anyway (a stream made later is
+    /// used as soon as it exists). A relay the worker's build would refuse
+    /// is not asked.
+    pub async fn preflight(&mut self) -> Result<(), Preflight> {
+        self.preflighted = true;
+        match &self.route {
+            // The worker's build refuses it anyway, saying why.
+            Ok(route) if self.problems().is_empty() && self.route_problem().is_none() => {
+                self.sink.preflight(route).await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// What is wrong with it, if anything.

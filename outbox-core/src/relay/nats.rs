@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use tokio::sync::Mutex;
 
-use super::sink::{Message, PublishError, PublishFuture, Route, Sink};
+use super::sink::{Message, Preflight, PreflightFuture, PublishError, PublishFuture, Route, Sink};
 
 /// A NATS JetStream sink.
 pub struct NatsSink {
@@ -366,6 +366,79 @@ fn refuse_uncovered_route(stream: &str, subjects: &[String], route: &Route) -> R
     ))
 }
 
+/// How long the look before the relay runs waits for the server to be
+/// connected, and then for its answer.
+const PREFLIGHT_WAIT: Duration = Duration::from_secs(5);
+
+/// A subject pattern that overlaps every subject `route` can make: its
+/// fixed tokens before the first field, then `>` (`outbox.event.>`); the
+/// route itself when it has no field. JetStream's stream lookup by subject
+/// finds the streams whose subjects overlap it.
+fn lookup_subject(route: &str) -> String {
+    let Some(at) = route.find('{') else {
+        return route.to_owned();
+    };
+    match route[..at].rfind('.') {
+        Some(dot) => format!("{}>", &route[..=dot]),
+        None => ">".to_owned(),
+    }
+}
+
+impl NatsSink {
+    /// [`Sink::preflight`]: the server connected within
+    /// [`PREFLIGHT_WAIT`], with JetStream, and, for a sink that makes no
+    /// stream, some stream listening on the route's subjects.
+    async fn look_before_start(&self, route: &Route) -> Result<(), Preflight> {
+        let connected = async {
+            while self.client.connection_state() != async_nats::connection::State::Connected {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if tokio::time::timeout(PREFLIGHT_WAIT, connected)
+            .await
+            .is_err()
+        {
+            return Err(Preflight::Unreachable(format!(
+                "the NATS server is not connected after {PREFLIGHT_WAIT:?} (the client is {})",
+                self.client.connection_state()
+            )));
+        }
+        let subject = lookup_subject(route.template());
+        let found = tokio::time::timeout(PREFLIGHT_WAIT, self.js.stream_by_subject(&subject)).await;
+        let template = route.template();
+        match found {
+            Ok(Ok(_)) => Ok(()),
+            // Made at the first publish.
+            Ok(Err(e))
+                if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound
+                    && self.stream.is_some() =>
+            {
+                Ok(())
+            }
+            Ok(Err(e)) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {
+                Err(Preflight::Missing(format!(
+                    "no JetStream stream on the NATS server listens on {subject:?} (the route \
+                     is {template:?}), so every publish would fail: make one that does, or \
+                     give the relay stream=NAME to make it"
+                )))
+            }
+            Ok(Err(e)) if format!("{e:?}").contains("NoResponders") => {
+                Err(Preflight::Missing(format!(
+                    "the NATS server did not answer JetStream's API ({e}): JetStream is not \
+                     enabled on it (start nats-server with -js, or enable it for this account)"
+                )))
+            }
+            Ok(Err(e)) => Err(Preflight::Unreachable(format!(
+                "could not ask the NATS server for a stream on {subject:?}: {e}"
+            ))),
+            Err(_) => Err(Preflight::Unreachable(format!(
+                "the NATS server did not say within {PREFLIGHT_WAIT:?} which stream listens on \
+                 {subject:?}"
+            ))),
+        }
+    }
+}
+
 /// Transient unless the message itself is at fault.
 fn classify(e: jetstream::context::PublishError) -> PublishError {
     use std::error::Error as _;
@@ -411,6 +484,10 @@ impl Sink for NatsSink {
         let state = self.client.connection_state();
         (state != async_nats::connection::State::Connected)
             .then(|| format!("not connected to the NATS server (the client is {state})"))
+    }
+
+    fn preflight<'a>(&'a self, route: &'a Route) -> PreflightFuture<'a> {
+        Box::pin(self.look_before_start(route))
     }
 
     fn check_route(&self, route: &Route) -> Result<(), String> {

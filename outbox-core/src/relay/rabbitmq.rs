@@ -28,7 +28,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{Mutex, MutexGuard};
 
-use super::sink::{Message, PublishError, PublishFuture, Sink};
+use super::sink::{Message, Preflight, PreflightFuture, PublishError, PublishFuture, Route, Sink};
 
 /// A RabbitMQ sink.
 pub struct RabbitSink {
@@ -142,6 +142,71 @@ impl RabbitSink {
         }
         *held = Some(conn);
         Ok(channel)
+    }
+
+    /// [`Sink::preflight`]: the broker takes a connection, and the
+    /// exchange exists when the sink does not declare it (a passive
+    /// declare, on a connection of its own closed after).
+    async fn look_before_start(&self) -> Result<(), Preflight> {
+        let wait = std::time::Duration::from_secs(5);
+        let unreachable = |e: String| Preflight::Unreachable(format!("RabbitMQ: {e}"));
+        let conn = tokio::time::timeout(
+            wait,
+            Connection::connect(&self.uri, ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| unreachable(format!("no connection within {wait:?}")))?
+        .map_err(|e| unreachable(format!("cannot connect: {e}")))?;
+        // The default exchange ("") always exists and cannot be declared.
+        let looked = if self.declare.is_some() || self.exchange.is_empty() {
+            Ok(())
+        } else {
+            self.look_for_exchange(&conn, wait).await
+        };
+        let _ = conn
+            .close(200, "looked before the relay starts".into())
+            .await;
+        looked
+    }
+
+    async fn look_for_exchange(
+        &self,
+        conn: &Connection,
+        wait: std::time::Duration,
+    ) -> Result<(), Preflight> {
+        let asked = async {
+            let channel = conn.create_channel().await?;
+            channel
+                .exchange_declare(
+                    self.exchange.as_str().into(),
+                    ExchangeKind::Topic, // not compared: passive
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+        };
+        match tokio::time::timeout(wait, asked).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404) => {
+                Err(Preflight::Missing(format!(
+                    "RabbitMQ has no exchange {:?}, so every publish would fail: declare it \
+                     (rabbitmqadmin declare exchange name={} type=topic durable=true), or give \
+                     the relay exchange_type=topic to declare it",
+                    self.exchange, self.exchange
+                )))
+            }
+            Ok(Err(e)) => Err(Preflight::Unreachable(format!(
+                "RabbitMQ: cannot look for exchange {:?}: {e}",
+                self.exchange
+            ))),
+            Err(_) => Err(Preflight::Unreachable(format!(
+                "RabbitMQ: no answer within {wait:?} about exchange {:?}",
+                self.exchange
+            ))),
+        }
     }
 
     async fn publish_one(&self, message: &Message) -> Result<(), PublishError> {
@@ -269,6 +334,11 @@ impl Sink for RabbitSink {
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(self.publish_one(message))
+    }
+
+    fn preflight<'a>(&'a self, route: &'a Route) -> PreflightFuture<'a> {
+        let _ = route; // every routing key goes to the one exchange
+        Box::pin(self.look_before_start())
     }
 }
 

@@ -116,6 +116,12 @@ pub(crate) async fn run(
             "the subscription exists with this partition count, which it keeps \
              (a subscription's is set when it is created)");
     }
+    if !relay.preflighted {
+        tokio::select! {
+            () = look_before_start(&relay, &route) => {}
+            () = stop.cancelled() => return,
+        }
+    }
     let name: Arc<str> = Arc::from(relay.name.as_str());
     let env = Arc::new(Env {
         relay: Running {
@@ -188,6 +194,20 @@ pub(crate) async fn run(
     }
     env.engine.close(Duration::from_millis(200)).await;
     tracing::info!(relay = %env.relay.name, "relay stopped");
+}
+
+/// Asks the sink whether what the relay publishes to exists
+/// ([`super::Sink::preflight`]) and logs what it found. The relay runs
+/// either way: a stream or exchange made later is used once it exists,
+/// and an unreachable broker is an outage like any other.
+async fn look_before_start(relay: &Relay, route: &super::Route) {
+    match relay.sink.preflight(route).await {
+        Ok(()) => {}
+        Err(super::Preflight::Missing(why)) => tracing::error!(relay = %relay.name,
+            "{why}; the relay runs, retrying each publish as for an outage, until it exists"),
+        Err(super::Preflight::Unreachable(why)) => tracing::warn!(relay = %relay.name,
+            "{why}; the relay starts, and retries as for any outage"),
+    }
 }
 
 /// Takes partitions up to `share`, or gives back what is over it; returns

@@ -127,6 +127,30 @@ impl std::fmt::Display for PublishError {
 /// A publish in flight.
 pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send + 'a>>;
 
+/// A sink's look at its broker before the relay runs ([`Sink::preflight`]).
+pub type PreflightFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Preflight>> + Send + 'a>>;
+
+/// What a sink's look at its broker before the relay runs found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Preflight {
+    /// The broker answered and lacks what the relay publishes to (no NATS
+    /// stream listens on the route's subjects, the RabbitMQ exchange does
+    /// not exist): every publish fails until an operator makes it. Says
+    /// what is missing and how to make it.
+    Missing(String),
+    /// The broker could not be asked (down, unreachable, too slow): the
+    /// relay starts anyway and treats it as any outage.
+    Unreachable(String),
+}
+
+impl std::fmt::Display for Preflight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Missing(why) | Self::Unreachable(why) => f.write_str(why),
+        }
+    }
+}
+
 /// A broker client. `publish` returns once the broker has the message
 /// durably (its ack, confirm or 2xx), and is called concurrently, up to the
 /// relay's concurrency: a sink keeps one connection and pipelines.
@@ -165,6 +189,17 @@ pub trait Sink: Send + Sync + 'static {
     fn check_route(&self, route: &Route) -> Result<(), String> {
         let _ = route;
         Ok(())
+    }
+
+    /// Asks the broker, once before the relay runs, whether what `route`
+    /// sends to can exist there (a stream or an exchange it does not make
+    /// itself): without this, a missing one shows only as publishes that
+    /// fail as an outage, retried for ever. Bounded in time by the sink.
+    /// Accepts everything unless the sink says otherwise; a sink wrapping
+    /// another forwards it.
+    fn preflight<'a>(&'a self, route: &'a Route) -> PreflightFuture<'a> {
+        let _ = route;
+        Box::pin(async { Ok(()) })
     }
 
     /// The relay's concurrency unless one is set: how many aggregates

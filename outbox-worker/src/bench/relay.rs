@@ -199,6 +199,13 @@ impl Sink for Timed {
         self.inner.unreachable()
     }
 
+    fn preflight<'a>(
+        &'a self,
+        route: &'a outbox::relay::Route,
+    ) -> outbox::relay::PreflightFuture<'a> {
+        self.inner.preflight(route)
+    }
+
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
         Box::pin(async move {
             self.inner.publish(message).await?;
@@ -842,6 +849,13 @@ impl Sink for Counted {
 
     fn unreachable(&self) -> Option<String> {
         self.inner.unreachable()
+    }
+
+    fn preflight<'a>(
+        &'a self,
+        route: &'a outbox::relay::Route,
+    ) -> outbox::relay::PreflightFuture<'a> {
+        self.inner.preflight(route)
     }
 
     fn publish<'a>(&'a self, message: &'a Message) -> PublishFuture<'a> {
