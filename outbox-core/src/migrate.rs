@@ -340,6 +340,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0052_subscription_sinks.up.sql"),
         down: include_str!("../../migrations/0052_subscription_sinks.down.sql"),
     },
+    Migration {
+        version: 53,
+        name: "sql_emit_null_payload",
+        up: include_str!("../../migrations/0053_sql_emit_null_payload.up.sql"),
+        down: include_str!("../../migrations/0053_sql_emit_null_payload.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

@@ -785,11 +785,39 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
         );
         assert!(db_err.message().contains(expected), "{expected}: {db_err}");
     }
+    // An SQL NULL payload is refused, as outbox_submit's is (migration 53):
+    // it emitted the body `null` to every consumer.
+    let err = sqlx::query("SELECT * FROM outbox_emit('order', '1', 'order.placed', NULL)")
+        .execute(&db.pool)
+        .await
+        .expect_err("a NULL payload");
+    let db_err = err.as_database_error().expect("a database error");
+    assert_eq!(db_err.code().as_deref(), Some("22023"), "{db_err}");
+    assert!(
+        db_err
+            .message()
+            .contains("the payload is null (give 'null'::jsonb for a JSON null"),
+        "{db_err}"
+    );
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event_log")
         .fetch_one(&db.pool)
         .await
         .unwrap();
     assert_eq!(rows, 0);
+    // The JSON null, given as such, is a payload like any other.
+    let position: i64 = sqlx::query_scalar(
+        "SELECT position FROM outbox_emit('order', '0', 'order.placed', 'null')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let payload: serde_json::Value =
+        sqlx::query_scalar("SELECT payload FROM outbox_event_log WHERE position = $1")
+            .bind(position)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(payload, json!(null));
 
     // A valid one, in any case of its name, is kept as given.
     let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -798,10 +826,12 @@ async fn bad_emits_are_refused_with_what_is_wrong_and_write_nothing() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let kept: String = sqlx::query_scalar("SELECT headers ->> 'Traceparent' FROM outbox_event_log")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let kept: String = sqlx::query_scalar(
+        "SELECT headers ->> 'Traceparent' FROM outbox_event_log WHERE aggregateid = '1'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(kept, valid);
 }
 
