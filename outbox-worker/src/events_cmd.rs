@@ -240,6 +240,17 @@ async fn rewind(args: RewindArgs) -> Result<(), Failure> {
     let name = &args.subscription;
     match outbox::relay::rewind_subscription(&pool, name, args.to).await? {
         Some(position) => {
+            // A position past the head gives the head (as a new
+            // subscription's start there does): say so, rather than let a
+            // mistyped position pass for the one asked.
+            if let outbox::relay::Start::Position(asked) = args.to
+                && asked - 1 > position
+            {
+                println!(
+                    "position {asked} is past the log's head ({position}): the subscription \
+                     goes to the head"
+                );
+            }
             println!(
                 "subscription {name:?} now publishes the events after position {position}; \
                  its relay workers take its partitions again from there once the leases \

@@ -2524,6 +2524,22 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     assert!(
         !ok(&cli(&["events", "parked", "--database-url", &db.url]).await).contains("order/later2")
     );
+    // A position past the head is said to be one, and gives the head.
+    let past = ok(&cli(&[
+        "events",
+        "rewind",
+        "hooks",
+        "--to",
+        "999999999",
+        "--database-url",
+        &db.url,
+    ])
+    .await);
+    assert!(
+        past.contains("position 999999999 is past the log's head (")
+            && past.contains("the subscription goes to the head"),
+        "{past}"
+    );
     let rewound = ok(&cli(&[
         "events",
         "rewind",
