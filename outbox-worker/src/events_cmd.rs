@@ -418,10 +418,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     }
     for s in &e.subscriptions {
         let detail = match s.state.as_str() {
-            "passed" => " (published, or passed over by a skip, a rewind or its start; or emitted \
-                          below the cursor while the position sequence was behind or cached, never \
-                          published: see the guide's \"Leave the position sequence alone\")"
-                .to_owned(),
+            "passed" => String::new(), // said once, below
             "held back" => {
                 let why = s.error.as_deref().map_or_else(
                     || "its aggregate waits (a delay, or an event before it)".to_owned(),
@@ -435,6 +432,13 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
             _ => " (not published yet)".to_owned(),
         };
         println!("{}: {}{detail}", s.subscription, s.state);
+    }
+    if e.subscriptions.iter().any(|s| s.state == "passed") {
+        println!(
+            "(passed: published, or passed over by a skip, a rewind or the subscription's start; \
+             or emitted below the cursor while the position sequence was behind or cached, never \
+             published: see the guide's \"Leave the position sequence alone\")"
+        );
     }
     Ok(())
 }
