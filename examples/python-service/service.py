@@ -3,7 +3,8 @@ and submits its welcome task in one transaction, with outbox_submit. If the
 insert fails (the email is taken), the task is rolled back with it.
 
 Run with: DATABASE_URL=postgresql://... SERVICE_ADDR=127.0.0.1:8000 python3 service.py
-Needs psycopg 3 (Debian: python3-psycopg; PyPI: psycopg[binary]).
+Needs psycopg 3 (Debian: python3-psycopg, for the system's /usr/bin/python3,
+not a pyenv or venv interpreter; PyPI: psycopg[binary]).
 """
 
 import json
@@ -26,8 +27,10 @@ class Signup(BaseHTTPRequestHandler):
         except (ValueError, KeyError, TypeError):
             return self.reply(400, {"error": 'send {"email": "..."}'})
         try:
-            # One transaction: the user and its task commit together.
-            with psycopg.connect(DATABASE_URL) as conn, conn.transaction():
+            # One transaction: the user and its task commit together. No
+            # statement prepared by name, so the same code runs behind
+            # PgBouncer in transaction mode (guide, section 14).
+            with psycopg.connect(DATABASE_URL, prepare_threshold=None) as conn, conn.transaction():
                 user_id = conn.execute(
                     "INSERT INTO users (email) VALUES (%s) RETURNING id", (email,)
                 ).fetchone()[0]

@@ -548,9 +548,13 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     };
     let pool = connect_migrated(&args.db, args.max_connections).await?;
     let listen_options = match &args.listen_url {
-        Some(url) => Some(url.parse().map_err(|e| {
-            Failure::config(format!("--listen-url is not a valid PostgreSQL URL: {e}"))
-        })?),
+        Some(url) => {
+            let options = url.parse().map_err(|e| {
+                Failure::config(format!("--listen-url is not a valid PostgreSQL URL: {e}"))
+            })?;
+            crate::connect::check_listen_url(&options).await?;
+            Some(options)
+        }
         None => None,
     };
     let config = WorkerConfig {

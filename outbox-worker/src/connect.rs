@@ -159,16 +159,7 @@ async fn open_checked(
         ))
     })?;
     let options = adjust(options);
-    // What the connection goes to: a Unix socket (`host=/dir` in the URL)
-    // wins over the host name.
-    let target = match options.get_socket() {
-        Some(dir) => format!(
-            "the socket in {} (port {})",
-            dir.display(),
-            options.get_port()
-        ),
-        None => format!("{}:{}", options.get_host(), options.get_port()),
-    };
+    let target = target_of(&options);
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => {
             return Err(Failure::unreachable(format!(
@@ -208,6 +199,60 @@ async fn open_checked(
         .connect_lazy_with(options))
 }
 
+/// What a connection goes to: a Unix socket (`host=/dir` in the URL) wins
+/// over the host name.
+fn target_of(options: &PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(dir) => format!(
+            "the socket in {} (port {})",
+            dir.display(),
+            options.get_port()
+        ),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    }
+}
+
+/// Tries `run --listen-url` once before the worker starts: a URL that
+/// leads to the pooler, or that PostgreSQL refuses (credentials, database
+/// name), is refused (exit 2), where the listener would log it as an
+/// outage for ever and the worker would only poll. A server that does not
+/// answer now is a warning: the listener keeps trying.
+pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), Failure> {
+    let target = target_of(options);
+    let failure = match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options))
+        .await
+    {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            return Ok(());
+        }
+        Ok(Err(sqlx::Error::Database(db)))
+            if db.message().starts_with("unsupported startup parameter") =>
+        {
+            return Err(Failure::config(format!(
+                "--listen-url: {target} refused the connection ({}): it looks like a connection \
+                 pooler; LISTEN needs a session of its own, so give the URL of PostgreSQL itself",
+                db.message()
+            )));
+        }
+        Ok(Err(e)) => connect_failure(&target, &e),
+        Err(_) => Failure::unreachable(format!(
+            "no answer from {target} within {CONNECT_TIMEOUT:?}"
+        )),
+    };
+    if failure.code == crate::failure::EXIT_CONFIG {
+        return Err(Failure::config(format!(
+            "--listen-url: {}",
+            failure.message
+        )));
+    }
+    tracing::warn!(
+        "--listen-url: {}; the worker starts, polling until the listener connects",
+        failure.message
+    );
+    Ok(())
+}
+
 /// What to tell the operator about a first connection that failed.
 fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
     use std::io::ErrorKind;
@@ -229,6 +274,24 @@ fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
         sqlx::Error::Protocol(detail) => Failure::unreachable(format!(
             "{target} does not speak the PostgreSQL protocol ({detail}): check the host and port"
         )),
+        // PgBouncer's refusals (SQLSTATE 08P01, which would read as an
+        // outage): a session that sends what a pooler in transaction mode
+        // does not take, and a database the pooler has no entry for.
+        sqlx::Error::Database(db) if db.message().starts_with("unsupported startup parameter") => {
+            Failure::config(format!(
+                "{target} refused the connection: {}. It looks like a connection pooler \
+                 (PgBouncer): pass --pooler (or set OUTBOX_POOLER=1), or give the URL of \
+                 PostgreSQL itself",
+                db.message()
+            ))
+        }
+        sqlx::Error::Database(db) if db.message().starts_with("no such database") => {
+            Failure::config(format!(
+                "the connection pooler at {target} refused the connection: {} (check the \
+                 database name in --database-url or DATABASE_URL, and the pooler's [databases])",
+                db.message()
+            ))
+        }
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             if code.starts_with("28") || code == "3D000" {

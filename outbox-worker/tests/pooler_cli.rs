@@ -136,3 +136,59 @@ async fn every_command_works_through_pgbouncer_with_pooler() {
         worker.log()
     );
 }
+
+/// A command pointed at the pooler without `--pooler` is a configuration
+/// mistake, said as one (exit 2, with the flag to pass), not an outage:
+/// PgBouncer refuses a startup parameter sqlx sends to PostgreSQL.
+#[tokio::test]
+async fn a_command_at_the_pooler_without_pooler_is_told_to_pass_it() {
+    let db = TestDb::migrated().await;
+    let Some(bouncer) = Pgbouncer::start(1).await else {
+        return;
+    };
+    let url = bouncer.url(&db.url);
+    let out = cli(&["stats", "--database-url", &url]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unsupported startup parameter")
+            && stderr(&out).contains("pass --pooler (or set OUTBOX_POOLER=1)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `run --listen-url` aimed at the pooler is refused at start (exit 2),
+/// where the listener logged it as an outage for ever and the worker only
+/// polled.
+#[tokio::test]
+async fn a_listen_url_that_leads_to_the_pooler_is_refused_at_start() {
+    let db = TestDb::migrated().await;
+    let Some(bouncer) = Pgbouncer::start(1).await else {
+        return;
+    };
+    let url = bouncer.url(&db.url);
+    let run = tokio::process::Command::new(BIN)
+        .args([
+            "run",
+            "--pooler",
+            "--database-url",
+            &url,
+            "--listen-url",
+            &url,
+        ])
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("refused at start, not run")
+        .expect("the worker's output");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--listen-url: 127.0.0.1:")
+            && stderr(&out).contains("LISTEN needs a session of its own"),
+        "{}",
+        stderr(&out)
+    );
+}
