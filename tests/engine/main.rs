@@ -1,5 +1,6 @@
 //! End-to-end tests of the core engine against a real PostgreSQL.
 
+mod app_role;
 mod cancel;
 mod claim_floor;
 mod claim_sql;
