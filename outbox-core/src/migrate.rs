@@ -346,6 +346,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0053_sql_emit_null_payload.up.sql"),
         down: include_str!("../../migrations/0053_sql_emit_null_payload.down.sql"),
     },
+    Migration {
+        version: 54,
+        name: "sql_submit_messages",
+        up: include_str!("../../migrations/0054_sql_submit_messages.up.sql"),
+        down: include_str!("../../migrations/0054_sql_submit_messages.down.sql"),
+    },
 ];
 
 /// An arbitrary constant that names the "outbox migration" advisory lock.

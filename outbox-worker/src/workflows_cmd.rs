@@ -132,9 +132,12 @@ async fn cancel(args: ShowArgs) -> Result<(), Failure> {
             return Ok(());
         }
     }
+    let (steps, tasks) = (report.steps_cancelled, report.tasks_cancelled);
     println!(
-        "workflow {}: {} waiting steps cancelled, {} tasks cancelled or asked to stop",
-        args.id, report.steps_cancelled, report.tasks_cancelled
+        "workflow {}: {steps} waiting step{} cancelled, {tasks} task{} cancelled or asked to stop",
+        args.id,
+        if steps == 1 { "" } else { "s" },
+        if tasks == 1 { "" } else { "s" },
     );
     Ok(())
 }

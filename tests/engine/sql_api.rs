@@ -348,9 +348,12 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
         (json!({"queue": "a b"}), "queue name 'a b' is invalid"),
         (
             json!({"queue": "m", "priority": 10}),
-            "0 (first) to 9 (last)",
+            "priority 10 is out of range: use 0 (first) to 9 (last)",
         ),
-        (json!({"queue": "m", "priority": "high"}), "priority"),
+        (
+            json!({"queue": "m", "priority": "3"}),
+            "priority \"3\" is not a number: use 0 (first) to 9 (last)",
+        ),
         (json!({"queue": "m", "delay": -1}), "out of range"),
         (json!({"queue": "m", "delay": "soon"}), "is not an interval"),
         (json!({"queue": "m", "delay": 1e12}), "too long"),
@@ -368,7 +371,11 @@ async fn bad_submits_are_refused_with_what_is_wrong_and_write_nothing() {
         ),
         (
             json!({"queue": "m", "unique_key": "k", "unique_period": 0.5}),
-            "1 second to 100 years",
+            "is out of range: use 1 second to 36500 days",
+        ),
+        (
+            json!({"queue": "m", "unique_key": "k", "unique_period": "1 century"}),
+            "36500 days",
         ),
         (
             json!({"queue": "m", "unique_period": 60}),
