@@ -135,6 +135,11 @@ pub struct RegisteredTask {
     /// or `bool` under its own name. Otherwise a submit from SQL must give
     /// the keys.
     pub keys_from_payload: bool,
+    /// One of the stock binary's diagnostic types (`outbox.noop`,
+    /// `outbox.sleep`, `outbox.fail`), linked into every program that uses
+    /// `outbox-worker`: a worker serving its queue without its handler is
+    /// not refused for it, as it would be for a type of the application's.
+    pub diagnostic: bool,
 }
 
 /// A task type's `unique_by`, `unique_period` and `unique_states`, as

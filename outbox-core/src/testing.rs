@@ -118,13 +118,30 @@ pub async fn run_inline<T: Task>(
     id: TaskId,
     handler: &impl TaskHandler<T>,
 ) -> HandlerResult {
-    let mut conn = pool.acquire().await.expect("a connection");
-    let task = submitted::<T>(&mut conn)
+    // This task alone: reading every task of the type would also decode
+    // (and trip over) ones the test is not about.
+    let record = crate::admin::get_task(pool, id)
         .await
-        .into_iter()
-        .find(|(found, _)| *found == id)
-        .map(|(_, task)| task)
-        .unwrap_or_else(|| panic!("no {:?} task with id {id}", T::TASK_TYPE));
+        .expect("read the task")
+        .unwrap_or_else(|| {
+            panic!(
+                "no task with id {id} (run_inline reads what has committed: commit the \
+                 submitting transaction first)"
+            )
+        });
+    assert_eq!(
+        record.task_type,
+        T::TASK_TYPE,
+        "task {id} is of type {:?}, not {:?}: name the task type run_inline::<T> runs",
+        record.task_type,
+        T::TASK_TYPE
+    );
+    let task: T = serde_json::from_value(record.payload).unwrap_or_else(|e| {
+        panic!(
+            "task {id}'s payload does not decode as {}: {e}",
+            std::any::type_name::<T>()
+        )
+    });
     handler.handle(context::<T>(pool, id, 1), task).await
 }
 

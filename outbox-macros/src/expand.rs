@@ -105,6 +105,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
     let keys_from_payload = task.keys_from_payload;
+    let diagnostic = task.diagnostic;
     quote! {
         #item
 
@@ -133,6 +134,7 @@ pub(crate) fn expand(task: &TaskDecl, item: &TokenStream) -> TokenStream {
                 unique_decl: #unique_decl,
                 ordering_field: #ordering_field,
                 keys_from_payload: #keys_from_payload,
+                diagnostic: #diagnostic,
             }
         }
     }

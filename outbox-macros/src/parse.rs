@@ -35,6 +35,10 @@ pub(crate) struct TaskDecl {
     pub(crate) keys_from_payload: bool,
     /// `on_dead = "skip"`: a dead task lets its key go on.
     pub(crate) dead_skips_key: bool,
+    /// `diagnostic = true` (not listed among the options: for the stock
+    /// binary's own types): a worker serving its queue without its handler
+    /// is not refused.
+    pub(crate) diagnostic: bool,
 }
 
 /// `unique_by`, `unique_period` and `unique_states`.
@@ -64,6 +68,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
     let mut unique_states = None;
     let mut ordering_key = None;
     let mut on_dead = None;
+    let mut diagnostic = None;
     for meta in metas {
         let Meta::NameValue(nv) = &meta else {
             return Err(syn::Error::new(
@@ -139,6 +144,18 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
                 };
                 set_once(&mut on_dead, skip, &meta)?;
             }
+            "diagnostic" => {
+                let Expr::Lit(ExprLit {
+                    lit: Lit::Bool(b), ..
+                }) = &nv.value
+                else {
+                    return Err(syn::Error::new(
+                        nv.value.span(),
+                        "`diagnostic` is true or false",
+                    ));
+                };
+                set_once(&mut diagnostic, b.value, &meta)?;
+            }
             _ => {
                 return Err(syn::Error::new(
                     nv.path.span(),
@@ -187,6 +204,7 @@ pub(crate) fn parse(args: TokenStream, item: TokenStream) -> syn::Result<TaskDec
         unique,
         ordering_key,
         dead_skips_key: on_dead.unwrap_or(false),
+        diagnostic: diagnostic.unwrap_or(false),
     })
 }
 

@@ -1,5 +1,8 @@
 //! Built-in diagnostic task types, carried by the stock binary: used by
-//! smoke tests, the demo and the benchmark.
+//! smoke tests, the demo and the benchmark. Every program that uses this
+//! crate links them (on `default`); they are declared `diagnostic`, so that
+//! a worker of the program's own serving `default` is not refused for
+//! lacking their handlers (only [`register`] adds those).
 
 use std::time::Duration;
 
@@ -10,13 +13,13 @@ use serde::{Deserialize, Serialize};
 
 /// `outbox.noop`: does nothing and succeeds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[outbox_task(task_type = "outbox.noop")]
+#[outbox_task(task_type = "outbox.noop", diagnostic = true)]
 pub struct Noop {}
 
 /// `outbox.sleep` {"ms": N}: sleeps N milliseconds, then succeeds; stops
 /// early (and is retried) when the worker shuts down.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[outbox_task(task_type = "outbox.sleep")]
+#[outbox_task(task_type = "outbox.sleep", diagnostic = true)]
 pub struct Sleep {
     /// How long to sleep.
     pub ms: u64,
@@ -26,7 +29,7 @@ pub struct Sleep {
 /// with the message, then succeeds. Short retry delays, three attempts, so
 /// that a demo shows both recoveries and dead tasks within seconds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[outbox_task(task_type = "outbox.fail", retry_delays = ["1s", "2s", "3s"])]
+#[outbox_task(task_type = "outbox.fail", retry_delays = ["1s", "2s", "3s"], diagnostic = true)]
 pub struct Fail {
     /// How many attempts fail.
     pub times: i32,

@@ -168,7 +168,7 @@ async fn open_checked(
                  connection?"
             )));
         }
-        Ok(Err(e)) => return Err(connect_failure(&target, &e)),
+        Ok(Err(e)) => return Err(connect_failure(&target, &e, DATABASE_URL_FLAGS)),
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
         }
@@ -235,7 +235,7 @@ pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), F
                 db.message()
             )));
         }
-        Ok(Err(e)) => connect_failure(&target, &e),
+        Ok(Err(e)) => connect_failure(&target, &e, "--listen-url"),
         Err(_) => Failure::unreachable(format!(
             "no answer from {target} within {CONNECT_TIMEOUT:?}"
         )),
@@ -253,8 +253,12 @@ pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), F
     Ok(())
 }
 
-/// What to tell the operator about a first connection that failed.
-fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
+/// Where the URL of the commands' database comes from, for messages.
+const DATABASE_URL_FLAGS: &str = "--database-url or DATABASE_URL";
+
+/// What to tell the operator about a first connection that failed;
+/// `url_flag` names where its URL came from.
+fn connect_failure(target: &str, e: &sqlx::Error, url_flag: &str) -> Failure {
     use std::io::ErrorKind;
     match e {
         sqlx::Error::Io(io) if io.kind() == ErrorKind::ConnectionRefused => Failure::unreachable(
@@ -288,7 +292,7 @@ fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
         sqlx::Error::Database(db) if db.message().starts_with("no such database") => {
             Failure::config(format!(
                 "the connection pooler at {target} refused the connection: {} (check the \
-                 database name in --database-url or DATABASE_URL, and the pooler's [databases])",
+                 database name in {url_flag}, and the pooler's [databases])",
                 db.message()
             ))
         }
@@ -298,7 +302,7 @@ fn connect_failure(target: &str, e: &sqlx::Error) -> Failure {
                 // The message alone: the error's Display adds the server's
                 // source line, which means nothing to an operator.
                 Failure::config(format!(
-                    "PostgreSQL at {target} refused the connection: {} (check --database-url or DATABASE_URL)",
+                    "PostgreSQL at {target} refused the connection: {} (check {url_flag})",
                     db.message()
                 ))
             } else {

@@ -12,10 +12,21 @@ struct Handled {}
 #[outbox_task(task_type = "test.startup.forgotten", queue = "startup-tests")]
 struct Forgotten {}
 
+/// On the `default` queue, as a type that names no queue is.
+#[derive(Serialize, Deserialize)]
+#[outbox_task(task_type = "test.startup.on_default")]
+struct OnDefault {}
+
 struct H;
 
 impl TaskHandler<Handled> for H {
     async fn handle(&self, _ctx: TaskContext, _task: Handled) -> HandlerResult {
+        Ok(Outcome::Success)
+    }
+}
+
+impl TaskHandler<OnDefault> for H {
+    async fn handle(&self, _ctx: TaskContext, _task: OnDefault) -> HandlerResult {
         Ok(Outcome::Success)
     }
 }
@@ -86,6 +97,38 @@ async fn types_on_queues_the_worker_does_not_serve_are_not_its_business() {
         .build()
         .unwrap();
     assert_eq!(worker.queues(), [("somewhere-else".to_owned(), 2)]);
+}
+
+/// A program that uses `outbox-worker` (its `stop_on_signal`, as the guide
+/// shows) links the stock binary's diagnostic types, which run on
+/// `default`: a worker of its own on `default` starts without their
+/// handlers, where it was refused for each of them.
+#[tokio::test]
+async fn the_stock_binarys_diagnostic_types_need_no_handler_on_default() {
+    let _linked = outbox_worker::stop_on_signal;
+    let diagnostic: Vec<&str> = outbox::registered_tasks()
+        .into_iter()
+        .filter(|r| r.diagnostic)
+        .map(|r| r.task_type)
+        .collect();
+    assert_eq!(
+        diagnostic,
+        ["outbox.fail", "outbox.noop", "outbox.sleep"],
+        "linked here"
+    );
+    let worker = Worker::builder(lazy_pool())
+        .handler::<OnDefault>(H)
+        .build()
+        .expect("no handler is asked for the diagnostic types");
+    assert_eq!(worker.queues(), [("default".to_owned(), 10)]);
+    // A type of the application's on a served queue still needs one.
+    let problems = problems(Worker::builder(lazy_pool()).queue("startup-tests", 1));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("test.startup.handled") && p.contains("has no handler")),
+        "{problems:?}"
+    );
 }
 
 #[tokio::test]

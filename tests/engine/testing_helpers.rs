@@ -167,6 +167,53 @@ async fn run_inline_calls_the_handler_with_the_decoded_payload_and_writes_nothin
     );
 }
 
+/// run_inline reads the one task it runs: another task of the type that no
+/// longer decodes does not stop it, and an id of another type is named as
+/// such (it read every task of the type, and said only "no task").
+#[tokio::test]
+async fn run_inline_reads_its_task_alone_and_names_one_of_another_type() {
+    let db = TestDb::migrated().await;
+    sqlx::query(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         VALUES ('test.helpers.invoice', 'helpers', '{\"renamed\": 1}', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let id = outbox::submit(&mut *db.conn().await, invoice(4))
+        .await
+        .unwrap();
+    assert_eq!(
+        testing::run_inline(&db.pool, id, &Mailer::default())
+            .await
+            .unwrap(),
+        Outcome::Success
+    );
+    let other: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_tasks (task_type, queue, payload, max_attempts) \
+         VALUES ('test.helpers.other', 'helpers', '{}', 1) RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let pool = db.pool.clone();
+    let panicked = tokio::spawn(async move {
+        let _ = testing::run_inline(&pool, outbox::TaskId(other), &Mailer::default()).await;
+    })
+    .await
+    .expect_err("a task of another type is refused");
+    let message = panicked.into_panic();
+    let message = message
+        .downcast_ref::<String>()
+        .expect("a formatted panic message");
+    assert!(
+        message.contains(&format!(
+            "task {other} is of type \"test.helpers.other\", not \"test.helpers.invoice\""
+        )),
+        "{message}"
+    );
+}
+
 /// A test helper of the kind applications write: `?` on a handler's result.
 async fn run_boxed(
     pool: &sqlx::PgPool,

@@ -112,7 +112,8 @@ impl Handlers {
         }
         let served: BTreeSet<&str> = queues.iter().map(|(q, _)| q.as_str()).collect();
         for r in registered {
-            if served.contains(r.queue) && !self.by_type.contains_key(r.task_type) {
+            if served.contains(r.queue) && !self.by_type.contains_key(r.task_type) && !r.diagnostic
+            {
                 problems.push(format!(
                     "task type {:?} ({}) runs on queue {:?}, which this worker serves, but has no handler: \
                      add .handler::<{}>(...) to the worker",
