@@ -321,6 +321,26 @@ pub async fn unknown_queue(pool: &PgPool, name: &str) -> Result<Option<Vec<Strin
     Ok(Some(names))
 }
 
+/// The task types workers declared when they started (`outbox_task_types`)
+/// and the types this program registers, sorted: what an operator's
+/// `--type` can name, for a refusal or a hint when it names none of them.
+pub async fn known_task_types(pool: &PgPool) -> Result<Vec<String>> {
+    let mut types: Vec<String> = crate::pooler::on(pool, async |conn| {
+        sqlx::query_scalar("SELECT task_type FROM outbox_task_types")
+            .fetch_all(conn)
+            .await
+    })
+    .await?;
+    types.extend(
+        crate::registered_tasks()
+            .iter()
+            .map(|r| r.task_type.to_owned()),
+    );
+    types.sort();
+    types.dedup();
+    Ok(types)
+}
+
 /// A rate, read back for the operator in the unit that makes it whole, as
 /// it was most likely given (`--rate 5/m` is stored as 0.0833.../s): N/s,
 /// N/m or N/h; else three significant digits in the first of those units

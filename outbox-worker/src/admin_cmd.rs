@@ -342,8 +342,11 @@ pub(crate) fn print_task(t: &TaskRecord, signals: &[outbox::admin::SignalRecord]
     println!("state         {}", t.state);
     println!("priority      {}", t.priority);
     println!(
-        "attempts      {} failed of {} allowed ({} claims)",
-        t.retry_count, t.max_attempts, t.claims
+        "attempts      {} failed of {} allowed ({} claim{})",
+        t.retry_count,
+        t.max_attempts,
+        t.claims,
+        if t.claims == 1 { "" } else { "s" }
     );
     println!("created at    {}", crate::when::at(t.created_at));
     println!("execute at    {}", crate::when::at(t.execute_at));
@@ -401,6 +404,21 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
     if args.dead {
         let ids = admin::retry_dead(&pool, args.task_type.as_deref()).await?;
         println!("retried {} dead task(s){}", ids.len(), id_list(&ids));
+        if let Some(wanted) = args.task_type.as_deref()
+            && ids.is_empty()
+        {
+            // A misspelt type retries nothing, like a type with no dead
+            // task: tell them apart (by the declared and registered types:
+            // a lookup in the history would read it whole).
+            let known = admin::known_task_types(&pool).await?;
+            if !known.iter().any(|t| t == wanted) {
+                eprintln!(
+                    "no worker declares task type {wanted:?}, and this binary does not register \
+                     it: a typo? The known types: {}",
+                    known.join(", ")
+                );
+            }
+        }
         return Ok(());
     }
     let wanted: Vec<TaskId> = args.ids.iter().copied().map(TaskId).collect();
@@ -440,9 +458,23 @@ async fn signal(args: SignalArgs) -> Result<(), Failure> {
     )
     .await?;
     if !sent {
+        // Which of the three it was: a second look, after the fact.
+        let signals = admin::task_signals(&pool, task).await?;
+        let why = match (
+            admin::get_task(&pool, task).await?,
+            signals.iter().find(|s| s.name == args.name),
+        ) {
+            (_, Some(first)) => format!(
+                "it was sent one of that name already, at {} (a task keeps the first)",
+                outbox::admin::show_time(first.sent_at)
+            ),
+            (None, None) => "there is no task with that id".to_owned(),
+            (Some(t), None) => {
+                format!("it has finished (state {}): nothing would read it", t.state)
+            }
+        };
         return Err(Failure::runtime(format!(
-            "task {task} was not sent signal {:?}: it was sent one of that name already, \
-             has finished, or does not exist (tasks show {task})",
+            "task {task} was not sent signal {:?}: {why}",
             args.name
         )));
     }

@@ -291,6 +291,40 @@ async fn submit_list_show_retry_cancel_round_trip() {
         all_dead.contains(&format!("retried 1 dead task(s): {doomed}")),
         "{all_dead}"
     );
+    // A misspelt type retries nothing either: the hint tells it apart.
+    let typo = cli(&[
+        "tasks",
+        "retry",
+        "--dead",
+        "--type",
+        "outbox.fial",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert!(typo.status.success(), "{}", stderr(&typo));
+    assert!(
+        stderr(&typo).contains(
+            "no worker declares task type \"outbox.fial\", and this binary does not register it"
+        ) && stderr(&typo).contains("outbox.fail"),
+        "{}",
+        stderr(&typo)
+    );
+    let none_dead = cli(&[
+        "tasks",
+        "retry",
+        "--dead",
+        "--type",
+        "outbox.fail",
+        "--database-url",
+        url,
+    ])
+    .await;
+    assert!(
+        !stderr(&none_dead).contains("no worker declares"),
+        "{}",
+        stderr(&none_dead)
+    );
 }
 
 /// Runs a command that must be refused with `code`, saying `needle`.

@@ -122,12 +122,30 @@ async fn a_task_waiting_for_a_signal_is_sent_it_from_the_shell_once() {
         shown["signals"][0]["value"],
         serde_json::json!({"by": "ada"})
     );
-    // Finished: nothing would read a second one.
+    // A second of that name: the first is kept, and the refusal says so.
     let again = cli(&["tasks", "signal", &id_text, "approved", at[0], at[1]]).await;
     assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
     assert!(
-        stderr(&again).contains("was not sent signal \"approved\""),
+        stderr(&again).contains(
+            "was not sent signal \"approved\": it was sent one of that name already, at "
+        ),
         "{}",
         stderr(&again)
+    );
+    // Another name to the finished task: nothing would read it.
+    let late = cli(&["tasks", "signal", &id_text, "late", at[0], at[1]]).await;
+    assert_eq!(late.status.code(), Some(1), "{}", stderr(&late));
+    assert!(
+        stderr(&late).contains("was not sent signal \"late\": it has finished (state completed)"),
+        "{}",
+        stderr(&late)
+    );
+    // No such task.
+    let nowhere = cli(&["tasks", "signal", "987654", "approved", at[0], at[1]]).await;
+    assert_eq!(nowhere.status.code(), Some(1), "{}", stderr(&nowhere));
+    assert!(
+        stderr(&nowhere).contains("there is no task with that id"),
+        "{}",
+        stderr(&nowhere)
     );
 }
