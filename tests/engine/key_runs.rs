@@ -665,3 +665,82 @@ async fn an_outcome_hands_its_key_on_to_the_next_run() {
         ]
     );
 }
+
+const RELEASE_ORPHANS: &str = include_str!("../../outbox-core/src/db/sql/release_orphan_holds.sql");
+
+/// The maintenance leader's look for held tasks nothing will run, as if
+/// the heartbeat timeout had passed: the ids it gave back.
+async fn release_orphans(pool: &sqlx::PgPool) -> Vec<i64> {
+    let mut ids: Vec<i64> = sqlx::query_scalar(RELEASE_ORPHANS)
+        .bind(Some(chrono::Utc::now() + chrono::Duration::hours(1)))
+        .bind(None::<String>)
+        .bind(100_i64)
+        .bind(1_i64)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    ids.sort_unstable();
+    ids
+}
+
+/// Tasks held in place for a run whose running tasks ended without them
+/// (a worker built before migration 43 let its run's running tasks go and
+/// knew nothing of the held ones: a rolling upgrade left them PENDING under
+/// its claim for ever, while later tasks of their key ran) go back to their
+/// key's line once their worker is gone, and the key to the first of them
+/// when nothing holds it. A live run, or a dead worker's run that still has
+/// its running task (stuck-task recovery's), is left alone.
+#[tokio::test]
+async fn tasks_held_for_a_run_that_ended_without_them_go_back_once_their_worker_is_gone() {
+    let db = TestDb::migrated().await;
+    submit_run_of(&db, 4).await;
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.len(), 4);
+
+    // Its worker gone, its run whole: stuck-task recovery's, not this.
+    assert!(release_orphans(&db.pool).await.is_empty());
+
+    // The run's running tasks end without the held ones, as the old
+    // heartbeat's let-go and a new worker's claim made them end.
+    sqlx::query("UPDATE outbox_tasks SET claimed_by = 'other/9' WHERE id = ANY($1)")
+        .bind(vec![ids[0], ids[3]])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // While worker w is alive, its holds are its own.
+    sqlx::query(
+        "INSERT INTO outbox_workers (id, host, pid, queues, expires_at) \
+         VALUES ('w', 'h', 1, '[]', now() + interval '2 hours')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert!(release_orphans(&db.pool).await.is_empty());
+    sqlx::query("DELETE FROM outbox_workers WHERE id = 'w'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    // Gone: the two held tasks go back to the line, unclaimed, without an
+    // attempt; the key stays with the running tasks that hold it.
+    assert_eq!(release_orphans(&db.pool).await, vec![ids[1], ids[2]]);
+    assert_eq!(
+        line(&db.pool, &ids).await,
+        vec![
+            ("processing".to_owned(), false, Some("other/9".to_owned())),
+            ("pending".to_owned(), true, None),
+            ("pending".to_owned(), true, None),
+            ("processing".to_owned(), true, Some("other/9".to_owned())),
+        ]
+    );
+    let attempts: Vec<i32> =
+        sqlx::query_scalar("SELECT retry_count FROM outbox_tasks WHERE id = ANY($1)")
+            .bind(vec![ids[1], ids[2]])
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, vec![0, 0]);
+    assert!(release_orphans(&db.pool).await.is_empty(), "once");
+}

@@ -748,6 +748,25 @@ pub(crate) async fn recover_stuck(
         .await
 }
 
+/// Gives back up to `limit` tasks held in place for a run that nothing will
+/// run or give back (release_orphan_holds.sql); returns their ids. With
+/// `leader`, only while that worker holds the maintenance lease.
+pub(crate) async fn release_orphan_holds(
+    conn: &mut PgConnection,
+    now: Option<DateTime<Utc>>,
+    leader: Option<&str>,
+    limit: i64,
+    timeout_us: i64,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(include_str!("sql/release_orphan_holds.sql"))
+        .bind(now)
+        .bind(leader)
+        .bind(limit)
+        .bind(timeout_us)
+        .fetch_all(conn)
+        .await
+}
+
 /// Deletes one batch of expired COMPLETED tasks; returns how many.
 pub(crate) async fn cleanup_completed(
     conn: &mut PgConnection,

@@ -373,6 +373,11 @@ async fn maintain(
                 crate::db::throughput::delete_old(conn, now).await
             })
             .await?;
+            // Once a cleanup interval (the look reads every task waiting
+            // for a key): rare, and only once recovery may act.
+            if recover && let Err(error) = release_orphan_holds(shared, holder, timeout_us).await {
+                tracing::warn!(%error, "could not give back tasks held for runs that ended this round");
+            }
             // Best effort: a key locked by an open submitting transaction
             // must not stop cleanup or hold recovery back; the next cleanup
             // tries again.
@@ -451,6 +456,34 @@ async fn forget_gone_workers(shared: &Shared) -> sqlx::Result<()> {
 /// Hands ordering keys that have a free place to their waiting tasks (the
 /// rare hand-over a concurrent cancel made miss, or a raised per-key
 /// concurrency), and deletes lock rows of keys long unused.
+/// Gives back the tasks held in place for runs that nothing will run or
+/// give back (release_orphan_holds.sql: left by a worker built before
+/// migration 43, say), a batch at a time.
+async fn release_orphan_holds(shared: &Shared, holder: &str, timeout_us: i64) -> sqlx::Result<()> {
+    let mut released = Vec::new();
+    loop {
+        let now = shared.config.clock.now();
+        let batch = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
+            crate::db::release_orphan_holds(conn, now, Some(holder), DEFAULT_BATCH, timeout_us)
+                .await
+        })
+        .await?;
+        let full = batch.len() as i64 == DEFAULT_BATCH;
+        released.extend(batch);
+        if !full {
+            break;
+        }
+    }
+    if !released.is_empty() {
+        tracing::warn!(
+            ?released,
+            "gave back tasks held for runs whose running tasks had ended without them \
+             (their worker is gone): they wait in their key's line again"
+        );
+    }
+    Ok(())
+}
+
 async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
     let released = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
         crate::db::queues::advance_keys(conn, None).await
