@@ -354,6 +354,16 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// Released migrations whose text was edited after release, by the
+/// checksum of each earlier text (a mistake not to repeat: a change is a
+/// new file). A database that applied an earlier text, and nothing after
+/// it, has the current text applied over it and its record updated,
+/// rather than being refused for good: each current text here applies
+/// cleanly over its earlier ones. Migration 40 gained
+/// `outbox_event_digest` and the nil-UUID check after builds 7aa706c to
+/// ae25e2e had applied it.
+const SUPERSEDED: &[(i64, &str)] = &[(40, "9fa93177cece1957"), (40, "47f756abf5636471")];
+
 /// An arbitrary constant that names the "outbox migration" advisory lock.
 const MIGRATION_LOCK_KEY: i64 = 0x6f75_7462_6f78_0001;
 
@@ -577,6 +587,7 @@ async fn attempt(
         .fetch_all(&mut **tx)
         .await?;
     let mut applied_before = Vec::with_capacity(rows.len());
+    let mut superseded = Vec::new();
     for row in &rows {
         let version: i64 = row.try_get("version")?;
         let checksum: String = row.try_get("checksum")?;
@@ -588,6 +599,10 @@ async fn attempt(
                     latest_version()
                 ))
                 .into());
+            }
+            Some(m) if SUPERSEDED.contains(&(version, checksum.as_str())) => {
+                superseded.push(m);
+                applied_before.push(version);
             }
             Some(m) if checksum != checksum_of(m.up) => {
                 return Err(Failed::Other(Error::Migration(format!(
@@ -604,6 +619,35 @@ async fn attempt(
     sqlx::raw_sql("SET LOCAL client_min_messages = warning")
         .execute(&mut **tx)
         .await?;
+    for m in superseded {
+        // Only over a database that applied nothing after it: the current
+        // text would otherwise undo what later migrations replaced.
+        if let Some(later) = applied_before.iter().find(|&&v| v > m.version) {
+            return Err(Failed::Other(Error::Migration(format!(
+                "migration {} ({}) applied to the database is an earlier text of this \
+                 build's, and migration {later} was applied after it: it cannot be brought up \
+                 to date in place",
+                m.version, m.name
+            ))));
+        }
+        sqlx::raw_sql(m.up).execute(&mut **tx).await.map_err(|error| {
+            Error::Migration(format!(
+                "migration {} ({}): applying this build's text over the earlier one failed: {error}",
+                m.version, m.name
+            ))
+        })?;
+        sqlx::query("UPDATE outbox_migrations SET checksum = $1 WHERE version = $2")
+            .bind(checksum_of(m.up))
+            .bind(m.version)
+            .execute(&mut **tx)
+            .await?;
+        tracing::info!(
+            version = m.version,
+            "brought migration {} ({}) up to this build's text (it was edited after release)",
+            m.version,
+            m.name
+        );
+    }
     let mut applied = Vec::new();
     for m in MIGRATIONS
         .iter()
@@ -694,6 +738,14 @@ mod tests {
         let pauses: Vec<u128> = (1..=7).map(|n| retry_pause(n).as_millis()).collect();
         assert_eq!(pauses, [250, 500, 1000, 2000, 4000, 4000, 4000]);
         assert_eq!(retry_pause(u32::MAX).as_millis(), 4000);
+    }
+
+    #[test]
+    fn a_superseded_text_is_never_a_current_one() {
+        for (version, checksum) in SUPERSEDED {
+            let m = MIGRATIONS.iter().find(|m| m.version == *version).unwrap();
+            assert_ne!(checksum_of(m.up), *checksum, "migration {version}");
+        }
     }
 
     #[test]

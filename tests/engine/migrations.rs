@@ -311,3 +311,77 @@ async fn a_lock_timeout_out_of_range_is_refused() {
     }
     assert_eq!(outbox::schema_status(&db.pool).await.unwrap().current, 0);
 }
+
+/// Migration 40 as builds 7aa706c to ae25e2e applied it, before it was
+/// edited (outbox_event_digest and the nil-UUID check came after).
+const MIGRATION_40_AS_RELEASED: &str = include_str!("fixtures/0040_as_released_by_7aa706c.sql");
+
+/// A database at migration 40 as those builds left it, with `extra` rows
+/// recorded after it.
+async fn at_the_released_40(extra: &[i64]) -> TestDb {
+    let db = TestDb::empty().await;
+    outbox::migrate_to(&db.pool, 39).await.unwrap();
+    sqlx::raw_sql(MIGRATION_40_AS_RELEASED)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_migrations (version, name, checksum) \
+         VALUES (40, 'sql_emit_once_digest', '9fa93177cece1957')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for v in extra {
+        // Recorded as applied by this build (FNV-1a of its text, as
+        // migrate.rs checks), without running it.
+        let m = outbox::MIGRATIONS
+            .iter()
+            .find(|m| m.version == *v)
+            .expect("a migration of this build");
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in m.up.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        sqlx::query("INSERT INTO outbox_migrations (version, name, checksum) VALUES ($1, $2, $3)")
+            .bind(v)
+            .bind(m.name)
+            .bind(format!("{hash:016x}"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    db
+}
+
+/// A database migrated by a build whose migration 40 was later edited is
+/// brought up to this build's text and migrated on, where it was refused
+/// for good ("applied to the database differs from this build's"): a
+/// rolling upgrade from those builds had no way forward.
+#[tokio::test]
+async fn a_database_at_an_earlier_text_of_migration_40_is_brought_up_to_date() {
+    let db = at_the_released_40(&[]).await;
+    let report = outbox::migrate(&db.pool).await.expect("migrated on");
+    assert_eq!(report.current, outbox::latest_version());
+    assert_eq!(report.applied.first(), Some(&41));
+    let digest: String =
+        sqlx::query_scalar("SELECT outbox_event_digest('order', '1', 'placed', '{}')")
+            .fetch_one(&db.pool)
+            .await
+            .expect("the function the edit added");
+    assert_eq!(digest.len(), 32);
+    // Recorded as this build's text: the next migrate finds nothing amiss.
+    let again = outbox::migrate(&db.pool).await.expect("nothing to do");
+    assert!(again.applied.is_empty());
+
+    // Over a database that applied something after it, it is refused.
+    let later = at_the_released_40(&[41]).await;
+    let refused = outbox::migrate(&later.pool).await.expect_err("refused");
+    assert!(
+        refused.to_string().contains(
+            "migration 40 (sql_emit_once_digest) applied to the database is an earlier text"
+        ),
+        "{refused}"
+    );
+}
