@@ -453,9 +453,6 @@ async fn forget_gone_workers(shared: &Shared) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Hands ordering keys that have a free place to their waiting tasks (the
-/// rare hand-over a concurrent cancel made miss, or a raised per-key
-/// concurrency), and deletes lock rows of keys long unused.
 /// Gives back the tasks held in place for runs that nothing will run or
 /// give back (release_orphan_holds.sql: left by a worker built before
 /// migration 43, say), a batch at a time.
@@ -484,6 +481,9 @@ async fn release_orphan_holds(shared: &Shared, holder: &str, timeout_us: i64) ->
     Ok(())
 }
 
+/// Hands ordering keys that have a free place to their waiting tasks (the
+/// rare hand-over a concurrent cancel made miss, or a raised per-key
+/// concurrency), and deletes lock rows of keys long unused.
 async fn tidy_keys(shared: &Shared) -> sqlx::Result<()> {
     let released = call(&shared.engine, shared.deadline, "cleanup", async |conn| {
         crate::db::queues::advance_keys(conn, None).await
