@@ -598,19 +598,22 @@ async fn run(args: RunArgs, register: &Register) -> Result<(), Failure> {
     if let Some((name, _)) = args.relays.iter().find(|(n, _)| !names.insert(n)) {
         return Err(Failure::config(format!("two relays are named {name:?}")));
     }
-    let mut kinds = Vec::new();
+    let mut recorded = Vec::new();
     for (name, url) in &args.relays {
         let mut relay = outbox::relay::Relay::from_url(name, url)
             .await
             .map_err(|e| Failure::config(with_build_hint(e, url)))?;
         look_before_start(&mut relay).await?;
-        kinds.push((name.clone(), relay.sink_kind()));
+        recorded.push((
+            name.clone(),
+            relay.queue_name().to_owned(),
+            relay.sink_kind(),
+        ));
         builder = builder.relay(relay);
     }
     let worker = builder.build()?;
     let relays = worker.relays().to_vec();
-    refuse_relays_of_other_streams(&pool, &relays).await?;
-    refuse_relays_of_other_sinks(&pool, &kinds).await?;
+    refuse_relays_of_other_subscriptions(&pool, &recorded).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let server = match metrics {
@@ -672,51 +675,37 @@ async fn look_before_start(relay: &mut outbox::relay::Relay) -> Result<(), Failu
     }
 }
 
-/// Refuses a relay that names another stream than its existing
-/// subscription's: it would publish events its sink was not set up for (a
-/// subscription's stream is set when it is created, and the relay itself
-/// would log an error and not run).
-async fn refuse_relays_of_other_streams(
+/// Refuses a relay whose existing subscription recorded another stream or
+/// another kind of sink than the relay has (the relay itself would log an
+/// error and not run): one naming another stream would publish events its
+/// sink was not set up for, and one deployed under a taken name with
+/// another kind of sink would send the subscription's events to another
+/// broker than its consumers read.
+async fn refuse_relays_of_other_subscriptions(
     pool: &sqlx::PgPool,
-    relays: &[(String, String)],
+    relays: &[(String, String, &'static str)],
 ) -> Result<(), Failure> {
-    for (name, stream) in relays {
-        match outbox::relay::subscription_stream(pool, name).await? {
-            Some(subscribed) if &subscribed != stream => {
-                return Err(Failure::config(format!(
-                    "relay {name:?} reads stream {stream:?}, but its subscription reads \
-                     {subscribed:?} (set when it was created): give the relay queue={subscribed}, \
-                     or delete the subscription with `outbox-worker events delete-subscription \
-                     {name}` (a new one starts where the relay's start= says)"
-                )));
-            }
-            _ => {}
+    for (name, stream, kind) in relays {
+        let Some(recorded) = outbox::relay::subscription_record(pool, name).await? else {
+            continue;
+        };
+        if &recorded.stream != stream {
+            let subscribed = &recorded.stream;
+            return Err(Failure::config(format!(
+                "relay {name:?} reads stream {stream:?}, but its subscription reads \
+                 {subscribed:?} (set when it was created): give the relay queue={subscribed}, \
+                 or delete the subscription with `outbox-worker events delete-subscription \
+                 {name}` (a new one starts where the relay's start= says)"
+            )));
         }
-    }
-    Ok(())
-}
-
-/// Refuses a relay whose sink is of another kind than the one its existing
-/// subscription publishes to (recorded by its first relay): a relay
-/// deployed under a taken name would send the subscription's events to
-/// another broker than its consumers read (the relay itself would log an
-/// error and not run).
-async fn refuse_relays_of_other_sinks(
-    pool: &sqlx::PgPool,
-    relays: &[(String, &'static str)],
-) -> Result<(), Failure> {
-    for (name, kind) in relays {
-        match outbox::relay::subscription_sink(pool, name).await? {
-            Some(subscribed) if subscribed != *kind => {
-                return Err(Failure::config(format!(
-                    "relay {name:?} publishes to {kind}, but its subscription publishes to \
-                     {subscribed}: name this relay otherwise, or, to move the subscription to \
-                     another broker, delete it with `outbox-worker events delete-subscription \
-                     {name}` and start the new relay with start= at the position `events \
-                     subscriptions` showed"
-                )));
-            }
-            _ => {}
+        if let Some(subscribed) = recorded.sink.filter(|s| s != kind) {
+            return Err(Failure::config(format!(
+                "relay {name:?} publishes to {kind}, but its subscription publishes to \
+                 {subscribed}: name this relay otherwise, or, to move the subscription to \
+                 another broker, delete it with `outbox-worker events delete-subscription \
+                 {name}` and start the new relay with start= at the position `events \
+                 subscriptions` showed"
+            )));
         }
     }
     Ok(())

@@ -168,7 +168,7 @@ async fn open_checked(
                  connection?"
             )));
         }
-        Ok(Err(e)) => return Err(connect_failure(&target, &e, DATABASE_URL_FLAGS)),
+        Ok(Err(e)) => return Err(connect_failure(&target, &e, UrlOf::Database)),
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
         }
@@ -219,27 +219,17 @@ fn target_of(options: &PgConnectOptions) -> String {
 /// answer now is a warning: the listener keeps trying.
 pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), Failure> {
     let target = target_of(options);
-    let failure = match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options))
-        .await
-    {
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-            return Ok(());
-        }
-        Ok(Err(sqlx::Error::Database(db)))
-            if db.message().starts_with("unsupported startup parameter") =>
-        {
-            return Err(Failure::config(format!(
-                "--listen-url: {target} refused the connection ({}): it looks like a connection \
-                 pooler; LISTEN needs a session of its own, so give the URL of PostgreSQL itself",
-                db.message()
-            )));
-        }
-        Ok(Err(e)) => connect_failure(&target, &e, "--listen-url"),
-        Err(_) => Failure::unreachable(format!(
-            "no answer from {target} within {CONNECT_TIMEOUT:?}"
-        )),
-    };
+    let failure =
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                return Ok(());
+            }
+            Ok(Err(e)) => connect_failure(&target, &e, UrlOf::Listen),
+            Err(_) => Failure::unreachable(format!(
+                "no answer from {target} within {CONNECT_TIMEOUT:?}"
+            )),
+        };
     if failure.code == crate::failure::EXIT_CONFIG {
         return Err(Failure::config(format!(
             "--listen-url: {}",
@@ -253,13 +243,42 @@ pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), F
     Ok(())
 }
 
-/// Where the URL of the commands' database comes from, for messages.
-const DATABASE_URL_FLAGS: &str = "--database-url or DATABASE_URL";
+/// Which URL a connection was made with, for what its failure says.
+#[derive(Clone, Copy)]
+enum UrlOf {
+    /// The commands' database: `--database-url` or `DATABASE_URL`.
+    Database,
+    /// `run --listen-url`, a direct connection to LISTEN on.
+    Listen,
+}
 
-/// What to tell the operator about a first connection that failed;
-/// `url_flag` names where its URL came from.
-fn connect_failure(target: &str, e: &sqlx::Error, url_flag: &str) -> Failure {
+impl UrlOf {
+    /// Where the URL comes from.
+    fn flag(self) -> &'static str {
+        match self {
+            UrlOf::Database => "--database-url or DATABASE_URL",
+            UrlOf::Listen => "--listen-url",
+        }
+    }
+
+    /// What to do when it leads to a connection pooler.
+    fn at_a_pooler(self) -> &'static str {
+        match self {
+            UrlOf::Database => {
+                "pass --pooler (or set OUTBOX_POOLER=1), or give the URL of PostgreSQL itself"
+            }
+            UrlOf::Listen => {
+                "LISTEN needs a session of its own, so give --listen-url the URL of PostgreSQL \
+                 itself"
+            }
+        }
+    }
+}
+
+/// What to tell the operator about a first connection that failed.
+fn connect_failure(target: &str, e: &sqlx::Error, url: UrlOf) -> Failure {
     use std::io::ErrorKind;
+    let url_flag = url.flag();
     match e {
         sqlx::Error::Io(io) if io.kind() == ErrorKind::ConnectionRefused => Failure::unreachable(
             format!("connection refused by {target}: is PostgreSQL running and listening there?"),
@@ -284,9 +303,9 @@ fn connect_failure(target: &str, e: &sqlx::Error, url_flag: &str) -> Failure {
         sqlx::Error::Database(db) if db.message().starts_with("unsupported startup parameter") => {
             Failure::config(format!(
                 "{target} refused the connection: {}. It looks like a connection pooler \
-                 (PgBouncer): pass --pooler (or set OUTBOX_POOLER=1), or give the URL of \
-                 PostgreSQL itself",
-                db.message()
+                 (PgBouncer): {}",
+                db.message(),
+                url.at_a_pooler()
             ))
         }
         sqlx::Error::Database(db) if db.message().starts_with("no such database") => {

@@ -2378,9 +2378,10 @@ async fn a_relay_run_from_flags_publishes_and_its_metrics_show_published_and_par
     // publishes elsewhere (deployed under a taken name) is refused at start
     // instead of taking the subscription's events to another broker.
     assert_eq!(
-        outbox::relay::subscription_sink(&db.pool, "hooks")
+        outbox::relay::subscription_record(&db.pool, "hooks")
             .await
             .unwrap()
+            .and_then(|r| r.sink)
             .as_deref(),
         Some("webhook")
     );

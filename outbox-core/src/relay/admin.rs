@@ -362,15 +362,7 @@ pub async fn sequence_problem(pool: &PgPool) -> Result<Option<String>> {
 /// Whether a subscription named `name` exists (without reading how far
 /// behind it is, as [`subscriptions`] does).
 pub async fn subscription_exists(pool: &PgPool, name: &str) -> Result<bool> {
-    Ok(crate::pooler::on(pool, async |conn| {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox_event_subscriptions WHERE name = $1)",
-        )
-        .bind(name)
-        .fetch_one(conn)
-        .await
-    })
-    .await?)
+    Ok(subscription_record(pool, name).await?.is_some())
 }
 
 /// Whether any subscription reads `stream` (a relay's `queue`; `events`
@@ -389,32 +381,30 @@ pub async fn stream_has_subscription(pool: &PgPool, stream: &str) -> Result<bool
     .await?)
 }
 
-/// The stream subscription `name` reads; none when there is no such
-/// subscription. Set when it is created: a relay of that name naming
-/// another stream does not run.
-pub async fn subscription_stream(pool: &PgPool, name: &str) -> Result<Option<String>> {
-    Ok(crate::pooler::on(pool, async |conn| {
-        sqlx::query_scalar("SELECT stream FROM outbox_event_subscriptions WHERE name = $1")
-            .bind(name)
-            .fetch_optional(conn)
-            .await
-    })
-    .await?)
+/// What a subscription recorded when it was created: the stream it reads
+/// and the kind of sink it publishes to. A relay of its name that names
+/// another stream, or has another kind of sink, does not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionRecord {
+    /// The stream it reads (a relay's `queue`).
+    pub stream: String,
+    /// `nats`, `kafka`, `rabbitmq`, `redis`, `webhook`, or a custom sink's
+    /// kind, as its first relay recorded it; none for a subscription made
+    /// before migration 52 whose relay has not run since.
+    pub sink: Option<String>,
 }
 
-/// The kind of sink subscription `name` publishes to (`nats`, `kafka`,
-/// `rabbitmq`, `redis`, `webhook`, or a custom sink's), as its first relay
-/// recorded it; none when there is no such subscription or none recorded
-/// yet. A relay of that name with another kind of sink does not run.
-pub async fn subscription_sink(pool: &PgPool, name: &str) -> Result<Option<String>> {
-    Ok(crate::pooler::on(pool, async |conn| {
-        sqlx::query_scalar("SELECT sink FROM outbox_event_subscriptions WHERE name = $1")
+/// What subscription `name` recorded; none when there is no such
+/// subscription.
+pub async fn subscription_record(pool: &PgPool, name: &str) -> Result<Option<SubscriptionRecord>> {
+    let row: Option<(String, Option<String>)> = crate::pooler::on(pool, async |conn| {
+        sqlx::query_as("SELECT stream, sink FROM outbox_event_subscriptions WHERE name = $1")
             .bind(name)
             .fetch_optional(conn)
             .await
     })
-    .await?
-    .flatten())
+    .await?;
+    Ok(row.map(|(stream, sink)| SubscriptionRecord { stream, sink }))
 }
 
 /// What [`delete_subscription`] did.

@@ -65,10 +65,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use admin::{
-    Deleted, ParkedEvent, Subscription, delayed_until, delete_subscription, parked,
-    retry_all_parked, retry_parked, retry_parked_now, rewind_subscription, sequence_problem,
-    skip_parked, skip_parked_event, stream_has_subscription, subscription_exists,
-    subscription_sink, subscription_stream, subscriptions,
+    Deleted, ParkedEvent, Subscription, SubscriptionRecord, delayed_until, delete_subscription,
+    parked, retry_all_parked, retry_parked, retry_parked_now, rewind_subscription,
+    sequence_problem, skip_parked, skip_parked_event, stream_has_subscription, subscription_exists,
+    subscription_record, subscriptions,
 };
 pub use event_status::{EventAt, EventLookup, EventStatus, event_status};
 pub use sink::{Message, Preflight, PreflightFuture, PublishError, PublishFuture, Route, Sink};
