@@ -208,9 +208,11 @@ enum Extra {
     /// `outbox::emit`.
     Emit,
     /// Three order lines and three stock updates more (the realistic
-    /// business transaction), and with an emit too.
+    /// business transaction), and with an emit too, or with the control
+    /// row instead of the emit.
     Lines,
     LinesEmit,
+    LinesEventRow,
 }
 
 /// The emit phase's tables: the control (an event's columns, with the
@@ -260,11 +262,17 @@ pub(crate) struct EmitReport {
     /// With 8 clients on this machine's two cores every transaction queues
     /// for a core, so this is mostly the rate's loss.
     realistic_p50_overhead_pct: f64,
-    /// The same pair from one client at a time (nothing queued: the
+    /// The same with the control row instead of the emit: what any row
+    /// written in the transaction adds, the floor under the emit's figure.
+    realistic_with_event_row_ms: Latency,
+    realistic_event_row_p50_overhead_pct: f64,
+    /// The same three from one client at a time (nothing queued: the
     /// latency an emit adds to a request in an unloaded service).
     realistic_one_client_ms: Latency,
     realistic_one_client_with_emit_ms: Latency,
     realistic_one_client_p50_overhead_pct: f64,
+    realistic_one_client_with_event_row_ms: Latency,
+    realistic_one_client_event_row_p50_overhead_pct: f64,
 }
 
 /// The business transaction with an emit, against the same with a plain
@@ -287,6 +295,7 @@ pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Fa
         Extra::Emit,
         Extra::Lines,
         Extra::LinesEmit,
+        Extra::LinesEventRow,
     ];
     let mut kinds = alternate(&bench.pool, clients, per_round, &extras).await?;
     let rates: Vec<f64> = kinds.iter().map(Kind::rate).collect();
@@ -295,16 +304,20 @@ pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Fa
     let emit_marginal_ms = per_tx(rates[2]) - per_tx(rates[0]);
     let realistic_ms = Latency::of(std::mem::take(&mut kinds[3].ms));
     let realistic_with_emit_ms = Latency::of(std::mem::take(&mut kinds[4].ms));
+    let realistic_with_event_row_ms = Latency::of(std::mem::take(&mut kinds[5].ms));
     // One client: a quarter as many transactions (each waits for the last).
     let mut one = alternate(
         &bench.pool,
         1,
         (per_round / 4).max(1),
-        &[Extra::Lines, Extra::LinesEmit],
+        &[Extra::Lines, Extra::LinesEmit, Extra::LinesEventRow],
     )
     .await?;
     let realistic_one_client_ms = Latency::of(std::mem::take(&mut one[0].ms));
     let realistic_one_client_with_emit_ms = Latency::of(std::mem::take(&mut one[1].ms));
+    let realistic_one_client_with_event_row_ms = Latency::of(std::mem::take(&mut one[2].ms));
+    let overhead =
+        |with: &Latency, without: &Latency| (with.p50 / without.p50.max(1e-9) - 1.0) * 100.0;
     sqlx::raw_sql("DROP TABLE bench_orders, bench_event_control, bench_order_lines, bench_stock")
         .execute(&bench.pool)
         .await
@@ -319,23 +332,30 @@ pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Fa
         emit_marginal_ms,
         emit_vs_event_row_marginal: emit_marginal_ms / event_row_marginal_ms.max(1e-9),
         emit_vs_event_row_rate: rates[2] / rates[1].max(1e-9),
-        realistic_p50_overhead_pct: (realistic_with_emit_ms.p50 / realistic_ms.p50.max(1e-9) - 1.0)
-            * 100.0,
+        realistic_p50_overhead_pct: overhead(&realistic_with_emit_ms, &realistic_ms),
+        realistic_event_row_p50_overhead_pct: overhead(&realistic_with_event_row_ms, &realistic_ms),
+        realistic_one_client_p50_overhead_pct: overhead(
+            &realistic_one_client_with_emit_ms,
+            &realistic_one_client_ms,
+        ),
+        realistic_one_client_event_row_p50_overhead_pct: overhead(
+            &realistic_one_client_with_event_row_ms,
+            &realistic_one_client_ms,
+        ),
         realistic_ms,
         realistic_with_emit_ms,
-        realistic_one_client_p50_overhead_pct: (realistic_one_client_with_emit_ms.p50
-            / realistic_one_client_ms.p50.max(1e-9)
-            - 1.0)
-            * 100.0,
+        realistic_with_event_row_ms,
         realistic_one_client_ms,
         realistic_one_client_with_emit_ms,
+        realistic_one_client_with_event_row_ms,
     };
     bench.say(format!(
         "emit in the business transaction (BEGIN; INSERT order; ...; COMMIT) from {clients} clients, {} each:\n  \
          plain {:.0} tx/s; with a plain row of an event's columns {:.0} tx/s (+{:.3} ms); with an emit {:.0} tx/s (+{:.3} ms)\n  \
          emit / control row: marginal cost {:.2}x, rate {:.3}x\n  \
-         an order, three lines and three stock updates: {}; with an emit: {} (p50 {:+.1}%)\n  \
-         the same from one client: {}; with an emit: {} (p50 {:+.1}%)",
+         an order, three lines and three stock updates: {}; with an emit: {} (p50 {:+.1}%); \
+         with the control row instead: {} (p50 {:+.1}%)\n  \
+         the same from one client: {}; with an emit: {} (p50 {:+.1}%); with the control row: {} (p50 {:+.1}%)",
         report.transactions_each,
         report.plain_tx_per_s,
         report.with_event_row_tx_per_s,
@@ -347,9 +367,13 @@ pub(crate) async fn measure_emit(bench: &Bench) -> Result<Option<EmitReport>, Fa
         report.realistic_ms,
         report.realistic_with_emit_ms,
         report.realistic_p50_overhead_pct,
+        report.realistic_with_event_row_ms,
+        report.realistic_event_row_p50_overhead_pct,
         report.realistic_one_client_ms,
         report.realistic_one_client_with_emit_ms,
         report.realistic_one_client_p50_overhead_pct,
+        report.realistic_one_client_with_event_row_ms,
+        report.realistic_one_client_event_row_p50_overhead_pct,
     ));
     Ok(Some(report))
 }
@@ -430,6 +454,10 @@ async fn run_round(
                     Extra::LinesEmit => {
                         lines(&mut tx, customer, i).await?;
                         emit_one(&mut tx, order).await?;
+                    }
+                    Extra::LinesEventRow => {
+                        lines(&mut tx, customer, i).await?;
+                        event_row(&mut tx, order).await?;
                     }
                 }
                 tx.commit().await?;

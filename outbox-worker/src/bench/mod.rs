@@ -987,6 +987,27 @@ pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// The whole machine's CPU time since boot, from /proc/stat's first line:
+/// (busy, all) in seconds over every core. Busy is user, nice, system, irq
+/// and softirq time; all adds idle, iowait and steal (time the hypervisor
+/// gave to another guest, which this machine's processes could not use).
+pub(crate) fn machine_cpu_seconds() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .take(8)
+        .map(|t| t.parse::<f64>().ok())
+        .collect::<Option<_>>()?;
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = fields[..] else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq;
+    Some((busy / 100.0, (busy + idle + iowait + steal) / 100.0))
+}
+
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.
 fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -41,7 +41,9 @@ use outbox::{Worker, WorkerConfig};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Bench, Latency, cpu_seconds, db, without_and_with_a_held_snapshot};
+use super::{
+    Bench, Latency, cpu_seconds, db, machine_cpu_seconds, without_and_with_a_held_snapshot,
+};
 use crate::connect::connect_bench;
 use crate::failure::Failure;
 use crate::flags;
@@ -732,10 +734,15 @@ struct Drained {
 /// receiver for `--relay webhook` and the mock cluster for `--relay
 /// kafka`) and the broker's when it was started here. PostgreSQL's share
 /// is in neither. Steadier than a drain's rate on a shared machine.
+/// And the whole machine's: its busy CPU time per event (PostgreSQL's and
+/// any neighbour's included) and the share of its cores that was busy,
+/// which says whether a drain was bound by the CPU.
 #[derive(Debug, Serialize, Clone, Copy)]
 struct Cpu {
     relay_us: Option<f64>,
     broker_us: Option<f64>,
+    machine_us: Option<f64>,
+    machine_busy: Option<f64>,
 }
 
 impl std::fmt::Display for Cpu {
@@ -744,6 +751,10 @@ impl std::fmt::Display for Cpu {
         write!(f, "CPU per event: relay {} µs", us(self.relay_us))?;
         if self.broker_us.is_some() {
             write!(f, ", broker {} µs", us(self.broker_us))?;
+        }
+        write!(f, ", machine {} µs", us(self.machine_us))?;
+        if let Some(busy) = self.machine_busy {
+            write!(f, " ({:.0}% of its cores busy)", busy * 100.0)?;
         }
         Ok(())
     }
@@ -792,6 +803,7 @@ async fn drain_from(
     let cpu_before = (
         cpu_seconds(None),
         broker.and_then(|pid| cpu_seconds(Some(pid))),
+        machine_cpu_seconds(),
     );
     let mut last = (0, Instant::now());
     loop {
@@ -812,9 +824,13 @@ async fn drain_from(
     let rate = n as f64 / started.elapsed().as_secs_f64();
     let per_event =
         |before: Option<f64>, after: Option<f64>| Some((after? - before?) * 1e6 / n as f64);
+    let machine = cpu_before.2.zip(machine_cpu_seconds());
     let cpu = Cpu {
         relay_us: per_event(cpu_before.0, cpu_seconds(None)),
         broker_us: per_event(cpu_before.1, broker.and_then(|pid| cpu_seconds(Some(pid)))),
+        machine_us: machine.and_then(|(before, after)| per_event(Some(before.0), Some(after.0))),
+        machine_busy: machine
+            .map(|(before, after)| (after.0 - before.0) / (after.1 - before.1).max(1e-9)),
     };
     shutdown.cancel();
     running.await.map_err(Failure::runtime)??;
