@@ -1301,12 +1301,25 @@ async fn bench_relay_smoke_run_prints_every_figure() {
             "{drain}: {report}"
         );
         assert!(cpu["broker_us"].is_null(), "{drain}: {report}");
+        // The whole machine's: a figure, and a share of its cores.
+        assert!(
+            cpu["machine_us"].as_f64().is_some_and(|v| v >= 0.0),
+            "{drain}: {report}"
+        );
+        assert!(
+            cpu["machine_busy"]
+                .as_f64()
+                .is_some_and(|v| (0.0..=1.0).contains(&v)),
+            "{drain}: {report}"
+        );
     }
     for field in [
         "emit_vs_event_row_marginal",
         "emit_vs_event_row_rate",
         "realistic_p50_overhead_pct",
+        "realistic_event_row_p50_overhead_pct",
         "realistic_one_client_p50_overhead_pct",
+        "realistic_one_client_event_row_p50_overhead_pct",
     ] {
         assert!(relay["emit"][field].as_f64().is_some(), "{field}: {report}");
     }
