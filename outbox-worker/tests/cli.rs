@@ -1314,6 +1314,12 @@ async fn bench_relay_smoke_run_prints_every_figure() {
         );
     }
     for field in [
+        "two_subscriptions_cpu_floor",
+        "two_subscriptions_cpu_floor_without_relay",
+    ] {
+        assert!(relay[field].as_f64().is_some(), "{field}: {report}");
+    }
+    for field in [
         "emit_vs_event_row_marginal",
         "emit_vs_event_row_rate",
         "realistic_p50_overhead_pct",

@@ -122,6 +122,11 @@ pub(crate) struct RelayReport {
     /// Two subscriptions draining the same events at once, in seconds,
     /// over one: the target is 1.3 or less.
     two_subscriptions_time_ratio: f64,
+    /// The least that ratio could be on this machine for the CPU time the
+    /// two subscriptions' drain used (all of it, and all but the relay's):
+    /// its cores fully busy for the whole drain. See [`cpu_floor`].
+    two_subscriptions_cpu_floor: Option<f64>,
+    two_subscriptions_cpu_floor_without_relay: Option<f64>,
     /// CPU per event published in each drain (two subscriptions publish
     /// every event twice: per publish).
     drain_cpu_per_event: DrainCpu,
@@ -326,11 +331,25 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     let both = drain(bench, &[make().await?, make().await?], 2 * n, broker_pid).await?;
     let two = both.events_per_s;
     let two_ratio = (2.0 * n as f64 / two) / (n as f64 / ordered.max(1e-9));
-    bench.say(format!(
-        "  two subscriptions at once: {:.2} s against one's {:.2} s ({two_ratio:.2}x; {})",
-        2.0 * n as f64 / two,
-        n as f64 / ordered.max(1e-9),
+    let one_seconds = n as f64 / ordered.max(1e-9);
+    let floor = cpu_floor(both.cpu.machine_us, 2 * n, one_seconds);
+    let floor_without_relay = cpu_floor(
         both.cpu
+            .machine_us
+            .zip(both.cpu.relay_us)
+            .map(|(m, r)| m - r),
+        2 * n,
+        one_seconds,
+    );
+    let shown = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.2}x"));
+    bench.say(format!(
+        "  two subscriptions at once: {:.2} s against one's {one_seconds:.2} s ({two_ratio:.2}x; {}); \
+         the CPU time it took needs at least {} on {} cores, without the relay's own {}",
+        2.0 * n as f64 / two,
+        both.cpu,
+        shown(floor),
+        cores(),
+        shown(floor_without_relay),
     ));
 
     let delayed_events = args.relay_delayed_events;
@@ -405,6 +424,8 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         ordered_1000_keys_events_per_s: ordered,
         ordered_vs_unordered: ordered / events_per_s.max(1e-9),
         two_subscriptions_time_ratio: two_ratio,
+        two_subscriptions_cpu_floor: floor,
+        two_subscriptions_cpu_floor_without_relay: floor_without_relay,
         delayed_events,
         parked_events: args.relay_parked_events,
         delayed_events_per_s: delayed,
@@ -838,6 +859,22 @@ async fn drain_from(
         events_per_s: rate,
         cpu,
     })
+}
+
+/// The machine's cores.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The least time, over `reference_seconds`, in which this machine's cores
+/// could have done `publishes` of `us_per_publish` CPU each (busy CPU
+/// time per publish, [`Cpu::machine_us`] or a part of it): every core busy
+/// throughout. A drain that kept the cores busy cannot be made faster
+/// than this without taking CPU off each publish, and the broker's share
+/// of it (on this machine, beside the relay) is not the relay's to take.
+fn cpu_floor(us_per_publish: Option<f64>, publishes: usize, reference_seconds: f64) -> Option<f64> {
+    let seconds = us_per_publish? * publishes as f64 / 1e6 / cores() as f64;
+    Some(seconds / reference_seconds.max(1e-9))
 }
 
 /// Counts the publishes of one drain.
