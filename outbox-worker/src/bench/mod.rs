@@ -63,6 +63,10 @@ pub(crate) struct BenchArgs {
     /// `run --claim-ahead`).
     #[arg(long, default_value_t = 1000, value_parser = flags::count(0, outbox::MAX_CONCURRENCY as u64))]
     claim_ahead: usize,
+    /// What each drain's claim-ahead buffer holds: the tasks that start in
+    /// this time (see `run --claim-ahead-window`; 1ms to 1h).
+    #[arg(allow_hyphen_values = true, long, default_value = "50ms", value_parser = flags::duration(Duration::from_millis(1), Duration::from_secs(3600)))]
+    claim_ahead_window: Duration,
     /// Tasks of one ordering key each claim of the drains may take together
     /// (see `run --key-run`; 1 to 10000).
     #[arg(long, default_value_t = 16, value_parser = flags::count(1, 10_000))]
@@ -160,6 +164,7 @@ struct Report {
     tasks: usize,
     concurrency: usize,
     claim_ahead: usize,
+    claim_ahead_window_ms: f64,
     key_run: usize,
     insert_batch: usize,
     insert_tasks_per_s: f64,
@@ -361,6 +366,7 @@ async fn run_to_the_end(args: BenchArgs, register: Register, url: String) -> Res
         tasks: args.tasks,
         concurrency: args.concurrency,
         claim_ahead: args.claim_ahead,
+        claim_ahead_window_ms: args.claim_ahead_window.as_secs_f64() * 1000.0,
         key_run: args.key_run,
         insert_batch: args.insert_batch,
         single_submit_clients: args.submitters,
@@ -775,6 +781,7 @@ impl Bench {
         let config = WorkerConfig {
             delete_completed: delete,
             claim_ahead: self.args.claim_ahead,
+            claim_ahead_window: self.args.claim_ahead_window,
             key_run: self.args.key_run,
             ..WorkerConfig::default()
         };
