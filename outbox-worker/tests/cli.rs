@@ -500,6 +500,8 @@ async fn every_numeric_flag_is_checked_against_its_range_and_none_panics() {
             "10001 is not in 1..=10000",
         ),
         (&["run", "--claim-ahead-window", "0ms"], "out of range"),
+        (&["bench", "--claim-ahead-window", "2h"], "out of range"),
+        (&["bench", "--claim-ahead-window", "-5ms"], "is negative"),
         (&["run", "--warn-snapshot-age", "0s"], "out of range"),
         (&["run", "--dead-retention", "30m"], "out of range"),
         (&["migrate", "--lock-timeout", "50ms"], "out of range"),
