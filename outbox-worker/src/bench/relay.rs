@@ -861,9 +861,18 @@ async fn drain_from(
     })
 }
 
-/// The machine's cores.
+/// The machine's cores, as /proc/stat counts them (its busy share is over
+/// these, whatever this process may use), else as the process sees them.
 fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    let listed = std::fs::read_to_string("/proc/stat").ok().map(|stat| {
+        stat.lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count()
+    });
+    match listed {
+        Some(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, usize::from),
+    }
 }
 
 /// The least time, over `reference_seconds`, in which this machine's cores
