@@ -850,8 +850,11 @@ async fn drain_from(
         relay_us: per_event(cpu_before.0, cpu_seconds(None)),
         broker_us: per_event(cpu_before.1, broker.and_then(|pid| cpu_seconds(Some(pid)))),
         machine_us: machine.and_then(|(before, after)| per_event(Some(before.0), Some(after.0))),
-        machine_busy: machine
-            .map(|(before, after)| (after.0 - before.0) / (after.1 - before.1).max(1e-9)),
+        // Busy and all are sums of the same counters in seconds: a fully
+        // busy machine may come out a rounding error over 1.
+        machine_busy: machine.map(|(before, after)| {
+            ((after.0 - before.0) / (after.1 - before.1).max(1e-9)).clamp(0.0, 1.0)
+        }),
     };
     shutdown.cancel();
     running.await.map_err(Failure::runtime)??;
