@@ -159,20 +159,7 @@ async fn open_checked(
         ))
     })?;
     let options = adjust(options);
-    let target = target_of(&options);
-    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Err(_) => {
-            return Err(Failure::unreachable(format!(
-                "no answer from {target} within {CONNECT_TIMEOUT:?}: is PostgreSQL (and not \
-                 another kind of server) listening there, and is no firewall dropping the \
-                 connection?"
-            )));
-        }
-        Ok(Err(e)) => return Err(connect_failure(&target, &e, UrlOf::Database)),
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-        }
-    }
+    connect_once(&options, UrlOf::Database).await?;
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -218,18 +205,9 @@ fn target_of(options: &PgConnectOptions) -> String {
 /// outage for ever and the worker would only poll. A server that does not
 /// answer now is a warning: the listener keeps trying.
 pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), Failure> {
-    let target = target_of(options);
-    let failure =
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
-            Ok(Ok(conn)) => {
-                let _ = conn.close().await;
-                return Ok(());
-            }
-            Ok(Err(e)) => connect_failure(&target, &e, UrlOf::Listen),
-            Err(_) => Failure::unreachable(format!(
-                "no answer from {target} within {CONNECT_TIMEOUT:?}"
-            )),
-        };
+    let Err(failure) = connect_once(options, UrlOf::Listen).await else {
+        return Ok(());
+    };
     if failure.code == crate::failure::EXIT_CONFIG {
         return Err(Failure::config(format!(
             "--listen-url: {}",
@@ -241,6 +219,24 @@ pub(crate) async fn check_listen_url(options: &PgConnectOptions) -> Result<(), F
         failure.message
     );
     Ok(())
+}
+
+/// Connects once with `options` within [`CONNECT_TIMEOUT`] and closes the
+/// session: what is wrong with the URL, said before anything relies on it.
+async fn connect_once(options: &PgConnectOptions, url: UrlOf) -> Result<(), Failure> {
+    let target = target_of(options);
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+        Err(_) => Err(Failure::unreachable(format!(
+            "no answer from {target} within {CONNECT_TIMEOUT:?}: is PostgreSQL (and not \
+             another kind of server) listening there, and is no firewall dropping the \
+             connection?"
+        ))),
+        Ok(Err(e)) => Err(connect_failure(&target, &e, url)),
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+    }
 }
 
 /// Which URL a connection was made with, for what its failure says.
@@ -332,7 +328,7 @@ fn connect_failure(target: &str, e: &sqlx::Error, url: UrlOf) -> Failure {
             }
         }
         sqlx::Error::Configuration(_) => {
-            Failure::config(format!("DATABASE_URL is not usable: {e}"))
+            Failure::config(format!("the URL ({url_flag}) is not usable: {e}"))
         }
         e if is_unreachable(e) => Failure::unreachable(format!("cannot reach {target}: {e}")),
         e => Failure::runtime(format!("cannot connect to {target}: {e}")),
