@@ -352,6 +352,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0054_sql_submit_messages.up.sql"),
         down: include_str!("../../migrations/0054_sql_submit_messages.down.sql"),
     },
+    Migration {
+        version: 55,
+        name: "run_starts_joined",
+        up: include_str!("../../migrations/0055_run_starts_joined.up.sql"),
+        down: include_str!("../../migrations/0055_run_starts_joined.down.sql"),
+    },
 ];
 
 /// Released migrations whose text was edited after release, by the

@@ -309,3 +309,106 @@ async fn a_run_in_a_queue_paused_after_its_claim_ends_at_its_tasks_outcome() {
         (processing_by(TOKEN), false)
     );
 }
+
+/// One success outcome for the attempts `(id, claims, started)`, each in a
+/// run that goes on with `next` where it has one (no place offered): the
+/// ids written.
+async fn complete_started(
+    conn: &mut PgConnection,
+    attempts: &[(i64, i32, chrono::DateTime<chrono::Utc>)],
+    next: &std::collections::HashMap<i64, i64>,
+) -> Vec<i64> {
+    let continuing: Vec<i64> = attempts
+        .iter()
+        .map(|a| a.0)
+        .filter(|id| next.contains_key(id))
+        .collect();
+    let mut written: Vec<i64> = sqlx::query(COMPLETE)
+        .bind(attempts.iter().map(|a| a.0).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.1).collect::<Vec<_>>())
+        .bind(vec![TOKEN; attempts.len()])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(Vec::<String>::new())
+        .bind(Vec::<i32>::new())
+        .bind(None::<String>)
+        .bind(continuing.clone())
+        .bind(attempts.iter().map(|a| Some(a.2)).collect::<Vec<_>>())
+        .bind(continuing.iter().map(|id| next[id]).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| !r.get::<bool, _>("handed"))
+        .map(|r| r.get::<Option<i64>, _>("id").unwrap())
+        .collect();
+    written.sort_unstable();
+    written
+}
+
+#[tokio::test]
+async fn each_task_of_a_run_records_the_start_of_its_own_attempt_in_batches_large_and_small() {
+    // A batch of more than 16 attempts of runs joins their starts to its
+    // rows, a smaller one looks each up (migration 55): both record each
+    // task's own start, and the join takes the attempt that was written
+    // when a stale one of the same task comes first in the batch.
+    let db = TestDb::migrated().await;
+    let mut conn = db.conn().await;
+    let mut heads = Vec::new();
+    let mut next = std::collections::HashMap::new();
+    for k in 0..20 {
+        let key = format!("k{k:02}");
+        let head = insert(&mut conn, Some(&key), None).await;
+        let behind = insert(&mut conn, Some(&key), None).await;
+        heads.push(head);
+        next.insert(head, behind);
+    }
+    let claims = claim(&mut conn, 2).await;
+    assert_eq!(claims.len(), 40, "every head with the task behind it");
+    let start = |i: usize| {
+        chrono::DateTime::<chrono::Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(i as i64 + 1)
+    };
+    // The heads, 20 attempts and a stale one of the first, ahead of it.
+    let mut attempts = vec![(heads[0], claims[&heads[0]] + 7, start(999))];
+    attempts.extend(
+        heads
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, claims[id], start(i))),
+    );
+    assert_eq!(complete_started(&mut conn, &attempts, &next).await, {
+        let mut h = heads.clone();
+        h.sort_unstable();
+        h
+    });
+    // The tasks behind them, their runs' last: in batches of 12 and 8.
+    let behind: Vec<i64> = heads.iter().map(|h| next[h]).collect();
+    for (part, offset) in [(&behind[..12], 100), (&behind[12..], 200)] {
+        let attempts: Vec<_> = part
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, claims[id], start(offset + i)))
+            .collect();
+        assert_eq!(
+            complete_started(&mut conn, &attempts, &Default::default())
+                .await
+                .len(),
+            part.len()
+        );
+    }
+    let recorded: std::collections::HashMap<i64, chrono::DateTime<chrono::Utc>> =
+        sqlx::query_as("SELECT id, attempted_at FROM outbox_task_history")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let mut expected = std::collections::HashMap::new();
+    for (i, head) in heads.iter().enumerate() {
+        expected.insert(*head, start(i));
+    }
+    for (i, id) in behind.iter().enumerate() {
+        let offset = if i < 12 { 100 + i } else { 200 + i - 12 };
+        expected.insert(*id, start(offset));
+    }
+    assert_eq!(recorded, expected);
+}
