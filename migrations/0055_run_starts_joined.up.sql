@@ -9,12 +9,19 @@
 -- the batch. `perf` put that walk (array_iterate, int8eq,
 -- FunctionCall2Coll) at 4% of the machine's CPU in the bench's drain over
 -- 1,000 keys, whose batches are uneven (PERFORMANCE.md, "Outcomes of runs
--- joined by id"). Now a batch of more than 16 joins the starts to its rows
--- by attempt (id and claims), once; a smaller one keeps the lookup, which
--- costs less there than setting up the join (a hot key's outcomes come
--- one at a time). outbox_hold_runs found each returned task's head the
--- same way, and joins it now. The rare rows a cancel or a unique key keeps
--- in the table still look their moment up row by row: an UPDATE finds its
+-- joined by id").
+--
+-- Now the usual batch, when it has more than 16 attempts, joins the starts
+-- to its rows once, and the statement for batches with a cancel or a
+-- unique key does at every size. The join is by attempt (id, claims and
+-- claim token), so a row takes the start of the attempt that was written:
+-- the lookup took the first attempt of the same task in the batch (a
+-- stale one, when a lost claim's attempt and the task's next attempt end
+-- in one batch). A usual batch of 16 or fewer keeps the lookup, which
+-- costs less there than setting up the join (a hot key's outcomes come one
+-- at a time). outbox_hold_runs found each returned task's head the same
+-- way, and joins it now. The rare rows a cancel or a unique key keeps in
+-- the table still look their moment up row by row: an UPDATE finds its
 -- rows by `id = ANY`, never by a join (migration 27), and only those rows
 -- pay it. Otherwise the functions are migration 48's and migration 46's.
 CREATE OR REPLACE FUNCTION outbox_complete_tasks(attempt_ids bigint[], attempt_claims integer[],
@@ -115,11 +122,14 @@ BEGIN
         ELSIF runs_started AND cardinality(attempt_ids) > 16 THEN
             -- The batch carries tasks of runs, each with when it started
             -- (attempt_started, parallel to attempt_ids): joined to the
-            -- rows by attempt once (migration 55). Looked up per row with
-            -- array_position, as below, the start read the whole batch for
-            -- every row, a cost that grew with the square of the batch;
-            -- the join costs a few microseconds to set up, which a batch
-            -- of a few does not repay.
+            -- rows once, by attempt (id, claims and claim token: the
+            -- attempt that was written, not another of the same task in
+            -- the batch; grouped, so that an attempt sent twice still
+            -- writes one row). Looked up per row with array_position, as
+            -- below, the start read the whole batch for every row, a cost
+            -- that grew with the square of the batch (migration 55); the
+            -- join costs a few microseconds to set up, which a batch of a
+            -- few does not repay.
             WITH gone AS (
                 DELETE FROM outbox_tasks AS t
                 WHERE t.id = ANY (plain_ids)
@@ -135,9 +145,12 @@ BEGIN
                        coalesce(clock, clock_timestamp()), last_error,
                        NULL, unique_key, ordering_key, key_seq
                 FROM gone
-                LEFT JOIN unnest(attempt_ids, attempt_claims, attempt_started)
-                          AS a(id, claims, started)
+                LEFT JOIN (SELECT a.id, a.claims, a.token, min(a.started) AS started
+                           FROM unnest(attempt_ids, attempt_claims, attempt_tokens,
+                                       attempt_started) AS a(id, claims, token, started)
+                           GROUP BY a.id, a.claims, a.token) AS a
                        ON a.id = gone.id AND a.claims = gone.claims
+                      AND a.token = gone.claimed_by
             )
             SELECT array_agg(g.id), array_agg(g.queue), array_agg(g.ordering_key)
             INTO gone_ids, gone_queues, gone_keys
@@ -329,11 +342,15 @@ BEGIN
                    coalesce(clock, clock_timestamp()), last_error,
                    NULL, unique_key, ordering_key, key_seq
             FROM gone
-            -- Joined by attempt, as in the usual batch above (attempt_started
-            -- is null unless the batch carries tasks of runs).
-            LEFT JOIN unnest(attempt_ids, attempt_claims, attempt_started)
-                      AS a(id, claims, started)
+            -- Joined by attempt, as in the usual batch above, whatever the
+            -- batch's size (attempt_started is null unless the batch carries
+            -- tasks of runs, and every start is then null).
+            LEFT JOIN (SELECT a.id, a.claims, a.token, min(a.started) AS started
+                       FROM unnest(attempt_ids, attempt_claims, attempt_tokens,
+                                   attempt_started) AS a(id, claims, token, started)
+                       GROUP BY a.id, a.claims, a.token) AS a
                    ON a.id = gone.id AND a.claims = gone.claims
+                  AND a.token = gone.claimed_by
         ),
         kept AS (
             UPDATE outbox_tasks AS t

@@ -310,12 +310,15 @@ async fn a_run_in_a_queue_paused_after_its_claim_ends_at_its_tasks_outcome() {
     );
 }
 
-/// One success outcome for the attempts `(id, claims, started)`, each in a
-/// run that goes on with `next` where it has one (no place offered): the
-/// ids written.
+/// An attempt as the worker sends it: task id, claims, claim token, and
+/// when its task started.
+type Attempt = (i64, i32, &'static str, chrono::DateTime<chrono::Utc>);
+
+/// One success outcome for `attempts`, each in a run that goes on with
+/// `next` where it has one (no place offered): the ids written.
 async fn complete_started(
     conn: &mut PgConnection,
-    attempts: &[(i64, i32, chrono::DateTime<chrono::Utc>)],
+    attempts: &[Attempt],
     next: &std::collections::HashMap<i64, i64>,
 ) -> Vec<i64> {
     let continuing: Vec<i64> = attempts
@@ -326,13 +329,13 @@ async fn complete_started(
     let mut written: Vec<i64> = sqlx::query(COMPLETE)
         .bind(attempts.iter().map(|a| a.0).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.1).collect::<Vec<_>>())
-        .bind(vec![TOKEN; attempts.len()])
+        .bind(attempts.iter().map(|a| a.2).collect::<Vec<_>>())
         .bind(None::<chrono::DateTime<chrono::Utc>>)
         .bind(Vec::<String>::new())
         .bind(Vec::<i32>::new())
         .bind(None::<String>)
         .bind(continuing.clone())
-        .bind(attempts.iter().map(|a| Some(a.2)).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| Some(a.3)).collect::<Vec<_>>())
         .bind(continuing.iter().map(|id| next[id]).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await
@@ -347,15 +350,17 @@ async fn complete_started(
 
 #[tokio::test]
 async fn each_task_of_a_run_records_the_start_of_its_own_attempt_in_batches_large_and_small() {
-    // A batch of more than 16 attempts of runs joins their starts to its
-    // rows, a smaller one looks each up (migration 55): both record each
-    // task's own start, and the join takes the attempt that was written
-    // when a stale one of the same task comes first in the batch.
+    // A usual batch of more than 16 attempts of runs, and any batch with a
+    // cancel, join the starts to their rows by attempt; a usual batch of
+    // 16 or fewer looks each up (migration 55). Every task records its own
+    // attempt's start, once, and the join takes the attempt written over a
+    // stale one of the same task ahead of it in the batch: a claim lost in
+    // a crash, whose task was claimed again with the same count.
     let db = TestDb::migrated().await;
     let mut conn = db.conn().await;
     let mut heads = Vec::new();
     let mut next = std::collections::HashMap::new();
-    for k in 0..20 {
+    for k in 0..40 {
         let key = format!("k{k:02}");
         let head = insert(&mut conn, Some(&key), None).await;
         let behind = insert(&mut conn, Some(&key), None).await;
@@ -363,52 +368,71 @@ async fn each_task_of_a_run_records_the_start_of_its_own_attempt_in_batches_larg
         next.insert(head, behind);
     }
     let claims = claim(&mut conn, 2).await;
-    assert_eq!(claims.len(), 40, "every head with the task behind it");
+    assert_eq!(claims.len(), 80, "every head with the task behind it");
     let start = |i: usize| {
         chrono::DateTime::<chrono::Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(i as i64 + 1)
     };
-    // The heads, 20 attempts and a stale one of the first, ahead of it.
-    let mut attempts = vec![(heads[0], claims[&heads[0]] + 7, start(999))];
-    attempts.extend(
-        heads
+    let attempt = |i: usize, id: i64| (id, claims[&id], TOKEN, start(i));
+    // Heads 0-19, a usual batch of 21: the lost claim's attempt of head 0
+    // first, then each head's, head 1's twice.
+    let mut batch = vec![(
+        heads[0],
+        claims[&heads[0]],
+        "plain-outcomes/lost",
+        start(999),
+    )];
+    batch.extend(
+        heads[..20]
             .iter()
             .enumerate()
-            .map(|(i, id)| (*id, claims[id], start(i))),
+            .map(|(i, id)| attempt(i, *id)),
     );
-    assert_eq!(complete_started(&mut conn, &attempts, &next).await, {
-        let mut h = heads.clone();
-        h.sort_unstable();
-        h
-    });
-    // The tasks behind them, their runs' last: in batches of 12 and 8.
+    batch.push(attempt(1, heads[1]));
+    let mut written = heads[..20].to_vec();
+    written.sort_unstable();
+    assert_eq!(complete_started(&mut conn, &batch, &next).await, written);
+    // Heads 20-39, head 25 with a cancel asked for: the statement for
+    // every case, which ends that one dead and archives the rest.
+    sqlx::query("UPDATE outbox_tasks SET cancel_requested_at = now() WHERE id = $1")
+        .bind(heads[25])
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let batch: Vec<Attempt> = (20..40).map(|i| attempt(i, heads[i])).collect();
+    assert_eq!(complete_started(&mut conn, &batch, &next).await.len(), 20);
+    // The tasks behind them, their runs' last: usual batches of 12, 8 and
+    // 20.
     let behind: Vec<i64> = heads.iter().map(|h| next[h]).collect();
-    for (part, offset) in [(&behind[..12], 100), (&behind[12..], 200)] {
-        let attempts: Vec<_> = part
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (*id, claims[id], start(offset + i)))
-            .collect();
+    for range in [0..12, 12..20, 20..40] {
+        let batch: Vec<Attempt> = range.clone().map(|i| attempt(100 + i, behind[i])).collect();
         assert_eq!(
-            complete_started(&mut conn, &attempts, &Default::default())
+            complete_started(&mut conn, &batch, &Default::default())
                 .await
                 .len(),
-            part.len()
+            range.len()
         );
     }
-    let recorded: std::collections::HashMap<i64, chrono::DateTime<chrono::Utc>> =
-        sqlx::query_as("SELECT id, attempted_at FROM outbox_task_history")
+    let recorded: Vec<(i64, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT id, attempted_at FROM outbox_task_history ORDER BY id")
             .fetch_all(&mut *conn)
             .await
-            .unwrap()
-            .into_iter()
-            .collect();
-    let mut expected = std::collections::HashMap::new();
-    for (i, head) in heads.iter().enumerate() {
-        expected.insert(*head, start(i));
-    }
-    for (i, id) in behind.iter().enumerate() {
-        let offset = if i < 12 { 100 + i } else { 200 + i - 12 };
-        expected.insert(*id, start(offset));
-    }
-    assert_eq!(recorded, expected);
+            .unwrap();
+    let mut expected: Vec<(i64, chrono::DateTime<chrono::Utc>)> = heads
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 25)
+        .map(|(i, id)| (*id, start(i)))
+        .chain(
+            behind
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (*id, start(100 + i))),
+        )
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(recorded, expected, "one row a task, with its own start");
+    assert_eq!(
+        whereabouts(&mut conn, heads[25]).await,
+        (cancelled_dead(), false)
+    );
 }
