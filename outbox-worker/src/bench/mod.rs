@@ -1015,6 +1015,21 @@ pub(crate) fn machine_cpu_seconds() -> Option<(f64, f64)> {
     Some((busy / 100.0, (busy + idle + iowait + steal) / 100.0))
 }
 
+/// The machine's cores, as /proc/stat counts them (the busy share of
+/// [`machine_cpu_seconds`] is over these, whatever this process may use),
+/// else as the process sees them.
+pub(crate) fn machine_cores() -> usize {
+    let listed = std::fs::read_to_string("/proc/stat").ok().map(|stat| {
+        stat.lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count()
+    });
+    match listed {
+        Some(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, usize::from),
+    }
+}
+
 /// This process's peak resident memory (VmHWM), in MB, where /proc has it.
 fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

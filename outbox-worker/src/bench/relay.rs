@@ -42,7 +42,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Bench, Latency, cpu_seconds, db, machine_cpu_seconds, without_and_with_a_held_snapshot,
+    Bench, Latency, cpu_seconds, db, machine_cores, machine_cpu_seconds,
+    without_and_with_a_held_snapshot,
 };
 use crate::connect::connect_bench;
 use crate::failure::Failure;
@@ -330,9 +331,10 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
     // them (2n publishes), timed against one subscription's n.
     let both = drain(bench, &[make().await?, make().await?], 2 * n, broker_pid).await?;
     let two = both.events_per_s;
-    let two_ratio = (2.0 * n as f64 / two) / (n as f64 / ordered.max(1e-9));
     let one_seconds = n as f64 / ordered.max(1e-9);
-    let floor = cpu_floor(both.cpu.machine_us, 2 * n, one_seconds);
+    let two_ratio = (2.0 * n as f64 / two) / one_seconds;
+    let cores = machine_cores();
+    let floor = cpu_floor(both.cpu.machine_us, 2 * n, one_seconds, cores);
     let floor_without_relay = cpu_floor(
         both.cpu
             .machine_us
@@ -340,6 +342,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
             .map(|(m, r)| m - r),
         2 * n,
         one_seconds,
+        cores,
     );
     let shown = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.2}x"));
     bench.say(format!(
@@ -348,7 +351,7 @@ pub(crate) async fn measure(bench: &Bench, kind: RelayKind) -> Result<RelayRepor
         2.0 * n as f64 / two,
         both.cpu,
         shown(floor),
-        cores(),
+        cores,
         shown(floor_without_relay),
     ));
 
@@ -864,28 +867,19 @@ async fn drain_from(
     })
 }
 
-/// The machine's cores, as /proc/stat counts them (its busy share is over
-/// these, whatever this process may use), else as the process sees them.
-fn cores() -> usize {
-    let listed = std::fs::read_to_string("/proc/stat").ok().map(|stat| {
-        stat.lines()
-            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-            .count()
-    });
-    match listed {
-        Some(n) if n > 0 => n,
-        _ => std::thread::available_parallelism().map_or(1, usize::from),
-    }
-}
-
-/// The least time, over `reference_seconds`, in which this machine's cores
+/// The least time, over `reference_seconds`, in which `cores` cores
 /// could have done `publishes` of `us_per_publish` CPU each (busy CPU
 /// time per publish, [`Cpu::machine_us`] or a part of it): every core busy
 /// throughout. A drain that kept the cores busy cannot be made faster
 /// than this without taking CPU off each publish, and the broker's share
 /// of it (on this machine, beside the relay) is not the relay's to take.
-fn cpu_floor(us_per_publish: Option<f64>, publishes: usize, reference_seconds: f64) -> Option<f64> {
-    let seconds = us_per_publish? * publishes as f64 / 1e6 / cores() as f64;
+fn cpu_floor(
+    us_per_publish: Option<f64>,
+    publishes: usize,
+    reference_seconds: f64,
+    cores: usize,
+) -> Option<f64> {
+    let seconds = us_per_publish? * publishes as f64 / 1e6 / cores.max(1) as f64;
     Some(seconds / reference_seconds.max(1e-9))
 }
 
