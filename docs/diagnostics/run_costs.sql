@@ -52,7 +52,7 @@ BEGIN
         SELECT c.id, c.claims, c.ordering_key, c.key_seq
         FROM outbox_claim_tasks(q, CASE WHEN run_length > 1 THEN heads ELSE heads * 16 END,
                                 token, NULL, (-1)::smallint, NULL, NULL, NULL, NULL,
-                                run_length, NULL) AS c;
+                                run_length, NULL, true) AS c;
         claim_us := claim_us + extract(epoch FROM clock_timestamp() - t0) * 1e6;
         COMMIT;
         -- Each task's step: its place in its run (unkeyed: its batch), and

@@ -358,6 +358,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../../migrations/0055_run_starts_joined.up.sql"),
         down: include_str!("../../migrations/0055_run_starts_joined.down.sql"),
     },
+    Migration {
+        version: 56,
+        name: "runs_held_unwritten",
+        up: include_str!("../../migrations/0056_runs_held_unwritten.up.sql"),
+        down: include_str!("../../migrations/0056_runs_held_unwritten.down.sql"),
+    },
 ];
 
 /// Released migrations whose text was edited after release, by the

@@ -186,6 +186,18 @@ async fn complete_continuing(
     token: &str,
     next: i64,
 ) -> bool {
+    outcome_continuing(conn, head, token, next)
+        .await
+        .expect("the head's outcome written")
+}
+
+/// As complete_continuing: None when the attempt is not written.
+async fn outcome_continuing(
+    conn: &mut sqlx::PgConnection,
+    head: (i64, i32),
+    token: &str,
+    next: i64,
+) -> Option<bool> {
     use sqlx::Row;
     let rows = sqlx::query(COMPLETE)
         .bind(vec![head.0])
@@ -204,7 +216,6 @@ async fn complete_continuing(
     rows.iter()
         .find(|r| r.get::<Option<i64>, _>("id") == Some(head.0))
         .and_then(|r| r.get::<Option<bool>, _>("run_halted"))
-        .expect("the head's outcome written")
 }
 
 /// (state, blocked, claimed_by) of each task, in key order.
@@ -249,8 +260,9 @@ async fn submit_run_of(db: &TestDb, n: i64) {
 /// Stuck-task recovery returns a run's waiting tasks only with every other
 /// PROCESSING task of their claim and key: not while the outcome of the
 /// run's current task is in flight (it holds that task's row). The tasks
-/// held in place between a run's head and its last task go back with the
-/// last. So an outcome that keeps the key for the
+/// held in place between a run's head and its last task (without a write,
+/// migration 56) are back in their line once the last is. So an outcome
+/// that keeps the key for the
 /// run's next task never does so for a task recovery took back, and a
 /// whole run that is recovered leaves the key to the first in its line.
 #[tokio::test]
@@ -288,9 +300,9 @@ async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome()
     );
 
     // Whole, even under a limit of one task: the run's last task is its
-    // only PROCESSING one now, and the task held in place between them
-    // (migration 43) goes back with it. Both back in line, without an
-    // attempt, the key to the first.
+    // only PROCESSING one now, and with it back, the task held in place
+    // between them (never written) is a waiting task again. Both in line,
+    // without an attempt, the key to the first.
     recover(&mut worker, 1).await;
     assert_eq!(
         line(&db.pool, &ids[1..]).await,
@@ -325,30 +337,65 @@ async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome()
     );
 }
 
-/// A run's outcome whose next task is no longer the worker's ends the run
-/// and lets the key go on to it. Staged here by hand: the head completed
-/// with its run going on, recovery then took the whole run back, and the
-/// first of it is made to look like this claim's again.
+/// An attempt of a task held in place without a write (migration 56) is
+/// written only while its run's last task carries its claim. Recovery
+/// took the run back and another claim holds the same tasks, with the
+/// same claim counts (a held task's count is written only by its outcome):
+/// the first worker's late attempt is refused and changes nothing, and
+/// the second claim's is written. Claim tokens are never reused, so the
+/// run an attempt was written for is whole, and its next task still held
+/// (the outcome no longer reads it).
 #[tokio::test]
-async fn a_runs_outcome_whose_next_task_was_taken_back_ends_the_run() {
+async fn a_late_attempt_of_a_task_held_in_place_is_refused_once_another_claim_holds_it() {
     let db = TestDb::migrated().await;
-    submit_run_of(&db, 3).await;
+    submit_run_of(&db, 5).await;
     let mut worker = db.conn().await;
-    let run = claim_run(&mut worker, "w/1").await;
-    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
-    assert!(!complete_continuing(&mut worker, run[0], "w/1", ids[1]).await);
+    let first = claim_run(&mut worker, "w/1").await;
+    let ids: Vec<i64> = first.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.len(), 5);
+    assert!(
+        !complete_continuing(&mut worker, first[0], "w/1", ids[1]).await,
+        "the run goes on"
+    );
     recover(&mut worker, 100).await;
-    sqlx::query("UPDATE outbox_tasks SET state = 'processing', claimed_by = 'w/1', claims = claims + 1 WHERE id = $1")
-        .bind(ids[1])
-        .execute(&mut *worker)
-        .await
-        .unwrap();
-    let ends = complete_continuing(&mut worker, (ids[1], run[1].1 + 1), "w/1", ids[2]).await;
-    assert!(ends, "its next task is not the worker's: the run ends");
+    let second = claim_run(&mut worker, "w/2").await;
+    // The first run's last task went back due at recovery's clock, an
+    // hour ahead: the second run ends before it.
     assert_eq!(
-        line(&db.pool, &ids[2..]).await,
-        vec![("pending".to_owned(), false, None)],
-        "the key went on to it"
+        second,
+        vec![(ids[1], 1), (ids[2], 1), (ids[3], 1)],
+        "the rest claimed again: the task between with the same claim count"
+    );
+    assert_eq!(first[2], (ids[2], 1));
+    let before = versions(&db.pool, &ids[2..3]).await;
+    assert_eq!(
+        outcome_continuing(&mut worker, first[2], "w/1", ids[3]).await,
+        None,
+        "the first claim's attempt is not written"
+    );
+    assert_eq!(
+        versions(&db.pool, &ids[2..3]).await,
+        before,
+        "nor anything of its task"
+    );
+    assert!(!complete_continuing(&mut worker, second[0], "w/2", ids[2]).await);
+    assert!(
+        !complete_continuing(&mut worker, second[1], "w/2", ids[3]).await,
+        "the second claim's is, and its run goes on"
+    );
+    let history: Vec<(i64, i32)> =
+        sqlx::query_as("SELECT id, claims FROM outbox_task_history WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(history, vec![(ids[0], 1), (ids[1], 1), (ids[2], 1)]);
+    assert_eq!(
+        line(&db.pool, &ids[3..]).await,
+        vec![
+            ("processing".to_owned(), true, Some("w/2".to_owned())),
+            ("pending".to_owned(), true, None)
+        ]
     );
 }
 
@@ -388,7 +435,7 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
     let before = outbox_tests::tasks::task_index_fetches(&mut conn).await;
     let claimed: Vec<(String, i64, i64, i32)> = sqlx::query_as(
         "SELECT ordering_key, key_seq, id, claims FROM outbox_claim_tasks('ordered', $1, 'runs', \
-         NULL, -1::smallint, 'epoch', 0, NULL, NULL, $2, NULL)",
+         NULL, -1::smallint, 'epoch', 0, NULL, NULL, $2, NULL, true)",
     )
     .bind(KEYS)
     .bind(RUN as i32)
@@ -446,20 +493,54 @@ async fn rows(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<Str
     .unwrap()
 }
 
+/// The row versions of tasks `ids`, in key order: a write or a row lock
+/// changes a row's (xmin, xmax).
+async fn versions(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT xmin::text, xmax::text FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 /// A run's head and last task are claimed PROCESSING; the tasks between
-/// them are held in place (migration 43): PENDING and blocked under the
-/// claim's token, written without a new index entry, shown as running.
-/// The heartbeat confirms them without writing them, an operator's
-/// cancel marks one as it marks a running task, and a worker's release at
-/// shutdown puts them back in line with the rest of their run.
+/// them are held in place without a write (migration 56): PENDING,
+/// blocked and unclaimed as they were, their run's last task saying where
+/// the run starts; shown as running under the run's claim. The heartbeat
+/// confirms them by their run's last task, an operator's cancel marks one
+/// as it marks a running task, and a worker's release at shutdown leaves
+/// them in line behind the rest of their run, the cancelled one dead.
 #[tokio::test]
 async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
     let db = TestDb::migrated().await;
     submit_run_of(&db, 4).await;
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_tasks ORDER BY key_seq")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    let before = versions(&db.pool, &ids).await;
     let mut worker = db.conn().await;
     let run = claim_run(&mut worker, "w/1").await;
-    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
-    assert_eq!(ids.len(), 4, "the head and three behind it");
+    assert_eq!(
+        run.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        ids,
+        "the head and three behind it"
+    );
+    assert_eq!(
+        run.iter().map(|(_, claims)| *claims).collect::<Vec<_>>(),
+        vec![1; 4],
+        "each with the claim its attempt counts"
+    );
+    let after = versions(&db.pool, &ids).await;
+    assert_eq!(
+        after[1..3],
+        before[1..3],
+        "the two between neither written nor locked"
+    );
+    assert_ne!(after[0], before[0]);
+    assert_ne!(after[3], before[3]);
     let claimed = |state: &str, blocked, heartbeat, cancel| {
         (
             state.to_owned(),
@@ -469,36 +550,52 @@ async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
             cancel,
         )
     };
+    let unwritten = |cancel| ("pending".to_owned(), true, None, false, cancel);
     assert_eq!(
         rows(&db.pool, &ids).await,
         vec![
             claimed("processing", false, true, false),
-            claimed("pending", true, false, false),
-            claimed("pending", true, false, false),
+            unwritten(false),
+            unwritten(false),
             claimed("processing", true, true, false),
         ]
     );
-    let shown: Vec<String> = sqlx::query_scalar(
-        "SELECT state::text FROM outbox_all_tasks WHERE id = ANY($1) ORDER BY key_seq",
+    let shown: Vec<(String, Option<String>, i32)> = sqlx::query_as(
+        "SELECT state::text, claimed_by, claims FROM outbox_all_tasks WHERE id = ANY($1) \
+         ORDER BY key_seq",
     )
     .bind(&ids)
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(shown, vec!["processing"; 4], "all four shown as running");
-
-    // The two in the middle were updated on their page, with no index
-    // entry (HOT); the statistics reach the view once flushed.
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(&mut *worker)
-        .await
+    assert_eq!(
+        shown,
+        vec![("processing".to_owned(), Some("w/1".to_owned()), 1); 4],
+        "all four shown as running under the run's claim"
+    );
+    // Counted as running, not as waiting for their key, by the gauges, the
+    // overview and `tasks explain`.
+    let health = outbox::admin::queue_health(&db.pool).await.unwrap();
+    assert_eq!((health.processing, health.blocked), (4, 0));
+    let overview = outbox::admin::overview(&db.pool).await.unwrap();
+    let ordered = overview
+        .queues
+        .iter()
+        .find(|q| q.queue == "ordered")
         .unwrap();
-    wait_until(
-        &db.pool,
-        "SELECT n_tup_hot_upd >= 2 FROM pg_stat_user_tables WHERE relname = 'outbox_tasks'",
-        Duration::from_secs(120),
-    )
-    .await;
+    assert_eq!((ordered.processing, ordered.blocked), (4, 0));
+    let explained = outbox::admin::explain_task(&db.pool, outbox::TaskId(ids[1]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(
+            explained.reasons.as_slice(),
+            [outbox::admin::Reason::Running { worker: Some(w), in_run: true, .. }] if w == "w/1"
+        ),
+        "{:?}",
+        explained.reasons
+    );
 
     // The heartbeat confirms all four and writes only the two running.
     let confirmed: Vec<i64> = sqlx::query_scalar(HEARTBEAT)
@@ -513,20 +610,25 @@ async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
     let mut all = ids.clone();
     all.sort_unstable();
     assert_eq!(confirmed, all, "every task of the run is still held");
-    assert_eq!(
-        rows(&db.pool, &ids).await[1],
-        claimed("pending", true, false, false)
-    );
+    assert_eq!(rows(&db.pool, &ids).await[1], unwritten(false));
+    assert_eq!(versions(&db.pool, &ids).await[1..3], before[1..3]);
+    // Under another claim, nothing of it is confirmed but nothing is lost
+    // either: the heartbeat of a worker that lost the run.
+    let other: Vec<i64> = sqlx::query_scalar(HEARTBEAT)
+        .bind(&ids)
+        .bind(vec!["w/2"])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
+    assert_eq!(other, Vec::<i64>::new());
 
     // An operator's cancel of a held task marks it; it is not dead yet.
     let asked = outbox::admin::cancel_tasks(&db.pool, &[outbox::TaskId(ids[1])])
         .await
         .unwrap();
     assert_eq!(asked, vec![outbox::TaskId(ids[1])]);
-    assert_eq!(
-        rows(&db.pool, &ids).await[1],
-        claimed("pending", true, false, true)
-    );
+    assert_eq!(rows(&db.pool, &ids).await[1], unwritten(true));
 
     // Shutdown: the worker gives back everything held under its token.
     sqlx::query(RELEASE_CLAIMS)
@@ -553,6 +655,126 @@ async fn a_runs_middle_tasks_are_held_in_place_and_go_back_with_their_run() {
         ],
         "the head holds its key again, the cancelled one is dead, the rest wait"
     );
+}
+
+/// A build before migration 56 claims through the claim's previous
+/// signature, and its heartbeat confirms a run's held tasks by the claim on
+/// them: its runs are held as migration 43 held them (under the claim),
+/// and the statements of this build confirm, complete and show them as
+/// they did, so both builds can run on one schema during an upgrade.
+#[tokio::test]
+async fn a_run_claimed_as_builds_before_migration_56_claim_is_held_under_its_claim() {
+    let db = TestDb::migrated().await;
+    submit_run_of(&db, 4).await;
+    let mut worker = db.conn().await;
+    let mut run: Vec<(i64, i64, i32)> = sqlx::query_as(
+        "SELECT key_seq, id, claims FROM outbox_claim_tasks('ordered', 1, 'old/1', NULL, \
+         -1::smallint, 'epoch', 0, NULL, NULL, 8, NULL)",
+    )
+    .fetch_all(&mut *worker)
+    .await
+    .unwrap();
+    run.sort_unstable();
+    let ids: Vec<i64> = run.iter().map(|r| r.1).collect();
+    assert_eq!(ids.len(), 4);
+    let claimed = |state: &str, blocked, heartbeat| {
+        (
+            state.to_owned(),
+            blocked,
+            Some("old/1".to_owned()),
+            heartbeat,
+            false,
+        )
+    };
+    assert_eq!(
+        rows(&db.pool, &ids).await,
+        vec![
+            claimed("processing", false, true),
+            claimed("pending", true, false),
+            claimed("pending", true, false),
+            claimed("processing", true, true),
+        ]
+    );
+    let mut confirmed: Vec<i64> = sqlx::query_scalar(HEARTBEAT)
+        .bind(&ids)
+        .bind(vec!["old/1"])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
+    confirmed.sort_unstable();
+    let mut all = ids.clone();
+    all.sort_unstable();
+    assert_eq!(confirmed, all);
+    for step in 0..3 {
+        assert!(
+            !complete_continuing(
+                &mut worker,
+                (ids[step], run[step].2),
+                "old/1",
+                ids[step + 1]
+            )
+            .await,
+            "step {step} written, the run going on"
+        );
+    }
+    let history: Vec<i32> = sqlx::query_scalar(
+        "SELECT claims FROM outbox_task_history WHERE id = ANY($1) ORDER BY key_seq",
+    )
+    .bind(&ids)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(history, vec![1, 1, 1]);
+}
+
+/// A run given back (release_run.sql: a failure, say) or recovered leaves
+/// the tasks it held without a write in their line as they were, and makes
+/// one an operator asked to cancel meanwhile dead; the key goes to the
+/// first task left.
+#[tokio::test]
+async fn a_run_given_back_or_recovered_leaves_its_held_tasks_in_line_and_a_cancelled_one_dead() {
+    for recovered in [false, true] {
+        let db = TestDb::migrated().await;
+        submit_run_of(&db, 5).await;
+        let mut worker = db.conn().await;
+        let run = claim_run(&mut worker, "w/1").await;
+        let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids.len(), 5);
+        let asked = outbox::admin::cancel_tasks(&db.pool, &[outbox::TaskId(ids[2])])
+            .await
+            .unwrap();
+        assert_eq!(asked, vec![outbox::TaskId(ids[2])], "marked, not dead yet");
+        assert!(!complete_continuing(&mut worker, run[0], "w/1", ids[1]).await);
+        if recovered {
+            recover(&mut worker, 100).await;
+        } else {
+            sqlx::query(RELEASE_RUN)
+                .bind(ids[1..].to_vec())
+                .bind(vec!["w/1"; 4])
+                .fetch_all(&mut *worker)
+                .await
+                .unwrap();
+        }
+        let back: Vec<(String, bool, Option<String>, bool)> = sqlx::query_as(
+            "SELECT state::text, blocked, claimed_by, dead_at IS NOT NULL \
+             FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
+        )
+        .bind(&ids[1..])
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            back,
+            vec![
+                ("pending".to_owned(), false, None, false),
+                ("failed".to_owned(), false, None, true),
+                ("pending".to_owned(), true, None, false),
+                ("pending".to_owned(), true, None, false),
+            ],
+            "recovered: {recovered}"
+        );
+    }
 }
 
 /// Raising a queue's per-key concurrency during a run hands the new place
@@ -584,7 +806,9 @@ async fn a_place_handed_out_during_a_run_skips_its_held_tasks() {
         .iter()
         .map(|(_, state, blocked, by)| (state.as_str(), *blocked, by.as_deref()))
         .collect();
-    assert_eq!(held, vec![("pending", true, Some("w/1")); 6], "{line:?}");
+    // Held in place without a write (migration 56): waiting in line as
+    // they were, behind the head, before the run's last task.
+    assert_eq!(held, vec![("pending", true, None); 6], "{line:?}");
     assert_eq!(
         (line[8].0, line[8].2, line[8].3.is_none()),
         (9, false, true),
@@ -658,11 +882,23 @@ async fn an_outcome_hands_its_key_on_to_the_next_run() {
         rows(&db.pool, &ids[1..]).await,
         vec![
             (processing.clone(), false, hand.clone(), true, false),
-            (pending.clone(), true, hand.clone(), false, false),
+            // Held in place without a write (migration 56).
+            (pending.clone(), true, None, false, false),
             (processing.clone(), true, hand.clone(), true, false),
             (pending.clone(), true, None, false, false),
             (pending.clone(), true, None, false, false),
         ]
+    );
+    assert_eq!(
+        line(&db.pool, &ids[1..]).await,
+        vec![
+            (processing.clone(), false, hand.clone()),
+            (processing.clone(), true, hand.clone()),
+            (processing.clone(), true, hand.clone()),
+            (pending.clone(), true, None),
+            (pending.clone(), true, None),
+        ],
+        "shown as the run's: the one between under its claim, the two after it waiting"
     );
 }
 
@@ -698,6 +934,16 @@ async fn tasks_held_for_a_run_that_ended_without_them_go_back_once_their_worker_
     let run = claim_run(&mut worker, "w/1").await;
     let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids.len(), 4);
+    // Held as migration 43 held them, under the claim: a run claimed
+    // before migration 56 (which leaves them unwritten).
+    sqlx::query(
+        "UPDATE outbox_tasks SET claimed_by = 'w/1', claims = claims + 1, run_from = NULL \
+         WHERE id = ANY($1)",
+    )
+    .bind(vec![ids[1], ids[2], ids[3]])
+    .execute(&db.pool)
+    .await
+    .unwrap();
 
     // Its worker gone, its run whole: stuck-task recovery's, not this.
     assert!(release_orphans(&db.pool).await.is_empty());

@@ -1211,9 +1211,10 @@ async fn finished_workflows_leave_after_the_retention_and_running_ones_stay() {
 }
 
 /// Steps that share an ordering key and are released together run as one
-/// key run, whose middle tasks are held in place while claimed (migration
-/// 43); each one's completion still counts for its workflow, which
-/// completes (it would wait forever for a step deleted while PENDING).
+/// key run, whose middle tasks are held in place without a write
+/// (migration 56); each one's completion still counts for its workflow,
+/// which completes (it would wait forever for a step deleted while
+/// PENDING).
 #[tokio::test]
 async fn steps_of_one_key_completed_in_a_run_complete_their_workflow() {
     let db = TestDb::migrated().await;

@@ -307,11 +307,12 @@ async fn a_killed_workers_durable_steps_are_not_run_again() {
 /// kill -9 of a worker holding runs: each claim took a key's next step with
 /// the steps waiting behind it (`--key-run`), so most of what the worker
 /// holds at the kill are steps claimed behind their key's running one,
-/// still blocked in their keys' lines. Recovery returns every one of them:
-/// a key's running head counting an attempt, the steps of its run without
-/// one (they may never have started), the key going to the first step left
-/// in its line. The keys go on in order, and every step completes exactly
-/// once.
+/// still blocked in their keys' lines, most of them held in place without
+/// a write (migration 56: only a run's head and last task carry the claim).
+/// Recovery returns every one of them: a key's running head counting an
+/// attempt, the steps of its run without one (they may never have
+/// started), the key going to the first step left in its line. The keys go
+/// on in order, and every step completes exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_workers_runs_are_recovered_in_key_order_and_each_step_completes_once() {
     const KEYS: i64 = 4;
@@ -347,6 +348,18 @@ async fn a_killed_workers_runs_are_recovered_in_key_order_and_each_step_complete
     assert!(
         in_runs >= 4,
         "the kill caught runs: {in_runs} of {held} held"
+    );
+    // Shown as running under their run's claim, not written as such.
+    let unwritten: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_all_tasks AS v JOIN outbox_tasks AS t USING (id) \
+         WHERE v.state = 'processing' AND t.state = 'pending' AND t.claimed_by IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        unwritten >= 1,
+        "the kill caught tasks held in place without a write"
     );
 
     let mut second = WorkerProcess::spawn(WORKER, &db.url, &args);
@@ -407,8 +420,9 @@ async fn a_killed_workers_runs_are_recovered_in_key_order_and_each_step_complete
     .await
     .unwrap();
     eprintln!(
-        "kill -9 holding runs: {held} steps held ({in_runs} of them claimed behind their key's head); \
-         {counted} recovered counting an attempt; {} attempts for {} steps",
+        "kill -9 holding runs: {held} steps held ({in_runs} of them claimed behind their key's head, \
+         and {unwritten} more held in place without a write); {counted} recovered counting an \
+         attempt; {} attempts for {} steps",
         attempts.len(),
         KEYS * STEPS
     );

@@ -3,8 +3,10 @@
 //! and so does an outcome that hands a key on to its next task (migration
 //! 46). They stay blocked in the database, so no claim can take them: the
 //! run's last task is written PROCESSING and holds the key until the run
-//! ends, and those between are held in place under the claim (migration
-//! 43), so no hand-over gives the key to another task while the run goes on.
+//! ends, so no hand-over gives the key to another task while the run goes
+//! on, and those between are held in place without a write (migration 56:
+//! the last task says where the run starts, and their outcomes are checked
+//! against it; builds before it wrote the claim on each, migration 43).
 //!
 //! Here they go on one at a time: a task's run travels with it (with its
 //! place in the queue's capacity) to its outcome, and only once that

@@ -20,7 +20,17 @@ WITH keys AS (
         WHERE (o.queue, o.ordering_key) IN (
             SELECT t.queue, t.ordering_key FROM outbox_tasks AS t
             WHERE t.id = ANY($1::bigint[]) AND t.ordering_key IS NOT NULL
-              AND t.state <> 'processing' AND t.claimed_by IS NULL)
+              AND t.state <> 'processing' AND t.claimed_by IS NULL
+              -- Nor a task its run holds in place without a write
+              -- (migration 56): it is running as far as a cancel goes.
+              AND NOT (t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
+                       AND EXISTS (
+                           SELECT 1 FROM outbox_tasks AS p
+                           WHERE p.queue = t.queue AND p.ordering_key = t.ordering_key
+                             AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
+                             AND p.run_from <= t.key_seq
+                             AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+                             AND (p.dead_at IS NULL OR NOT p.skip_dead))))
         ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE OF o) AS l
 )

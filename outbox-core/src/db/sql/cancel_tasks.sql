@@ -33,9 +33,17 @@ WITH waiting AS (
     WHERE id = ANY($1::bigint[])
       AND state IN ('pending', 'failed')
       AND dead_at IS NULL
-      -- Not a task of a run held in place (migration 43): that one is
-      -- claimed, and is marked below like a running task.
+      -- Not a task of a run held in place (migrations 43 and 56): that
+      -- one is marked below like a running task.
       AND claimed_by IS NULL
+      AND NOT (outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
+               AND EXISTS (
+                   SELECT 1 FROM outbox_tasks AS p
+                   WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
+                     AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
+                     AND p.run_from <= outbox_tasks.key_seq
+                     AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+                     AND (p.dead_at IS NULL OR NOT p.skip_dead)))
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -49,7 +57,15 @@ running AS (
     WHERE id = ANY($1::bigint[])
       -- IS TRUE: by primary key, never the running tasks' index read
       -- whole (heartbeat.sql says why).
-      AND (state = 'processing' OR claimed_by IS NOT NULL) IS TRUE
+      AND ((state = 'processing' OR claimed_by IS NOT NULL) IS TRUE
+           OR outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
+              AND EXISTS (
+                  SELECT 1 FROM outbox_tasks AS p
+                  WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
+                    AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
+                    AND p.run_from <= outbox_tasks.key_seq
+                    AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+                    AND (p.dead_at IS NULL OR NOT p.skip_dead)))
       AND cancel_requested_at IS NULL
     RETURNING id
 ),

@@ -38,7 +38,11 @@
 -- above this one (none when null) are moved into outbox_tasks, whatever
 -- their queue; `intake_to` is the highest id moved, and when nothing is
 -- claimed, one row with a null id carries it.
+--
+-- A run's tasks between its head and its last are held in place without
+-- a write (the last argument, migration 56): the run's last task carries
+-- the claim for them.
 SELECT id, task_type, queue, payload, retry_count, max_attempts, claims, ordered, key_seq,
        created_at, trace_context, priority, execute_at, workflow_id, follows, ordering_key,
        intake_to
-FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+FROM outbox_claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, true)

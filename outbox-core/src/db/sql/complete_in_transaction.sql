@@ -11,8 +11,18 @@ WITH task AS (
     SELECT id, coalesce(unique_states & 8, 0) = 0 AS archive
     FROM outbox_tasks
     WHERE id = $1
-      AND claims = $2
-      AND claimed_by = $3
+      AND (claims = $2 AND claimed_by = $3
+           -- A task its run holds in place without a write (migration 56).
+           OR claims = $2 - 1
+           AND outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
+           AND EXISTS (
+               SELECT 1 FROM outbox_tasks AS p
+               WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
+                 AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
+                 AND p.run_from <= outbox_tasks.key_seq
+                 AND p.claimed_by = $3
+                 AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+                 AND (p.dead_at IS NULL OR NOT p.skip_dead)))
       AND (cancel_requested_at IS NULL OR workflow_id IS NOT NULL)
     FOR UPDATE
 ),
@@ -30,7 +40,8 @@ archived AS (
                                      max_attempts, claims, execute_at, created_at, attempted_at,
                                      finished_at, last_error, result, unique_key, ordering_key,
                                      key_seq)
-    SELECT id, task_type, queue, payload, priority, retry_count, max_attempts, claims,
+    SELECT id, task_type, queue, payload, priority, retry_count, max_attempts,
+           claims + CASE WHEN claimed_by IS NULL THEN 1 ELSE 0 END,
            execute_at, created_at, attempted_at, clock_timestamp(), last_error, $4::jsonb, unique_key,
            ordering_key, key_seq
     FROM gone
@@ -39,6 +50,7 @@ kept AS (
     UPDATE outbox_tasks AS t
     SET state = 'completed',
         finished_at = clock_timestamp(),
+        claims = t.claims + CASE WHEN t.claimed_by IS NULL THEN 1 ELSE 0 END,
         claimed_by = NULL,
         heartbeat_at = NULL,
         result = $4::jsonb,

@@ -27,8 +27,20 @@ SELECT
       ORDER BY h.key_seq LIMIT 1) AS key_holder,
     (SELECT count(*) FROM outbox_tasks AS w
       WHERE w.queue = t.queue AND w.ordering_key = t.ordering_key AND w.blocked
-        -- Not the tasks of a run held in place (migration 43): claimed.
-        AND w.claimed_by IS NULL) AS key_waiting,
+        -- Not the tasks of a run held in place: claimed (migration 43),
+        -- or between where a run starts and its last task (migration 56),
+        -- counted from the key's holders.
+        AND w.claimed_by IS NULL)
+      - (SELECT count(*)
+         FROM outbox_tasks AS r
+         JOIN outbox_tasks AS w
+           ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
+          AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
+          AND w.state = 'pending' AND w.claimed_by IS NULL
+         WHERE r.queue = t.queue AND r.ordering_key = t.ordering_key
+           AND (r.blocked AND r.state = 'processing') IS TRUE
+           AND (NOT r.blocked OR r.state = 'processing') AND r.state <> 'completed'
+           AND (r.dead_at IS NULL OR NOT r.skip_dead)) AS key_waiting,
     q.paused_at,
     q.global_concurrency,
     q.rate_per_second,

@@ -8,7 +8,8 @@
 --
 -- The runs are claimed once outbox_complete_tasks has returned: it hands
 -- the keys on in statements of its own, whose writes those of
--- outbox_hold_runs see.
+-- outbox_hold_runs see. Their tasks between a run's head and its last are
+-- held in place without a write (migration 56), as a claim's are.
 ),
 handed AS (
     SELECT ARRAY(SELECT o.id FROM o WHERE o.handed AND o.claimed) AS heads
@@ -18,5 +19,5 @@ UNION ALL
 SELECT r.id, true, true, r.queue, r.task_type, r.payload, r.retry_count, r.max_attempts, r.claims,
        r.key_seq, r.created_at, r.trace_context, true, r.workflow_id, NULL, NULL, NULL, r.run_of
 FROM handed CROSS JOIN LATERAL outbox_hold_runs(handed.heads, $7::text, $11::int,
-                                                $4::timestamptz) AS r
+                                                $4::timestamptz, true) AS r
 WHERE cardinality(handed.heads) > 0

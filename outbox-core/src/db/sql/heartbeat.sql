@@ -24,9 +24,10 @@
 -- running tasks for empty (a table analyzed while nothing ran), which
 -- would otherwise be read whole (migration 34 says more).
 --
--- The tasks of a run held in place (migration 43) are confirmed, not
--- written: the run's last task, PROCESSING, carries the run's heartbeat,
--- and recovery takes them back with it.
+-- The tasks of a run held in place are confirmed, not written: the run's
+-- last task, PROCESSING, carries the run's heartbeat, and recovery takes
+-- them back with it. Held under migration 43 they carry the claim; held
+-- without a write (migration 56), their run's last task does.
 WITH held AS (
     SELECT id
     FROM outbox_tasks
@@ -45,7 +46,16 @@ beat AS (
 SELECT id, cancel FROM beat
 UNION ALL
 SELECT id, cancel_requested_at IS NOT NULL
-FROM outbox_tasks
+FROM outbox_tasks AS t
 WHERE id = ANY($1::bigint[])
-  AND claimed_by = ANY($2::text[])
   AND (state = 'pending') IS TRUE
+  AND (claimed_by = ANY($2::text[])
+       OR t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
+       AND EXISTS (
+           SELECT 1 FROM outbox_tasks AS p
+           WHERE p.queue = t.queue AND p.ordering_key = t.ordering_key
+             AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
+             AND p.run_from <= t.key_seq
+             AND p.claimed_by = ANY($2::text[])
+             AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+             AND (p.dead_at IS NULL OR NOT p.skip_dead)))

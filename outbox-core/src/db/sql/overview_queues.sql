@@ -17,12 +17,23 @@ WITH live AS (
           SELECT queue, created_at, 'pending' FROM outbox_intake) AS t
     GROUP BY queue
 ), waiting AS (
-    -- The tasks of a run held in place (migration 43) are blocked and
-    -- PENDING but claimed: they count as processing.
-    SELECT queue, count(*) AS blocked,
-           count(*) FILTER (WHERE state = 'pending' AND claimed_by IS NOT NULL) AS held
-    FROM outbox_tasks WHERE blocked
-    GROUP BY queue
+    -- The tasks of a run held in place are blocked and PENDING but
+    -- claimed: they count as processing. Held under the claim (migration
+    -- 43), or without a write (migration 56): from where the run starts
+    -- to its last task, which is blocked and PROCESSING.
+    SELECT b.queue, count(*) AS blocked,
+           count(*) FILTER (WHERE b.state = 'pending' AND b.claimed_by IS NOT NULL) AS held
+    FROM outbox_tasks AS b WHERE b.blocked
+    GROUP BY b.queue
+), unwritten AS (
+    SELECT r.queue, count(*) AS held
+    FROM outbox_tasks AS r
+    JOIN outbox_tasks AS w
+      ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
+     AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL
+    WHERE r.state = 'processing' AND r.blocked
+    GROUP BY r.queue
 ), running AS (
     -- Tasks claimed in a run (migration 28) stay blocked: they count as
     -- processing, not as waiting.
@@ -45,8 +56,9 @@ SELECT q.queue,
        coalesce(l.available, 0) AS available,
        coalesce(l.scheduled, 0) AS scheduled,
        coalesce(l.retrying, 0) AS retrying,
-       coalesce(w.blocked, 0) - coalesce(r.in_runs, 0) - coalesce(w.held, 0) AS blocked,
-       coalesce(r.processing, 0) + coalesce(w.held, 0) AS processing,
+       coalesce(w.blocked, 0) - coalesce(r.in_runs, 0) - coalesce(w.held, 0)
+           - coalesce(u.held, 0) AS blocked,
+       coalesce(r.processing, 0) + coalesce(w.held, 0) + coalesce(u.held, 0) AS processing,
        coalesce(d.dead, 0) AS dead,
        coalesce(h.completed, 0) AS completed_last_hour,
        coalesce(h.failed, 0) AS failed_last_hour,
@@ -54,6 +66,7 @@ SELECT q.queue,
 FROM queues q
 LEFT JOIN live l USING (queue)
 LEFT JOIN waiting w USING (queue)
+LEFT JOIN unwritten u USING (queue)
 LEFT JOIN running r USING (queue)
 LEFT JOIN dead d USING (queue)
 LEFT JOIN hour h USING (queue)

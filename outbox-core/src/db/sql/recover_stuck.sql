@@ -9,7 +9,7 @@
 -- lease, so a leader that went silent and lost its lease cannot act on
 -- what it saw before.
 WITH candidates AS (
-    SELECT id, queue, ordering_key, claimed_by, blocked
+    SELECT id, queue, ordering_key, claimed_by, blocked, key_seq, run_from
     FROM outbox_tasks
     WHERE state = 'processing'
       AND heartbeat_at < coalesce($3::timestamptz, now()) - $1 * interval '1 microsecond'
@@ -59,6 +59,16 @@ held AS (
       ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
      AND w.state = 'pending' AND w.claimed_by = c.claimed_by
     WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
+    UNION ALL
+    -- Held without a write (migration 56): not written, they wait in
+    -- their line as they did, but one an operator asked to cancel is dead.
+    SELECT w.id
+    FROM candidates AS c
+    JOIN outbox_tasks AS w
+      ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
+     AND w.key_seq >= c.run_from AND w.key_seq < c.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
+    WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
 ),
 done AS (
     -- A task of a run (still blocked, migration 28) goes back to its key's
@@ -90,7 +100,9 @@ done AS (
     WHERE t.id = ANY (ARRAY(SELECT stuck.id FROM stuck UNION ALL SELECT held.id FROM held))
       -- Checked again once locked: a held task's claim may have ended
       -- meanwhile (its run given back, then claimed anew).
-      AND t.claimed_by IN (SELECT c.claimed_by FROM candidates AS c)
+      AND (t.claimed_by IN (SELECT c.claimed_by FROM candidates AS c)
+           OR t.claimed_by IS NULL AND t.cancel_requested_at IS NOT NULL
+              AND t.state = 'pending' AND t.blocked)
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
 ),
 handed AS (

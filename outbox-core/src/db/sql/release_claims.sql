@@ -28,6 +28,19 @@ WITH targets AS (
     WHERE $2::bigint[] IS NOT NULL AND w.id = ANY($2::bigint[]) AND w.state = 'pending'
       AND (w.id, w.claimed_by) IN (SELECT * FROM unnest($2::bigint[], $1::text[]))
 ),
+-- A run's tasks held in place without a write (migration 56) wait in
+-- their key's line as they did; those an operator asked to cancel are
+-- dead, in the runs whose last task goes back here.
+cancelled_held AS (
+    SELECT w.id
+    FROM outbox_tasks AS r
+    JOIN outbox_tasks AS w
+      ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
+     AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
+    WHERE r.id = ANY (ARRAY(SELECT targets.id FROM targets)) AND r.blocked
+      AND (r.state = 'processing') IS TRUE AND r.claimed_by = ANY($1::text[])
+),
 done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
@@ -43,8 +56,11 @@ done AS (
         execute_at = least(execute_at, now()),
         updated_at = now()
     -- By primary key; the claim checked again once the row is locked.
-    WHERE id = ANY (ARRAY(SELECT targets.id FROM targets))
-      AND claimed_by = ANY($1::text[])
+    WHERE id = ANY (ARRAY(SELECT targets.id FROM targets UNION ALL
+                          SELECT c.id FROM cancelled_held AS c))
+      AND (claimed_by = ANY($1::text[])
+           OR claimed_by IS NULL AND cancel_requested_at IS NOT NULL
+              AND id IN (SELECT c.id FROM cancelled_held AS c))
     RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
 ),
 handed AS (

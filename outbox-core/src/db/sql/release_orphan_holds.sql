@@ -8,7 +8,9 @@
 -- without its held ones), and from anything else that ends a run's
 -- running tasks without its held ones. Each goes back to its key's line,
 -- unclaimed, without an attempt (it never started); one an operator asked
--- to cancel is dead. The key then goes to the first task in line, if
+-- to cancel is dead. (A run held without a write, migration 56, leaves no
+-- orphan: its tasks between wait in their line, and only its PROCESSING
+-- tasks carry the claim.) The key then goes to the first task in line, if
 -- nothing holds it.
 -- $1 clock override, $2 the maintenance leader running it (null for a
 -- direct call), $3 batch size, $4 heartbeat timeout in microseconds: a

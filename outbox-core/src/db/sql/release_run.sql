@@ -9,8 +9,21 @@
 -- (worker/deferred_keys.rs). The keys of tasks that are no longer this
 -- worker's are let go of too (belt and braces: recovery takes a run back
 -- only whole, so no outcome before them kept a key for a task recovery
--- had taken). $1 task ids, $2 claim tokens.
-WITH done AS (
+-- had taken). A task held in place without a write (migration 56) is
+-- not written here: it waits in its key's line as it did, unless an
+-- operator asked to cancel it, and then it is dead, as one held under the
+-- claim is. $1 task ids, $2 claim tokens.
+WITH cancelled_held AS (
+    SELECT w.id
+    FROM outbox_tasks AS r
+    JOIN outbox_tasks AS w
+      ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
+     AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
+    WHERE r.id = ANY ($1::bigint[]) AND (r.state = 'processing') IS TRUE AND r.blocked
+      AND (r.id, r.claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+),
+done AS (
     UPDATE outbox_tasks
     SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'failed' ELSE 'pending' END::outbox_task_state,
         -- An operator asked to cancel it: dead, not released.
@@ -24,12 +37,15 @@ WITH done AS (
         heartbeat_at = NULL,
         execute_at = least(execute_at, now()),
         updated_at = now()
-    WHERE id = ANY ($1::bigint[])
+    WHERE id = ANY ($1::bigint[] || ARRAY(SELECT c.id FROM cancelled_held AS c))
       -- IS TRUE: by primary key, never the running tasks' index read
       -- whole (heartbeat.sql says why).
       -- (PROCESSING, or held in place: migration 43).
       AND (state = 'processing' OR (state = 'pending' AND blocked)) IS TRUE
-      AND (id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+      AND ((id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+           -- Checked again once locked (migration 56, above).
+           OR claimed_by IS NULL AND cancel_requested_at IS NOT NULL
+              AND id IN (SELECT c.id FROM cancelled_held AS c))
     RETURNING id, queue, ordering_key
 ),
 keys AS (
