@@ -1062,4 +1062,5 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION outbox_run_claim(text, text, bigint);
 ALTER TABLE outbox_tasks DROP COLUMN run_from;

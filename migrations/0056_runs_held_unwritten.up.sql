@@ -27,17 +27,48 @@
 -- * a hand-over never gives a key to such a task (outbox_keys_let_go);
 -- * the heartbeat confirms them by their run's last task; an operator's
 --   cancel marks them as running tasks (heartbeat.sql, cancel_tasks.sql);
--- * views and counts show them waiting in their key's line, which is what
---   they do until their run reaches them.
+-- * views and counts show them running under their run's claim, as
+--   before;
+-- * a claim locks each head's key (FOR SHARE, without waiting) before it
+--   reads the head's line, so that an operator's cancel of a task in the
+--   line (which locks the key first) and the claim are ordered, and takes
+--   no run beside another run of the key; recovery locks a run's held
+--   tasks without waiting and passes over a run with one locked elsewhere
+--   (its outcome in flight); a release locks them before it judges their
+--   cancels.
 --
 -- Tasks held under migration 43 (claimed_by set) are still understood
 -- everywhere: a worker that claimed them before this migration completes
 -- them, and recovery, releases and orphan holds take them back as before.
+-- Builds before this migration call the claim's previous signatures
+-- (outbox_claim_tasks without runs_unwritten, outbox_hold_runs likewise),
+-- which hold runs that way still: their heartbeat knows no other kind.
 
 -- Where a run starts in its key's line, on the run's last task (blocked
 -- and PROCESSING): the tasks of the key from there to it are the run's,
 -- held in place without a write.
 ALTER TABLE outbox_tasks ADD COLUMN run_from bigint;
+
+-- The claim of the run that holds the task at `seq` in key k's line of
+-- queue q without a write, or null: the run's last task comes after it,
+-- blocked and PROCESSING under the claim, and the run starts at or before
+-- it. The caller checks the task itself (blocked, PENDING, unclaimed).
+-- The key holders' index finds the last task (a key's head and last):
+-- its predicate is stated, and the run's state test is written `IS TRUE`
+-- so that the index of every running task is not read instead. The
+-- outcome functions test the same inline (a call per attempt costs more
+-- than the test).
+CREATE FUNCTION outbox_run_claim(q text, k text, seq bigint) RETURNS text
+LANGUAGE sql STABLE
+AS $fn$
+    SELECT p.claimed_by FROM outbox_tasks AS p
+    WHERE p.queue = q AND p.ordering_key = k
+      AND (p.blocked AND p.state = 'processing') IS TRUE
+      AND p.key_seq > seq AND p.run_from <= seq
+      AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+      AND (p.dead_at IS NULL OR NOT p.skip_dead)
+    LIMIT 1
+$fn$;
 
 -- The claim, for a build that holds a run's middle tasks without a write
 -- (runs_unwritten true) or as migration 43 did (false: what the previous
@@ -77,6 +108,8 @@ DECLARE
     -- Where each of those runs starts in its key's line (its head's
     -- key_seq), written on its last task (migration 56).
     last_froms bigint[] := '{}';
+    -- The heads' keys locked for their runs (migration 56).
+    run_keys text[] := '{}';
     moved_to bigint;
 BEGIN
     -- First the intake (migration 31): up to 1,000 committed tasks above
@@ -151,9 +184,32 @@ BEGIN
     -- one an operator retried back into it ahead of the head included.
     IF run_length > 1 AND cardinality(keyed_ids) > 0
        AND coalesce((SELECT s.per_key_concurrency FROM outbox_queues AS s WHERE s.name = q), 1) = 1 THEN
+        -- The heads' keys, locked FOR SHARE without waiting before their
+        -- lines are read (migration 56): an operator's cancel of a task
+        -- waiting in a line locks its key first (cancel_lock.sql). So the
+        -- lines, read after, see every cancel committed before; a cancel
+        -- that comes after waits, then finds the run's last task
+        -- PROCESSING and marks the task as a running one. A key locked
+        -- elsewhere (a cancel, an open submit) gets no run this time. (A
+        -- run written as migration 43 wrote it locks its tasks instead.)
+        SELECT coalesce(array_agg(o.ordering_key), '{}') INTO run_keys
+        FROM (SELECT o.ordering_key FROM outbox_keys AS o
+              WHERE runs_unwritten AND o.queue = q AND o.ordering_key = ANY (keyed_keys)
+              FOR SHARE SKIP LOCKED) AS o;
         WITH heads AS (
             SELECT h.id, h.ordering_key, h.key_seq
             FROM unnest(keyed_ids, keyed_keys, keyed_seqs) AS h(id, ordering_key, key_seq)
+            WHERE (NOT runs_unwritten OR h.ordering_key = ANY (run_keys))
+              -- No run while another run holds the key (its last task,
+              -- blocked and PROCESSING): the tasks it holds without a write
+              -- are in this head's line (a place handed out while an
+              -- operator raised the key's concurrency, say).
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox_tasks AS p
+                  WHERE p.queue = q AND p.ordering_key = h.ordering_key
+                    AND (p.blocked AND p.state = 'processing') IS TRUE
+                    AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
+                    AND (p.dead_at IS NULL OR NOT p.skip_dead))
         ),
         line AS MATERIALIZED (
             SELECT heads.id AS head, heads.key_seq AS head_seq, w.id, w.key_seq, w.ok
@@ -173,9 +229,9 @@ BEGIN
         -- (an operator's cancel, say) ends the run before it. Held without
         -- a write (migration 56), they are neither locked nor written but
         -- the last: the key is this claim's from its head on, so no claim
-        -- or hand-over takes them, and their outcomes are checked against
-        -- the run's last task; a task an operator cancels meanwhile is
-        -- seen by its outcome, which then ends the run.
+        -- or hand-over takes them, their outcomes are checked against the
+        -- run's last task, and a cancel is ordered with this claim by the
+        -- key's lock (above).
         locked AS MATERIALIZED (
             SELECT t.id
             FROM outbox_tasks AS t
@@ -192,7 +248,8 @@ BEGIN
             FROM line LEFT JOIN locked ON locked.id = line.id
         ),
         taken AS MATERIALIZED (
-            SELECT run.id, run.head_seq,
+            SELECT run.id,
+                   least(run.head_seq, min(run.key_seq) OVER (PARTITION BY run.head)) AS head_seq,
                    run.key_seq = max(run.key_seq) OVER (PARTITION BY run.head) AS last
             FROM run WHERE run.taken
         )
@@ -1102,14 +1159,8 @@ BEGIN
               -- place or not (migrations 43 and 56: one held without a
               -- write lies before its run's last task).
               AND t.state <> 'processing' AND t.claimed_by IS NULL
-              AND NOT (t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
-                       AND EXISTS (
-                           SELECT 1 FROM outbox_tasks AS p
-                           WHERE p.queue = t.queue AND p.ordering_key = t.ordering_key
-                             AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
-                             AND p.run_from <= t.key_seq
-                             AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-                             AND (p.dead_at IS NULL OR NOT p.skip_dead)))
+              AND NOT (t.state = 'pending'
+                       AND outbox_run_claim(t.queue, t.ordering_key, t.key_seq) IS NOT NULL)
             ORDER BY t.key_seq
             LIMIT greatest(room.free, 0)) AS w
         WHERE room.free > 0
@@ -1181,14 +1232,8 @@ SELECT t.id, t.task_type, t.queue, t.payload,
        t.ordering_key, t.key_seq, t.blocked, t.skip_dead, t.attempted_at
 FROM outbox_tasks AS t
 LEFT JOIN LATERAL (
-    SELECT p.claimed_by FROM outbox_tasks AS p
-    WHERE t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
-      AND p.queue = t.queue AND p.ordering_key = t.ordering_key
-      AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
-      AND p.run_from <= t.key_seq
-      AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-      AND (p.dead_at IS NULL OR NOT p.skip_dead)
-    LIMIT 1) AS r ON true
+    SELECT outbox_run_claim(t.queue, t.ordering_key, t.key_seq) AS claimed_by
+    WHERE t.claimed_by IS NULL AND t.blocked AND t.state = 'pending') AS r ON true
 UNION ALL
 SELECT id, task_type, queue, payload, 'completed'::outbox_task_state, priority, retry_count,
        max_attempts, claims, execute_at, created_at, finished_at, NULL::text, NULL::timestamptz,

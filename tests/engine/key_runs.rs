@@ -152,7 +152,7 @@ async fn a_key_run_of_one_claims_each_task_alone() {
     assert_eq!(counters.snapshot().tasks_run_on, 0);
 }
 
-const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
+pub(crate) const COMPLETE: &str = include_str!("../../outbox-core/src/db/sql/complete_tasks.sql");
 /// The success outcome as the worker sends it when it offers places and
 /// takes runs (`db::complete_tasks`).
 const COMPLETE_HANDING_RUNS: &str = concat!(
@@ -160,12 +160,12 @@ const COMPLETE_HANDING_RUNS: &str = concat!(
     include_str!("../../outbox-core/src/db/sql/complete_tasks.sql"),
     include_str!("../../outbox-core/src/db/sql/hand_on_runs.sql")
 );
-const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
-const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
+pub(crate) const RECOVER: &str = include_str!("../../outbox-core/src/db/sql/recover_stuck.sql");
+pub(crate) const RELEASE_RUN: &str = include_str!("../../outbox-core/src/db/sql/release_run.sql");
 
 /// Claims key `r`'s head with its run under `token`, as a worker does:
 /// (id, claims) in key order.
-async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)> {
+pub(crate) async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)> {
     use sqlx::Row;
     let rows = crate::claim_sql::claim(conn, "ordered", 1, token, 8).await;
     let mut run: Vec<(i64, i64, i32)> = rows
@@ -180,7 +180,7 @@ async fn claim_run(conn: &mut sqlx::PgConnection, token: &str) -> Vec<(i64, i32)
 
 /// The outcome of `head` as the worker writes it when its run goes on with
 /// `next`: whether the statement says the run ends here.
-async fn complete_continuing(
+pub(crate) async fn complete_continuing(
     conn: &mut sqlx::PgConnection,
     head: (i64, i32),
     token: &str,
@@ -192,7 +192,7 @@ async fn complete_continuing(
 }
 
 /// As complete_continuing: None when the attempt is not written.
-async fn outcome_continuing(
+pub(crate) async fn outcome_continuing(
     conn: &mut sqlx::PgConnection,
     head: (i64, i32),
     token: &str,
@@ -219,7 +219,7 @@ async fn outcome_continuing(
 }
 
 /// (state, blocked, claimed_by) of each task, in key order.
-async fn line(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<String>)> {
+pub(crate) async fn line(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<String>)> {
     let mut rows = Vec::new();
     for id in ids {
         rows.push(
@@ -237,7 +237,7 @@ async fn line(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<Str
 
 /// Stuck-task recovery as if the heartbeat timeout had passed, `limit`
 /// tasks at most.
-async fn recover(conn: &mut sqlx::PgConnection, limit: i64) {
+pub(crate) async fn recover(conn: &mut sqlx::PgConnection, limit: i64) {
     sqlx::query(RECOVER)
         .bind(1_i64)
         .bind(limit)
@@ -249,7 +249,7 @@ async fn recover(conn: &mut sqlx::PgConnection, limit: i64) {
 }
 
 /// Submits `n` tasks of key `r`, in one transaction.
-async fn submit_run_of(db: &TestDb, n: i64) {
+pub(crate) async fn submit_run_of(db: &TestDb, n: i64) {
     let mut batch = outbox::Batch::new();
     for n in 1..=n {
         batch.push(&Step::new("r", n, 0)).unwrap();
@@ -476,12 +476,15 @@ async fn a_runs_claim_and_outcome_read_by_primary_key_under_stale_statistics() {
     );
 }
 
-const HEARTBEAT: &str = include_str!("../../outbox-core/src/db/sql/heartbeat.sql");
+pub(crate) const HEARTBEAT: &str = include_str!("../../outbox-core/src/db/sql/heartbeat.sql");
 const RELEASE_CLAIMS: &str = include_str!("../../outbox-core/src/db/sql/release_claims.sql");
 
 /// (state, blocked, claimed_by, heartbeat set, cancel asked) of each task
 /// as the table holds it, in key order.
-async fn rows(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<String>, bool, bool)> {
+pub(crate) async fn rows(
+    pool: &sqlx::PgPool,
+    ids: &[i64],
+) -> Vec<(String, bool, Option<String>, bool, bool)> {
     sqlx::query_as(
         "SELECT state::text, blocked, claimed_by, heartbeat_at IS NOT NULL, \
                 cancel_requested_at IS NOT NULL \
@@ -495,7 +498,7 @@ async fn rows(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, bool, Option<Str
 
 /// The row versions of tasks `ids`, in key order: a write or a row lock
 /// changes a row's (xmin, xmax).
-async fn versions(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, String)> {
+pub(crate) async fn versions(pool: &sqlx::PgPool, ids: &[i64]) -> Vec<(String, String)> {
     sqlx::query_as(
         "SELECT xmin::text, xmax::text FROM outbox_tasks WHERE id = ANY($1) ORDER BY key_seq",
     )

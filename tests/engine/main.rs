@@ -17,6 +17,7 @@ mod history;
 mod intake;
 mod key_places;
 mod key_runs;
+mod key_runs_unwritten;
 mod lookups_by_id;
 mod migrations;
 mod ordering;

@@ -24,13 +24,7 @@ WITH keys AS (
               -- Nor a task its run holds in place without a write
               -- (migration 56): it is running as far as a cancel goes.
               AND NOT (t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
-                       AND EXISTS (
-                           SELECT 1 FROM outbox_tasks AS p
-                           WHERE p.queue = t.queue AND p.ordering_key = t.ordering_key
-                             AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
-                             AND p.run_from <= t.key_seq
-                             AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-                             AND (p.dead_at IS NULL OR NOT p.skip_dead))))
+                       AND outbox_run_claim(t.queue, t.ordering_key, t.key_seq) IS NOT NULL))
         ORDER BY o.queue COLLATE "C", o.ordering_key COLLATE "C"
         FOR UPDATE OF o) AS l
 )

@@ -37,13 +37,7 @@ WITH waiting AS (
       -- one is marked below like a running task.
       AND claimed_by IS NULL
       AND NOT (outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
-               AND EXISTS (
-                   SELECT 1 FROM outbox_tasks AS p
-                   WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
-                     AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
-                     AND p.run_from <= outbox_tasks.key_seq
-                     AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-                     AND (p.dead_at IS NULL OR NOT p.skip_dead)))
+               AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) IS NOT NULL)
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -59,13 +53,7 @@ running AS (
       -- whole (heartbeat.sql says why).
       AND ((state = 'processing' OR claimed_by IS NOT NULL) IS TRUE
            OR outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
-              AND EXISTS (
-                  SELECT 1 FROM outbox_tasks AS p
-                  WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
-                    AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
-                    AND p.run_from <= outbox_tasks.key_seq
-                    AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-                    AND (p.dead_at IS NULL OR NOT p.skip_dead)))
+              AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) IS NOT NULL)
       AND cancel_requested_at IS NULL
     RETURNING id
 ),

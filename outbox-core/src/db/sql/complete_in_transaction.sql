@@ -15,14 +15,7 @@ WITH task AS (
            -- A task its run holds in place without a write (migration 56).
            OR claims = $2 - 1
            AND outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
-           AND EXISTS (
-               SELECT 1 FROM outbox_tasks AS p
-               WHERE p.queue = outbox_tasks.queue AND p.ordering_key = outbox_tasks.ordering_key
-                 AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > outbox_tasks.key_seq
-                 AND p.run_from <= outbox_tasks.key_seq
-                 AND p.claimed_by = $3
-                 AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-                 AND (p.dead_at IS NULL OR NOT p.skip_dead)))
+           AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) = $3)
       AND (cancel_requested_at IS NULL OR workflow_id IS NOT NULL)
     FOR UPDATE
 ),

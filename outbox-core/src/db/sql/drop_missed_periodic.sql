@@ -12,6 +12,10 @@ WITH dropped AS (
     DELETE FROM outbox_tasks
     WHERE queue = $4 AND task_type = $3
       AND state = 'pending' AND claims = 0 AND dead_at IS NULL
+      -- Not one a run holds without a write (migration 56): it may be
+      -- running.
+      AND NOT (blocked AND claimed_by IS NULL
+               AND outbox_run_claim(queue, ordering_key, key_seq) IS NOT NULL)
       AND execute_at < $2
       AND ($5::timestamptz IS NULL OR execute_at > $5::timestamptz)
       AND left(unique_key, length('periodic:' || $1 || ':')) = 'periodic:' || $1 || ':'

@@ -51,11 +51,4 @@ WHERE id = ANY($1::bigint[])
   AND (state = 'pending') IS TRUE
   AND (claimed_by = ANY($2::text[])
        OR t.claimed_by IS NULL AND t.blocked AND t.state = 'pending'
-       AND EXISTS (
-           SELECT 1 FROM outbox_tasks AS p
-           WHERE p.queue = t.queue AND p.ordering_key = t.ordering_key
-             AND (p.blocked AND p.state = 'processing') IS TRUE AND p.key_seq > t.key_seq
-             AND p.run_from <= t.key_seq
-             AND p.claimed_by = ANY($2::text[])
-             AND (NOT p.blocked OR p.state = 'processing') AND p.state <> 'completed'
-             AND (p.dead_at IS NULL OR NOT p.skip_dead)))
+       AND outbox_run_claim(t.queue, t.ordering_key, t.key_seq) = ANY($2::text[]))

@@ -38,17 +38,49 @@ WITH candidates AS (
 -- claim: migration 43) go back to their line with the run's last task,
 -- which is PROCESSING under the same claim and key and carries the run's
 -- heartbeat; none of them counts an attempt.
+--
+-- The tasks a run holds without a write (migration 56: between where it
+-- starts and its last task) are locked here without waiting, and a run
+-- with one locked elsewhere waits for the next round too: its outcome in
+-- flight (it then goes on with the run, which must still be whole when it
+-- commits), or an operator's cancel (seen next round). Taken back, they
+-- are not written: they wait in their line as they did, the key going to
+-- the first of them, except one an operator asked to cancel, which is
+-- dead.
+unwritten AS (
+    SELECT c.id AS last_id, w.id, w.cancel_requested_at IS NOT NULL AS cancel
+    FROM candidates AS c
+    JOIN outbox_tasks AS w
+      ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
+     AND w.key_seq >= c.run_from AND w.key_seq < c.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL
+    WHERE c.blocked
+    FOR UPDATE OF w SKIP LOCKED
+),
+unwritten_all AS (
+    SELECT c.id AS last_id, count(*) AS n
+    FROM candidates AS c
+    JOIN outbox_tasks AS w
+      ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
+     AND w.key_seq >= c.run_from AND w.key_seq < c.key_seq
+     AND w.state = 'pending' AND w.claimed_by IS NULL
+    WHERE c.blocked
+    GROUP BY c.id
+),
 stuck AS (
     SELECT c.id FROM candidates AS c
-    WHERE NOT c.blocked
-       OR NOT EXISTS (
-            SELECT 1 FROM outbox_tasks AS e
-            WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
-              AND e.state = 'processing' AND e.claimed_by = c.claimed_by
-              -- Always true of a PROCESSING task, but PostgreSQL cannot
-              -- prove it: stated so the key holders' index serves the probe.
-              AND (e.dead_at IS NULL OR NOT e.skip_dead)
-              AND e.id NOT IN (SELECT a.id FROM candidates AS a))
+    WHERE (NOT c.blocked
+           OR NOT EXISTS (
+                SELECT 1 FROM outbox_tasks AS e
+                WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
+                  AND e.state = 'processing' AND e.claimed_by = c.claimed_by
+                  -- Always true of a PROCESSING task, but PostgreSQL cannot
+                  -- prove it: stated so the key holders' index serves the probe.
+                  AND (e.dead_at IS NULL OR NOT e.skip_dead)
+                  AND e.id NOT IN (SELECT a.id FROM candidates AS a)))
+      AND (NOT c.blocked
+           OR (SELECT count(*) FROM unwritten AS u WHERE u.last_id = c.id)
+              = coalesce((SELECT a.n FROM unwritten_all AS a WHERE a.last_id = c.id), 0))
 ),
 -- The tasks held in place of each stuck run's last task (same claim, same
 -- key), read here and written with it below.
@@ -60,15 +92,8 @@ held AS (
      AND w.state = 'pending' AND w.claimed_by = c.claimed_by
     WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
     UNION ALL
-    -- Held without a write (migration 56): not written, they wait in
-    -- their line as they did, but one an operator asked to cancel is dead.
-    SELECT w.id
-    FROM candidates AS c
-    JOIN outbox_tasks AS w
-      ON w.queue = c.queue AND w.ordering_key = c.ordering_key AND w.blocked
-     AND w.key_seq >= c.run_from AND w.key_seq < c.key_seq
-     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
-    WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
+    SELECT u.id FROM unwritten AS u
+    WHERE u.cancel AND u.last_id IN (SELECT stuck.id FROM stuck)
 ),
 done AS (
     -- A task of a run (still blocked, migration 28) goes back to its key's
@@ -101,8 +126,8 @@ done AS (
       -- Checked again once locked: a held task's claim may have ended
       -- meanwhile (its run given back, then claimed anew).
       AND (t.claimed_by IN (SELECT c.claimed_by FROM candidates AS c)
-           OR t.claimed_by IS NULL AND t.cancel_requested_at IS NOT NULL
-              AND t.state = 'pending' AND t.blocked)
+           -- Cancelled while held without a write (as in release_run.sql).
+           OR t.claimed_by IS NULL AND t.state = 'pending' AND t.blocked)
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
 ),
 handed AS (

@@ -31,15 +31,22 @@ WITH targets AS (
 -- A run's tasks held in place without a write (migration 56) wait in
 -- their key's line as they did; those an operator asked to cancel are
 -- dead, in the runs whose last task goes back here.
-cancelled_held AS (
-    SELECT w.id
+-- (Locked first, waiting: an operator's cancel committed meanwhile is
+-- seen, not lost.)
+unwritten AS (
+    SELECT w.id, w.cancel_requested_at
     FROM outbox_tasks AS r
     JOIN outbox_tasks AS w
       ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
      AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
-     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
+     AND w.state = 'pending' AND w.claimed_by IS NULL
     WHERE r.id = ANY (ARRAY(SELECT targets.id FROM targets)) AND r.blocked
       AND (r.state = 'processing') IS TRUE AND r.claimed_by = ANY($1::text[])
+    ORDER BY w.id
+    FOR UPDATE OF w
+),
+cancelled_held AS (
+    SELECT u.id FROM unwritten AS u WHERE u.cancel_requested_at IS NOT NULL
 ),
 done AS (
     UPDATE outbox_tasks
@@ -59,8 +66,8 @@ done AS (
     WHERE id = ANY (ARRAY(SELECT targets.id FROM targets UNION ALL
                           SELECT c.id FROM cancelled_held AS c))
       AND (claimed_by = ANY($1::text[])
-           OR claimed_by IS NULL AND cancel_requested_at IS NOT NULL
-              AND id IN (SELECT c.id FROM cancelled_held AS c))
+           -- Cancelled while held without a write (as in release_run.sql).
+           OR claimed_by IS NULL AND id IN (SELECT c.id FROM cancelled_held AS c))
     RETURNING id, queue, ordering_key, state, dead_at, skip_dead, blocked
 ),
 handed AS (

@@ -13,15 +13,23 @@
 -- not written here: it waits in its key's line as it did, unless an
 -- operator asked to cancel it, and then it is dead, as one held under the
 -- claim is. $1 task ids, $2 claim tokens.
-WITH cancelled_held AS (
-    SELECT w.id
+--
+-- Those tasks are locked first (waiting: an operator's cancel is short),
+-- so that a cancel committed meanwhile is seen, not lost.
+WITH unwritten AS (
+    SELECT w.id, w.cancel_requested_at
     FROM outbox_tasks AS r
     JOIN outbox_tasks AS w
       ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
      AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
-     AND w.state = 'pending' AND w.claimed_by IS NULL AND w.cancel_requested_at IS NOT NULL
+     AND w.state = 'pending' AND w.claimed_by IS NULL
     WHERE r.id = ANY ($1::bigint[]) AND (r.state = 'processing') IS TRUE AND r.blocked
       AND (r.id, r.claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+    ORDER BY w.id
+    FOR UPDATE OF w
+),
+cancelled_held AS (
+    SELECT u.id FROM unwritten AS u WHERE u.cancel_requested_at IS NOT NULL
 ),
 done AS (
     UPDATE outbox_tasks
@@ -43,9 +51,11 @@ done AS (
       -- (PROCESSING, or held in place: migration 43).
       AND (state = 'processing' OR (state = 'pending' AND blocked)) IS TRUE
       AND ((id, claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
-           -- Checked again once locked (migration 56, above).
-           OR claimed_by IS NULL AND cancel_requested_at IS NOT NULL
-              AND id IN (SELECT c.id FROM cancelled_held AS c))
+           -- Cancelled while held without a write (above). Not tested on
+           -- cancel_requested_at here: the cancel may have committed after
+           -- this statement's snapshot, and only a row that passes these
+           -- tests is read again, at its latest, once locked.
+           OR claimed_by IS NULL AND id IN (SELECT c.id FROM cancelled_held AS c))
     RETURNING id, queue, ordering_key
 ),
 keys AS (

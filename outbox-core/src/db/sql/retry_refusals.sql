@@ -9,13 +9,8 @@ SELECT i.id,
            WHEN t.id IS NULL AND hist.id IS NULL THEN 'no such task'
            WHEN t.state = 'processing' OR t.claimed_by IS NOT NULL THEN 'running'
            -- Held in place by its run without a write (migration 56).
-           WHEN t.state = 'pending' AND t.blocked AND EXISTS (
-                    SELECT 1 FROM outbox_tasks AS r
-                    WHERE r.queue = t.queue AND r.ordering_key = t.ordering_key
-                      AND (r.blocked AND r.state = 'processing') IS TRUE
-                      AND (NOT r.blocked OR r.state = 'processing') AND r.state <> 'completed'
-                      AND (r.dead_at IS NULL OR NOT r.skip_dead)
-                      AND t.key_seq >= r.run_from AND t.key_seq < r.key_seq) THEN 'running'
+           WHEN t.state = 'pending' AND t.blocked
+                AND outbox_run_claim(t.queue, t.ordering_key, t.key_seq) IS NOT NULL THEN 'running'
            WHEN w.id IS NOT NULL AND s.compensates IS NULL
                 AND (w.cancelled_at IS NOT NULL
                      OR w.state IN ('compensating', 'compensated', 'compensation_failed'))
