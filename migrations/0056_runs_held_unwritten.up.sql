@@ -14,22 +14,25 @@
 -- PROCESSING, blocked, under the claim, holds their key, so no claim or
 -- hand-over takes them, and it says which claim holds them. A task is
 -- held in place when it is blocked and PENDING with no claim of its own
--- and a blocked PROCESSING task of its key comes after it in key order
--- (only a run's last task is both). So:
+-- and a blocked PROCESSING task of its key (only a run's last task is
+-- both) comes after it in key order, its run starting at or before it
+-- (the last task's run_from). So:
 --
 -- * an outcome accepts an attempt of such a task (claims one more than
 --   the row's) when its run's last task carries the attempt's claim, and
 --   records the claim it counted (both outcome functions);
 -- * whether a run goes on needs no probe of its next task: an attempt
---   written is of a run still whole, since recovery and a release take a
---   run back only whole (by its PROCESSING tasks, which is all they write
---   now);
+--   written is of a run still whole (recovery and releases take a run
+--   back only whole, recovery counting the run's claim on the tasks it
+--   held, so that a late attempt of the run's worker is refused), and an
+--   operator's cancel that judged a task held asks it to cancel rather
+--   than make it dead;
 -- * a hand-over never gives a key to such a task (outbox_keys_let_go);
 -- * the heartbeat confirms them by their run's last task; an operator's
 --   cancel marks them as running tasks (heartbeat.sql, cancel_tasks.sql);
 -- * views and counts show them running under their run's claim, as
 --   before;
--- * a claim locks each head's key (FOR SHARE, without waiting) before it
+-- * a claim locks each head's key (without waiting) before it
 --   reads the head's line, so that an operator's cancel of a task in the
 --   line (which locks the key first) and the claim are ordered, and takes
 --   no run beside another run of the key; recovery locks a run's held
@@ -184,8 +187,10 @@ BEGIN
     -- one an operator retried back into it ahead of the head included.
     IF run_length > 1 AND cardinality(keyed_ids) > 0
        AND coalesce((SELECT s.per_key_concurrency FROM outbox_queues AS s WHERE s.name = q), 1) = 1 THEN
-        -- The heads' keys, locked FOR SHARE without waiting before their
-        -- lines are read (migration 56): an operator's cancel of a task
+        -- The heads' keys, locked without waiting before their lines are
+        -- read (migration 56), so that two claims never read one line
+        -- (a key with two heads: places handed out while an operator
+        -- raised its concurrency), and an operator's cancel of a task
         -- waiting in a line locks its key first (cancel_lock.sql). So the
         -- lines, read after, see every cancel committed before; a cancel
         -- that comes after waits, then finds the run's last task
@@ -195,7 +200,7 @@ BEGIN
         SELECT coalesce(array_agg(o.ordering_key), '{}') INTO run_keys
         FROM (SELECT o.ordering_key FROM outbox_keys AS o
               WHERE runs_unwritten AND o.queue = q AND o.ordering_key = ANY (keyed_keys)
-              FOR SHARE SKIP LOCKED) AS o;
+              FOR NO KEY UPDATE SKIP LOCKED) AS o;
         WITH heads AS (
             SELECT h.id, h.ordering_key, h.key_seq
             FROM unnest(keyed_ids, keyed_keys, keyed_seqs) AS h(id, ordering_key, key_seq)
@@ -489,12 +494,13 @@ DECLARE
     runs_started boolean := attempt_started IS NOT NULL;
     halted text[] := '{}';
     -- Whether any attempt's run would go on, and those that do: every
-    -- attempt of a run that is written (below). Stuck-task recovery takes
-    -- a run back only whole (its head and its last task, PROCESSING under
-    -- its claim; the tasks between are held in place, unwritten: migration
-    -- 56): before this statement has locked the attempt's row (or read
-    -- its run's last task), recovery may take the run, and the attempt is
-    -- then not written; after, it takes nothing of the run.
+    -- attempt of a run that is written (below). Its next task is still
+    -- held: recovery and releases take a run back only whole (its head and
+    -- its last task, PROCESSING under its claim; the tasks between held in
+    -- place without a write, migration 56), and recovery counts the run's
+    -- claim on those, so a late attempt is refused; an operator's cancel
+    -- that judged a task held asks it to cancel rather than make it dead
+    -- (cancel_lock.sql, cancel_tasks.sql). Claim tokens are never reused.
     any_runs boolean := cardinality(continuing) > 0;
     running_on bigint[] := '{}';
     -- The plain path's arrays: the attempts found held, whether any needs
@@ -511,10 +517,6 @@ DECLARE
     released_keys text[];
 BEGIN
     IF any_runs THEN
-        -- Every attempt written below is of a run still this worker's:
-        -- its row (PROCESSING) or its run's last task (for a task held
-        -- in place, migration 56) carries the claim, and recovery takes
-        -- a run back only whole. So its next task is still held.
         running_on := continuing;
         -- A run goes on only in a queue that may start tasks now: in one
         -- paused or given limits since the claim, the run ends here (its
@@ -910,20 +912,17 @@ AS $$
 DECLARE
     halted text[] := '{}';
     -- Whether any attempt's run would go on, and those that do: every
-    -- attempt of a run that is written (below). Stuck-task recovery takes
-    -- a run back only whole (its head and its last task, PROCESSING under
-    -- its claim; the tasks between are held in place, unwritten: migration
-    -- 56): before this statement has locked the attempt's row (or read
-    -- its run's last task), recovery may take the run, and the attempt is
-    -- then not written; after, it takes nothing of the run.
+    -- attempt of a run that is written (below). Its next task is still
+    -- held: recovery and releases take a run back only whole (its head and
+    -- its last task, PROCESSING under its claim; the tasks between held in
+    -- place without a write, migration 56), and recovery counts the run's
+    -- claim on those, so a late attempt is refused; an operator's cancel
+    -- that judged a task held asks it to cancel rather than make it dead
+    -- (cancel_lock.sql, cancel_tasks.sql). Claim tokens are never reused.
     any_runs boolean := cardinality(continuing) > 0;
     running_on bigint[] := '{}';
 BEGIN
     IF any_runs THEN
-        -- Every attempt written below is of a run still this worker's:
-        -- its row (PROCESSING) or its run's last task (for a task held
-        -- in place, migration 56) carries the claim, and recovery takes
-        -- a run back only whole. So its next task is still held.
         running_on := continuing;
         -- As in outbox_complete_tasks: a run ends in a queue paused or
         -- given limits since its claim.

@@ -338,13 +338,13 @@ async fn recovery_takes_a_run_back_only_whole_and_never_from_under_its_outcome()
 }
 
 /// An attempt of a task held in place without a write (migration 56) is
-/// written only while its run's last task carries its claim. Recovery
-/// took the run back and another claim holds the same tasks, with the
-/// same claim counts (a held task's count is written only by its outcome):
-/// the first worker's late attempt is refused and changes nothing, and
-/// the second claim's is written. Claim tokens are never reused, so the
-/// run an attempt was written for is whole, and its next task still held
-/// (the outcome no longer reads it).
+/// written only while its run's last task carries its claim. The run
+/// given back and another claim holding the same tasks with the same
+/// claim counts (a release writes nothing on them), the first claim's
+/// attempt is refused and changes nothing, and the second claim's is
+/// written. Recovery, which takes runs from workers that may still write,
+/// counts the run's claim on the tasks it held: a late attempt is refused
+/// by its count as well.
 #[tokio::test]
 async fn a_late_attempt_of_a_task_held_in_place_is_refused_once_another_claim_holds_it() {
     let db = TestDb::migrated().await;
@@ -357,14 +357,17 @@ async fn a_late_attempt_of_a_task_held_in_place_is_refused_once_another_claim_ho
         !complete_continuing(&mut worker, first[0], "w/1", ids[1]).await,
         "the run goes on"
     );
-    recover(&mut worker, 100).await;
+    sqlx::query(RELEASE_RUN)
+        .bind(ids[1..].to_vec())
+        .bind(vec!["w/1"; 4])
+        .fetch_all(&mut *worker)
+        .await
+        .unwrap();
     let second = claim_run(&mut worker, "w/2").await;
-    // The first run's last task went back due at recovery's clock, an
-    // hour ahead: the second run ends before it.
     assert_eq!(
         second,
-        vec![(ids[1], 1), (ids[2], 1), (ids[3], 1)],
-        "the rest claimed again: the task between with the same claim count"
+        vec![(ids[1], 1), (ids[2], 1), (ids[3], 1), (ids[4], 2)],
+        "the rest claimed again: the tasks between with the same claim count"
     );
     assert_eq!(first[2], (ids[2], 1));
     let before = versions(&db.pool, &ids[2..3]).await;
@@ -383,6 +386,19 @@ async fn a_late_attempt_of_a_task_held_in_place_is_refused_once_another_claim_ho
         !complete_continuing(&mut worker, second[1], "w/2", ids[3]).await,
         "the second claim's is, and its run goes on"
     );
+    // Recovered, the task it still holds counts the claim.
+    recover(&mut worker, 100).await;
+    let counted: i32 = sqlx::query_scalar("SELECT claims FROM outbox_tasks WHERE id = $1")
+        .bind(ids[3])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, 1);
+    assert_eq!(
+        outcome_continuing(&mut worker, second[2], "w/2", ids[4]).await,
+        None,
+        "the second claim's late attempt is not written"
+    );
     let history: Vec<(i64, i32)> =
         sqlx::query_as("SELECT id, claims FROM outbox_task_history WHERE id = ANY($1) ORDER BY id")
             .bind(&ids)
@@ -393,9 +409,10 @@ async fn a_late_attempt_of_a_task_held_in_place_is_refused_once_another_claim_ho
     assert_eq!(
         line(&db.pool, &ids[3..]).await,
         vec![
-            ("processing".to_owned(), true, Some("w/2".to_owned())),
+            ("pending".to_owned(), false, None),
             ("pending".to_owned(), true, None)
-        ]
+        ],
+        "the key to the task it held"
     );
 }
 

@@ -15,6 +15,31 @@ use crate::key_runs::{
     HEARTBEAT, RECOVER, RELEASE_RUN, claim_run, complete_continuing, line, recover, submit_run_of,
 };
 
+/// The first statement of an operator's cancel of `id` (admin::cancel_tasks
+/// runs both in one transaction): the ids it judged waiting.
+async fn cancel_lock(tx: &mut sqlx::PgConnection, id: i64) -> Vec<i64> {
+    let locked: Vec<(i64, bool)> =
+        sqlx::query_as(include_str!("../../outbox-core/src/db/sql/cancel_lock.sql"))
+            .bind(vec![id])
+            .fetch_all(tx)
+            .await
+            .unwrap();
+    assert_eq!(locked.len(), 1);
+    locked.into_iter().filter(|l| l.1).map(|l| l.0).collect()
+}
+
+/// The second statement of that cancel.
+async fn cancel_tasks(tx: &mut sqlx::PgConnection, id: i64, waiting: &[i64]) {
+    sqlx::query(include_str!(
+        "../../outbox-core/src/db/sql/cancel_tasks.sql"
+    ))
+    .bind(vec![id])
+    .bind(waiting)
+    .fetch_all(tx)
+    .await
+    .unwrap();
+}
+
 fn running(token: &str) -> (String, bool, Option<String>) {
     ("processing".to_owned(), true, Some(token.to_owned()))
 }
@@ -123,26 +148,15 @@ async fn a_claim_takes_no_run_for_a_key_a_cancel_holds_and_stops_at_the_task_it_
         .await
         .unwrap();
     let mut cancel = db.pool.begin().await.unwrap();
-    let locked: Vec<i64> =
-        sqlx::query_scalar(include_str!("../../outbox-core/src/db/sql/cancel_lock.sql"))
-            .bind(vec![ids[2]])
-            .fetch_all(&mut *cancel)
-            .await
-            .unwrap();
-    assert_eq!(locked, vec![ids[2]]);
+    let waiting = cancel_lock(&mut cancel, ids[2]).await;
+    assert_eq!(waiting, vec![ids[2]], "judged waiting, its key locked");
     let mut worker = db.conn().await;
     assert_eq!(
         claim_run(&mut worker, "w/1").await,
         vec![(ids[0], 1)],
         "the head alone"
     );
-    sqlx::query(include_str!(
-        "../../outbox-core/src/db/sql/cancel_tasks.sql"
-    ))
-    .bind(vec![ids[2]])
-    .fetch_all(&mut *cancel)
-    .await
-    .unwrap();
+    cancel_tasks(&mut cancel, ids[2], &waiting).await;
     cancel.commit().await.unwrap();
     // The head done, its key handed to the second task: claimed with a run
     // without the dead third.
@@ -212,18 +226,13 @@ async fn recovery_waits_for_an_outcome_in_flight_and_a_release_for_a_cancel() {
     let again = claim_run(&mut worker, "w/2").await;
     assert_eq!(again.len(), 3);
     let mut cancel = db.pool.begin().await.unwrap();
-    sqlx::query(include_str!("../../outbox-core/src/db/sql/cancel_lock.sql"))
-        .bind(vec![ids[2]])
-        .fetch_all(&mut *cancel)
-        .await
-        .unwrap();
-    sqlx::query(include_str!(
-        "../../outbox-core/src/db/sql/cancel_tasks.sql"
-    ))
-    .bind(vec![ids[2]])
-    .fetch_all(&mut *cancel)
-    .await
-    .unwrap();
+    let waiting = cancel_lock(&mut cancel, ids[2]).await;
+    assert_eq!(
+        waiting,
+        Vec::<i64>::new(),
+        "judged running: held by the run"
+    );
+    cancel_tasks(&mut cancel, ids[2], &waiting).await;
     let pool = db.pool.clone();
     let rest = vec![ids[2], ids[3]];
     let release = tokio::spawn(async move {
@@ -260,4 +269,116 @@ async fn recovery_waits_for_an_outcome_in_flight_and_a_release_for_a_cancel() {
         "the cancel seen: dead; the last back in line"
     );
     let _ = RECOVER;
+}
+
+/// Two claims of one key (two places handed out while an operator raised
+/// its concurrency, then lowered again behind them) never both take a run
+/// of its line: the first holds the key's row until it commits, and the
+/// second takes its head alone.
+#[tokio::test]
+async fn two_claims_of_one_key_never_take_the_same_run() {
+    let db = TestDb::migrated().await;
+    submit_run_of(&db, 6).await;
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_tasks ORDER BY key_seq")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    admin::set_queue(
+        &db.pool,
+        "ordered",
+        &admin::QueueChange::new().per_key_concurrency(2),
+    )
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox_queues SET per_key_concurrency = 1 WHERE name = 'ordered'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut first = db.pool.begin().await.unwrap();
+    let run = claim_run(&mut first, "w/1").await;
+    assert_eq!(
+        run.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [&ids[..1], &ids[2..]].concat(),
+        "the first head with the four waiting"
+    );
+    let mut second = db.conn().await;
+    // A claim that would wait for the first (a run over the same tasks)
+    // fails instead of hanging the test; one that passes never waits.
+    sqlx::query("SET lock_timeout = '10s'")
+        .execute(&mut *second)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_run(&mut second, "w/2").await,
+        vec![(ids[1], 1)],
+        "the second head alone, while the first claim is open"
+    );
+    first.commit().await.unwrap();
+}
+
+/// An operator's cancel that judged a task running (held by a run) asks
+/// it to cancel even if, by its second statement, the run has ended and
+/// the task waits in its line: a claim may be taking it into a new run
+/// that the cancel cannot see yet. The claim's worker is told, and the
+/// task ends dead at its turn or when its run is given back, never run.
+#[tokio::test]
+async fn a_cancel_that_judged_a_task_running_asks_it_to_cancel_even_if_its_run_ended_meanwhile() {
+    let db = TestDb::migrated().await;
+    submit_run_of(&db, 5).await;
+    let mut worker = db.conn().await;
+    let run = claim_run(&mut worker, "w/1").await;
+    let ids: Vec<i64> = run.iter().map(|(id, _)| *id).collect();
+    assert!(!complete_continuing(&mut worker, run[0], "w/1", ids[1]).await);
+    let mut cancel = db.pool.begin().await.unwrap();
+    // A cancel that would wait for the open claim (making the task dead
+    // hands its key on) fails instead of hanging the test; one that asks
+    // the task to cancel never waits.
+    sqlx::query("SET LOCAL lock_timeout = '10s'")
+        .execute(&mut *cancel)
+        .await
+        .unwrap();
+    // Its verdict from a snapshot taken before recovery committed: staged
+    // by letting go of its row lock (a savepoint undone), so that recovery
+    // can take the run back between the cancel's two statements.
+    sqlx::query("SAVEPOINT verdict")
+        .execute(&mut *cancel)
+        .await
+        .unwrap();
+    let waiting = cancel_lock(&mut cancel, ids[2]).await;
+    assert_eq!(
+        waiting,
+        Vec::<i64>::new(),
+        "judged running: held by the run"
+    );
+    sqlx::query("ROLLBACK TO SAVEPOINT verdict")
+        .execute(&mut *cancel)
+        .await
+        .unwrap();
+    // The run taken back, and a claim taking the rest into a new run, not
+    // committed yet when the cancel writes.
+    recover(&mut worker, 100).await;
+    let mut claim = db.pool.begin().await.unwrap();
+    let again = claim_run(&mut claim, "w/2").await;
+    // Up to the run's last, which recovery's clock (an hour ahead) made due
+    // later: the task the cancel asks for is held between.
+    assert_eq!(
+        again.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        ids[1..4]
+    );
+    cancel_tasks(&mut cancel, ids[2], &waiting).await;
+    cancel.commit().await.unwrap();
+    claim.commit().await.unwrap();
+    let (state, dead, asked): (String, bool, bool) = sqlx::query_as(
+        "SELECT state::text, dead_at IS NOT NULL, cancel_requested_at IS NOT NULL \
+         FROM outbox_tasks WHERE id = $1",
+    )
+    .bind(ids[2])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), dead, asked),
+        ("pending", false, true),
+        "asked to cancel, not made dead under the new run"
+    );
 }

@@ -284,6 +284,7 @@ async fn statements_by_id_never_read_a_partial_index_whole_under_stale_statistic
     asked.extend(&dead);
     let cancelled: Vec<i64> = sqlx::query_scalar(CANCEL)
         .bind(&asked)
+        .bind(&asked)
         .fetch_all(&mut *tx)
         .await
         .unwrap();

@@ -121,12 +121,19 @@ pub(crate) async fn retry_refusals(
 /// judged a task changed while it waited by its state before the wait.
 pub(crate) async fn cancel_tasks(conn: &mut PgConnection, ids: Vec<i64>) -> sqlx::Result<Vec<i64>> {
     super::intake::take_ids(&mut *conn, &ids).await?;
-    sqlx::query(include_str!("sql/cancel_lock.sql"))
+    let locked: Vec<(i64, bool)> = sqlx::query_as(include_str!("sql/cancel_lock.sql"))
         .bind(&ids)
-        .execute(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
+    // The tasks judged waiting under the lock: only those may be made dead
+    // at once (cancel_tasks.sql).
+    let waiting: Vec<i64> = locked
+        .into_iter()
+        .filter_map(|(id, waiting)| waiting.then_some(id))
+        .collect();
     sqlx::query_scalar(include_str!("sql/cancel_tasks.sql"))
         .bind(ids)
+        .bind(waiting)
         .fetch_all(conn)
         .await
 }

@@ -6,7 +6,9 @@
 -- dead. A cancelled task lets its ordering key go on (skip_dead), and so
 -- does a dead task with an ordering key that an operator cancels: that is
 -- how a dead head is skipped. Finished tasks are
--- left alone. $1 ids. Returns the ids cancelled, asked to cancel or
+-- left alone. $1 ids; $2 those cancel_lock.sql judged waiting (a keyed
+-- task judged running there is asked to cancel here, whatever it looks
+-- like now: migration 56). Returns the ids cancelled, asked to cancel or
 -- skipped.
 --
 -- It runs after cancel_lock.sql, in the same transaction, which locks the
@@ -38,6 +40,7 @@ WITH waiting AS (
       AND claimed_by IS NULL
       AND NOT (outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
                AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) IS NOT NULL)
+      AND (ordering_key IS NULL OR id = ANY($2::bigint[]))
     RETURNING id, queue, ordering_key
 ),
 running AS (
@@ -53,7 +56,11 @@ running AS (
       -- whole (heartbeat.sql says why).
       AND ((state = 'processing' OR claimed_by IS NOT NULL) IS TRUE
            OR outbox_tasks.claimed_by IS NULL AND outbox_tasks.blocked AND outbox_tasks.state = 'pending'
-              AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) IS NOT NULL)
+              AND outbox_run_claim(outbox_tasks.queue, outbox_tasks.ordering_key, outbox_tasks.key_seq) IS NOT NULL
+           -- Judged running by cancel_lock.sql, waiting now: its run ended
+           -- in between, and a claim may be taking it into a new one.
+           OR ordering_key IS NOT NULL AND id <> ALL ($2::bigint[])
+              AND state IN ('pending', 'failed') AND dead_at IS NULL)
       AND cancel_requested_at IS NULL
     RETURNING id
 ),

@@ -44,9 +44,11 @@ WITH candidates AS (
 -- with one locked elsewhere waits for the next round too: its outcome in
 -- flight (it then goes on with the run, which must still be whole when it
 -- commits), or an operator's cancel (seen next round). Taken back, they
--- are not written: they wait in their line as they did, the key going to
--- the first of them, except one an operator asked to cancel, which is
--- dead.
+-- wait in their line as they did, the key going to the first of them,
+-- with the run's claim counted (as migration 43 counted it), so that a
+-- late attempt of the run's worker, which carries that count, is refused
+-- whatever it finds of the run when it is written; one an operator asked
+-- to cancel is dead.
 unwritten AS (
     SELECT c.id AS last_id, w.id, w.cancel_requested_at IS NOT NULL AS cancel
     FROM candidates AS c
@@ -93,7 +95,7 @@ held AS (
     WHERE c.blocked AND c.id IN (SELECT stuck.id FROM stuck)
     UNION ALL
     SELECT u.id FROM unwritten AS u
-    WHERE u.cancel AND u.last_id IN (SELECT stuck.id FROM stuck)
+    WHERE u.last_id IN (SELECT stuck.id FROM stuck)
 ),
 done AS (
     -- A task of a run (still blocked, migration 28) goes back to its key's
@@ -107,7 +109,10 @@ done AS (
         dead_at = CASE WHEN t.cancel_requested_at IS NOT NULL
                          OR (NOT t.blocked AND t.retry_count + 1 >= t.max_attempts)
                        THEN coalesce($3::timestamptz, now()) END,
-        execute_at = coalesce($3::timestamptz, now()),
+        -- A task held without a write keeps its moment (it was due when its
+        -- run took it).
+        execute_at = CASE WHEN t.claimed_by IS NULL AND t.cancel_requested_at IS NULL
+                          THEN t.execute_at ELSE coalesce($3::timestamptz, now()) END,
         last_error = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled by an operator'
                           WHEN t.blocked THEN t.last_error
                      ELSE 'worker lost (heartbeat expired): ' || coalesce(t.claimed_by, 'unknown worker')
@@ -116,6 +121,8 @@ done AS (
                            ELSE coalesce($3::timestamptz, now()) END,
         -- Cancelled, it is dead and leaves its key's line.
         blocked = t.blocked AND t.cancel_requested_at IS NULL,
+        -- The run's claim counted for a task it held without a write (above).
+        claims = t.claims + CASE WHEN t.claimed_by IS NULL THEN 1 ELSE 0 END,
         claimed_by = NULL,
         heartbeat_at = NULL,
         updated_at = coalesce($3::timestamptz, now())
@@ -126,7 +133,8 @@ done AS (
       -- Checked again once locked: a held task's claim may have ended
       -- meanwhile (its run given back, then claimed anew).
       AND (t.claimed_by IN (SELECT c.claimed_by FROM candidates AS c)
-           -- Cancelled while held without a write (as in release_run.sql).
+           -- Held without a write (above); its cancel is read at its latest
+           -- once locked, as in release_run.sql.
            OR t.claimed_by IS NULL AND t.state = 'pending' AND t.blocked)
     RETURNING t.id, t.dead_at IS NOT NULL AS dead, t.queue, t.ordering_key, t.state, t.dead_at, t.skip_dead, t.blocked
 ),

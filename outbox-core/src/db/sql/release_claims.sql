@@ -31,10 +31,8 @@ WITH targets AS (
 -- A run's tasks held in place without a write (migration 56) wait in
 -- their key's line as they did; those an operator asked to cancel are
 -- dead, in the runs whose last task goes back here.
--- (Locked first, waiting: an operator's cancel committed meanwhile is
--- seen, not lost.)
 unwritten AS (
-    SELECT w.id, w.cancel_requested_at
+    SELECT w.id
     FROM outbox_tasks AS r
     JOIN outbox_tasks AS w
       ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
@@ -42,11 +40,22 @@ unwritten AS (
      AND w.state = 'pending' AND w.claimed_by IS NULL
     WHERE r.id = ANY (ARRAY(SELECT targets.id FROM targets)) AND r.blocked
       AND (r.state = 'processing') IS TRUE AND r.claimed_by = ANY($1::text[])
-    ORDER BY w.id
-    FOR UPDATE OF w
+),
+-- Every task taken here locked first, in id order (as a cancel locks its
+-- tasks), waiting (an operator's cancel is short): a cancel committed
+-- meanwhile is then seen, not lost.
+locked AS (
+    SELECT t.id, t.state, t.blocked, t.claimed_by, t.cancel_requested_at
+    FROM outbox_tasks AS t
+    WHERE t.id = ANY (ARRAY(SELECT targets.id FROM targets UNION SELECT u.id FROM unwritten AS u))
+    ORDER BY t.id
+    FOR UPDATE
 ),
 cancelled_held AS (
-    SELECT u.id FROM unwritten AS u WHERE u.cancel_requested_at IS NOT NULL
+    SELECT l.id FROM locked AS l
+    WHERE l.id IN (SELECT u.id FROM unwritten AS u)
+      AND l.claimed_by IS NULL AND l.state = 'pending' AND l.blocked
+      AND l.cancel_requested_at IS NOT NULL
 ),
 done AS (
     UPDATE outbox_tasks

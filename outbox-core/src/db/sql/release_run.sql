@@ -14,22 +14,24 @@
 -- operator asked to cancel it, and then it is dead, as one held under the
 -- claim is. $1 task ids, $2 claim tokens.
 --
--- Those tasks are locked first (waiting: an operator's cancel is short),
--- so that a cancel committed meanwhile is seen, not lost.
-WITH unwritten AS (
-    SELECT w.id, w.cancel_requested_at
-    FROM outbox_tasks AS r
-    JOIN outbox_tasks AS w
-      ON w.queue = r.queue AND w.ordering_key = r.ordering_key AND w.blocked
-     AND w.key_seq >= r.run_from AND w.key_seq < r.key_seq
-     AND w.state = 'pending' AND w.claimed_by IS NULL
-    WHERE r.id = ANY ($1::bigint[]) AND (r.state = 'processing') IS TRUE AND r.blocked
-      AND (r.id, r.claimed_by) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
-    ORDER BY w.id
-    FOR UPDATE OF w
+-- Every task given is locked first, in id order (as a cancel locks its
+-- tasks), waiting (an operator's cancel is short): a cancel committed
+-- meanwhile is then seen, not lost.
+WITH locked AS (
+    SELECT t.id, t.queue, t.ordering_key, t.key_seq, t.state, t.blocked, t.claimed_by,
+           t.cancel_requested_at
+    FROM outbox_tasks AS t
+    WHERE t.id = ANY ($1::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
 ),
 cancelled_held AS (
-    SELECT u.id FROM unwritten AS u WHERE u.cancel_requested_at IS NOT NULL
+    SELECT l.id
+    FROM locked AS l
+    JOIN unnest($1::bigint[], $2::text[]) AS g(id, token) ON g.id = l.id
+    WHERE l.claimed_by IS NULL AND l.state = 'pending' AND l.blocked
+      AND l.cancel_requested_at IS NOT NULL
+      AND outbox_run_claim(l.queue, l.ordering_key, l.key_seq) = g.token
 ),
 done AS (
     UPDATE outbox_tasks
